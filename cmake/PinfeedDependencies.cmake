@@ -1,0 +1,31 @@
+# Every third-party dependency is found here, once. All come from Debian
+# packages installed by scripts/install-deps.sh.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 REQUIRED)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
+pkg_check_modules(LIBCAP REQUIRED IMPORTED_TARGET libcap)
+
+# CUDA: optional at build time, detected at run time. We call only the
+# runtime API from C++ translation units, linked statically, so binaries
+# start on machines with no toolkit and report "no driver" there.
+set(PINFEED_HAVE_CUDA OFF)
+if(NOT PINFEED_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(PINFEED_HAVE_CUDA ON)
+  elseif(PINFEED_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "PINFEED_CUDA=ON but no CUDA toolkit was found "
+                        "(set CUDAToolkit_ROOT, e.g. /usr/local/cuda)")
+  endif()
+endif()
+
+if(PINFEED_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(PINFEED_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

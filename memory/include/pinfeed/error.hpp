@@ -1,0 +1,74 @@
+#pragma once
+// pinfeed's exception hierarchy. Every error the library throws derives from
+// pinfeed::Error; callers that react to running out of memory catch
+// OutOfMemory, which carries a short machine-readable reason.
+#include <filesystem>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+
+namespace pinfeed {
+
+/// Base of every pinfeed exception.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A configuration or flag is invalid: names the field and the bad value.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A file could not be read or parsed. Always carries the path and a reason.
+class DataError : public Error {
+ public:
+  DataError(std::filesystem::path path, const std::string& reason);
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
+
+ private:
+  std::filesystem::path path_;
+  std::string reason_;
+};
+
+/// A CUDA runtime call failed (see cuda_runtime.hpp).
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Memory could not be provided. reason() is a short tag callers and tools
+/// can show or match on: "memlock limit", "budget", "mmap", "cuda register",
+/// "limit" (LimitingAdaptor), "injected" (tests).
+class OutOfMemory : public Error {
+ public:
+  OutOfMemory(std::string reason, const std::string& what);
+  [[nodiscard]] const std::string& reason() const noexcept { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+/// A blocking wait was cancelled (pool shut down or a stop was requested).
+class Cancelled : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+[[noreturn]] void throw_expects(const char* condition, const std::string& message,
+                                std::source_location where);
+}  // namespace detail
+
+}  // namespace pinfeed
+
+/// Precondition check: throws ConfigError naming the condition, the message
+/// and the call site. A macro only to capture the condition's text.
+#define PINFEED_EXPECTS(cond, msg)                                                     \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      ::pinfeed::detail::throw_expects(#cond, (msg), std::source_location::current()); \
+    }                                                                                  \
+  } while (false)

@@ -1,0 +1,220 @@
+#pragma once
+// BufferPool: a fixed set of equal-size host slots for batches, pinned where
+// the budget and memory pressure allow, pageable otherwise.
+//
+// - acquire() blocks while every slot is out: this is the loader's
+//   back-pressure. It takes a stop_token and a timeout; cancel() wakes all.
+// - A slot comes as a move-only SlotLease; dropping it returns the slot.
+//   release_after(fence) keeps the slot busy until the fence is ready (the
+//   async copy that reads it has completed).
+// - Slots live in slabs (several slots per mapping, one mapping never above
+//   kMaxRegistrationBytes) so that pinning takes few registrations. Each slot
+//   is exactly round_up_to_page(slot_bytes): no power-of-two rounding.
+// - Pressure (on_pressure, usually from a PressureMonitor subscription):
+//     elevated -> nothing is pinned any more; slabs that are (re)made come
+//                 from pageable memory;
+//     critical -> idle pinned slabs are replaced by pageable ones, down to
+//                 min_pinned_slots;
+//     normal   -> idle pageable slabs are pinned again, within the budget.
+//   The monitor owns the hold time before "normal" is announced. Transitions
+//   run on the pool's own maintenance thread, never under the pool lock and
+//   never on the acquire/release path; each is counted and logged.
+//
+// Note [Slot lifetime]: a slot handed out in a lease is never moved, unpinned
+// or freed until the lease is dropped and, if release_after() was used, its
+// fence is ready. Transitions only touch slabs whose every slot is free; they
+// take those slots off the free list for the duration.
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pinfeed/memory/fence.hpp"
+#include "pinfeed/memory/host_resource.hpp"
+#include "pinfeed/memory/pressure_monitor.hpp"
+#include "pinfeed/units.hpp"
+
+namespace pinfeed::memory {
+
+class BufferPool;
+
+/// Move-only ownership of one slot. See Note [Slot lifetime].
+class SlotLease {
+ public:
+  SlotLease() = default;
+  SlotLease(SlotLease&& other) noexcept;
+  SlotLease& operator=(SlotLease&& other) noexcept;
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+  ~SlotLease() { release(); }
+
+  [[nodiscard]] explicit operator bool() const noexcept { return pool_ != nullptr; }
+  [[nodiscard]] std::size_t index() const noexcept { return slot_; }
+  /// The slot's memory: exactly the pool's slot_bytes (page-rounded capacity).
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  /// Whether this slot is page-locked; fixed for the life of the lease.
+  [[nodiscard]] bool pinned() const noexcept { return pinned_; }
+
+  /// Returns the slot now. Idempotent.
+  void release() noexcept;
+  /// Returns the slot once `fence` is ready; the lease is empty afterwards.
+  void release_after(std::shared_ptr<Fence> fence) noexcept;
+
+ private:
+  friend class BufferPool;
+  SlotLease(BufferPool* pool, std::size_t slot, std::byte* data, std::size_t size, bool pinned) noexcept
+      : pool_(pool), slot_(slot), data_(data), size_(size), pinned_(pinned) {}
+  BufferPool* pool_ = nullptr;
+  std::size_t slot_ = 0;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  bool pinned_ = false;
+};
+
+/// One change of a slab between pinned and pageable memory.
+struct PoolTransition {
+  std::chrono::system_clock::time_point at;
+  std::size_t slab = 0;
+  std::size_t slots = 0;
+  bool to_pinned = false;
+  std::string reason;  ///< "initial: memlock limit", "pressure critical", "pressure normal", ...
+};
+
+struct PoolStats {
+  std::size_t slots = 0;
+  std::size_t slot_bytes = 0;       ///< page-rounded
+  std::size_t slabs = 0;
+  std::size_t pinned_slots = 0, pageable_slots = 0;
+  std::uint64_t pinned_bytes = 0, pageable_bytes = 0;
+  std::size_t free_slots = 0, leased_slots = 0, fenced_slots = 0, moving_slots = 0;
+  std::uint64_t acquires = 0;
+  std::uint64_t acquire_waits = 0;          ///< acquires that found no free slot
+  double acquire_wait_seconds = 0;          ///< total time spent waiting
+  std::uint64_t to_pageable = 0, to_pinned = 0;  ///< transitions after construction, in slabs
+  std::uint64_t failed_pins = 0;            ///< pin attempts the pinned resource refused
+  PressureLevel level = PressureLevel::normal;
+};
+
+class BufferPool {
+ public:
+  struct Config {
+    std::size_t slot_bytes = 0;              ///< bytes one slot holds (a batch); > 0
+    std::size_t slots = 4;                   ///< number of slots; > 0
+    std::size_t slab_bytes = 256_MiB;        ///< target size of one slab (>= one slot); capped at kMaxRegistrationBytes
+    std::uint64_t pinned_budget_bytes = UINT64_MAX;  ///< never pin more than this (see PinnedBudget)
+    std::size_t min_pinned_slots = 0;        ///< floor kept pinned under critical pressure
+    bool pin = true;                         ///< false: every slot pageable from the start
+    std::chrono::milliseconds retry_pin_after{2000};  ///< after a refused pin, wait this long before trying again
+    void validate() const;                   ///< ConfigError naming the field
+  };
+
+  /// Allocates and pre-faults every slab now (pinned first, within the
+  /// budget; pageable where pinning is refused, with the reason logged).
+  /// The resources must outlive the pool.
+  BufferPool(Config config, HostResource& pinned, HostResource& pageable);
+  /// Cancels waiters, joins the maintenance thread, frees every slab. All
+  /// leases must have been dropped (checked in debug builds; logged otherwise).
+  ~BufferPool();
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  /// Blocks until a slot is free, `timeout` passes (nullopt), `stop` is
+  /// requested (nullopt) or the pool is cancelled (throws Cancelled).
+  std::optional<SlotLease> acquire(std::chrono::milliseconds timeout, std::stop_token stop = {});
+  /// Blocks until a slot is free; throws Cancelled if the pool is cancelled.
+  SlotLease acquire(std::stop_token stop = {});
+
+  /// Wakes every waiting acquire (they throw Cancelled) and refuses new ones
+  /// until reset_cancel().
+  void cancel();
+  void reset_cancel();
+
+  /// Applies a pressure level (see the policy above). Cheap; the work runs
+  /// on the maintenance thread. Thread-safe.
+  void on_pressure(PressureLevel level);
+  /// Subscribes on_pressure to a monitor; unsubscribes in the destructor.
+  void follow(PressureMonitor& monitor);
+
+  /// Blocks until no transition is pending or running, or timeout. For tests
+  /// and tools that want a settled state; true when settled.
+  bool wait_idle(std::chrono::milliseconds timeout);
+
+  [[nodiscard]] PoolStats stats() const;
+  [[nodiscard]] std::vector<PoolTransition> transitions() const;
+  [[nodiscard]] const Config& config() const noexcept { return config_; }
+  [[nodiscard]] std::size_t slot_bytes() const noexcept { return slot_capacity_; }
+
+ private:
+  friend class SlotLease;
+  enum class SlotState : std::uint8_t { free, leased, fenced, moving };
+  struct Slab {
+    std::byte* data = nullptr;
+    std::size_t bytes = 0;
+    std::size_t first_slot = 0, slot_count = 0;
+    bool pinned = false;
+    HostResource* owner = nullptr;  // resource that allocated data
+  };
+  struct Fenced {
+    std::size_t slot;
+    std::shared_ptr<Fence> fence;
+  };
+
+  struct Job {
+    std::size_t slab;
+    bool to_pinned;
+    std::string reason;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  std::optional<SlotLease> acquire_until(std::optional<Clock::time_point> deadline, const std::stop_token& stop);
+  void release_slot(std::size_t slot) noexcept;
+  void release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept;
+  SlotLease lease_locked(std::size_t slot);
+  bool reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chrono::microseconds wait);
+  void allocate_initial();
+  void free_all_slabs() noexcept;
+  void maintain(const std::stop_token& stop);
+  void run_job(std::unique_lock<std::mutex>& lock, const Job& job);
+  [[nodiscard]] std::optional<Job> next_job_locked() const;
+  [[nodiscard]] bool slab_idle_locked(const Slab& slab) const;
+  void record_locked(std::size_t slab, bool to_pinned, std::string reason);
+
+  const Config config_;
+  HostResource& pinned_resource_;
+  HostResource& pageable_resource_;
+  std::size_t slot_capacity_ = 0;  // slot_bytes page-rounded; immutable after construction
+
+  mutable std::mutex mutex_;  // guards everything below
+  std::condition_variable_any slot_cv_;   // a slot became free, or cancel
+  std::condition_variable_any work_cv_;   // maintenance may have work (work_generation_ moved)
+  std::condition_variable idle_cv_;        // maintenance finished a round
+  std::vector<Slab> slabs_;
+  std::vector<SlotState> state_;
+  std::vector<std::size_t> slab_of_;
+  std::deque<std::size_t> free_;
+  std::deque<Fenced> fenced_;
+  bool cancelled_ = false;
+  PressureLevel level_ = PressureLevel::normal;
+  bool moving_ = false;                   // a transition is in progress
+  std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
+  Clock::time_point no_pin_before_{};
+  std::vector<PoolTransition> transitions_;
+  std::uint64_t acquires_ = 0, acquire_waits_ = 0, to_pageable_ = 0, to_pinned_ = 0, failed_pins_ = 0;
+  double acquire_wait_seconds_ = 0;
+
+  PressureMonitor* monitor_ = nullptr;
+  PressureMonitor::SubscriptionId subscription_ = 0;
+  std::jthread maintainer_;  // last: started after everything above exists
+};
+
+}  // namespace pinfeed::memory

@@ -1,0 +1,37 @@
+#pragma once
+// The few CUDA runtime calls the memory module needs, behind one seam. When
+// pinfeed is built without CUDA, or runs where there is no driver or device,
+// these report that instead of failing: the CPU path is first-class.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pinfeed::memory::cuda {
+
+struct RuntimeStatus {
+  bool compiled = false;   ///< built with the CUDA toolkit
+  bool available = false;  ///< a driver answered and at least one device is present
+  int device_count = 0;
+  std::string message;     ///< why not available ("no CUDA driver", ...), or the driver version
+};
+
+/// Probed once per process (thread-safe), then cached. Never throws.
+const RuntimeStatus& runtime_status();
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  std::uint64_t total_bytes = 0;
+  std::string pci_bus_id;  ///< "0000:3b:00.0", lower case
+};
+
+/// Every visible device; empty when none. Throws CudaError on a driver failure.
+std::vector<DeviceInfo> devices();
+
+/// cudaHostRegister (portable). Throws OutOfMemory("cuda register") when the
+/// driver refuses, CudaError when CUDA is not available.
+void host_register(void* ptr, std::size_t bytes);
+/// cudaHostUnregister; logs (never throws) on failure, ignores driver shutdown.
+void host_unregister(void* ptr) noexcept;
+
+}  // namespace pinfeed::memory::cuda

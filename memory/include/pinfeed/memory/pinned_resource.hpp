@@ -1,0 +1,65 @@
+#pragma once
+// PinnedResource: page-locked host memory, and nothing else (policy lives in
+// adaptors and the BufferPool).
+//
+// Each allocation is its own mapping: mmap, optional NUMA binding (hwloc,
+// before the first touch so pages land on the node), pre-fault, then lock:
+//  - PinMethod::cuda_register: cudaHostRegister only. The driver pins the
+//    pages itself and maps them for DMA, so cudaMemcpyAsync from them is truly
+//    asynchronous. We do not mlock on top: it adds no guarantee the driver does
+//    not give, and it would charge RLIMIT_MEMLOCK, which driver pins are not
+//    charged to (both are charged to the memory cgroup).
+//  - PinMethod::mlock: mlock(2). Used when no CUDA device is present: the
+//    pages stay resident and never swap, which is the property the loader
+//    and the CPU backend rely on. Charged to RLIMIT_MEMLOCK unless the
+//    process holds CAP_IPC_LOCK.
+//  - PinMethod::automatic (default): cuda_register when the CUDA runtime sees
+//    a device, mlock otherwise.
+// No size rounding beyond the page: the bytes locked are the bytes asked for,
+// page-rounded. One allocation (one registration) may not exceed
+// kMaxRegistrationBytes; the BufferPool cuts larger pools into slabs.
+#include <atomic>
+#include <cstdint>
+#include <optional>
+
+#include "pinfeed/memory/host_resource.hpp"
+#include "pinfeed/units.hpp"
+
+namespace pinfeed::memory {
+
+enum class PinMethod { automatic, mlock, cuda_register };
+
+/// "auto", "mlock", "cuda"; ConfigError for anything else.
+PinMethod parse_pin_method(std::string_view text);
+std::string_view to_string(PinMethod method) noexcept;
+
+/// Largest single pinned mapping (one cudaHostRegister call).
+inline constexpr std::size_t kMaxRegistrationBytes = 64_GiB;
+
+class PinnedResource final : public HostResource {
+ public:
+  struct Config {
+    PinMethod method = PinMethod::automatic;  ///< how pages are locked
+    std::optional<unsigned> numa_node;        ///< bind pages to this NUMA node (OS index)
+  };
+  PinnedResource() : PinnedResource(Config{}) {}
+  explicit PinnedResource(Config config);
+
+  [[nodiscard]] bool is_pinned() const noexcept override { return true; }
+  [[nodiscard]] std::string_view name() const noexcept override { return "pinned"; }
+  /// The method actually used (automatic resolved at construction).
+  [[nodiscard]] PinMethod method() const noexcept { return method_; }
+  /// Bytes currently locked by this resource (page-rounded sizes).
+  [[nodiscard]] std::uint64_t locked_bytes() const noexcept { return locked_bytes_.load(); }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment) override;
+  void do_deallocate(void* ptr, std::size_t bytes, std::size_t alignment) noexcept override;
+
+  Config config_;
+  PinMethod method_;
+  std::atomic<std::uint64_t> locked_bytes_{0};  // atomic: allocate/deallocate race
+};
+static_assert(HostResourceLike<PinnedResource>);
+
+}  // namespace pinfeed::memory

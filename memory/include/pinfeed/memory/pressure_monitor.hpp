@@ -1,0 +1,121 @@
+#pragma once
+// PressureMonitor: turns memory snapshots into a level (normal / elevated /
+// critical) and tells subscribers when it changes.
+//
+// Signals: PSI memory some/full avg10 (the system's, or the cgroup's when it
+// is higher), swap-out rate (pages/s from pswpout deltas), and the available
+// fraction (effective available / effective total, so cgroup room counts).
+// The level rises at once when any signal crosses a threshold. It falls only
+// after every signal has been below the lower level's thresholds, relaxed by
+// the hysteresis factor, for the whole hold time, so a level does not flap.
+//
+// It runs on its own thread (start/stop) or is driven step by step (step()),
+// which is how tests and `pinfeed-diag --watch` use it.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "pinfeed/memory/memory_snapshot.hpp"
+
+namespace pinfeed::memory {
+
+enum class PressureLevel { normal = 0, elevated = 1, critical = 2 };
+std::string_view to_string(PressureLevel level) noexcept;
+
+/// A level is entered when ANY signal reaches its threshold.
+struct PressureThresholds {
+  double psi_some_avg10 = 0;       ///< percent of time some task stalled on memory
+  double psi_full_avg10 = 0;       ///< percent of time all tasks stalled on memory
+  double swap_out_pages_per_s = 0; ///< pswpout rate
+  double available_fraction = 0;   ///< entered when the available fraction is AT OR BELOW this
+};
+
+struct PressureReading {
+  PressureLevel level = PressureLevel::normal;  ///< level after this reading (with hysteresis)
+  PressureLevel raw = PressureLevel::normal;    ///< what this reading alone says
+  double psi_some = 0, psi_full = 0;            ///< avg10, percent
+  double swap_in_rate = 0, swap_out_rate = 0;   ///< pages/s since the previous reading
+  double available_fraction = 1;
+  std::uint64_t available_bytes = 0;
+  std::string reason;  ///< which signal decided, e.g. "swap-out 5120 pages/s >= 4096"
+  std::chrono::steady_clock::time_point at{};
+};
+
+class PressureMonitor {
+ public:
+  struct Config {
+    std::filesystem::path root = "/";           ///< procfs/sysfs root to read
+    /// 250 ms: fast enough to react inside a second to a swap storm (each
+    /// reading is ~6 small procfs reads, tens of µs: ~0.01% of a core), slow
+    /// enough that the pswpout delta over one period is not noise. PSI avg10
+    /// itself moves on a 2 s clock, so sampling faster gains nothing.
+    std::chrono::milliseconds period{250};
+    PressureThresholds elevated{10.0, 2.0, 256.0, 0.10};
+    PressureThresholds critical{40.0, 10.0, 4096.0, 0.05};
+    double hysteresis = 0.8;                    ///< to step down, signals must be below threshold*h (available above threshold/h)
+    std::chrono::milliseconds hold{5000};       ///< how long signals must stay low before stepping down
+    void validate() const;                      ///< ConfigError naming the field
+  };
+  using Subscriber = std::function<void(PressureLevel from, PressureLevel to, const PressureReading& reading)>;
+  using SubscriptionId = std::uint64_t;
+
+  explicit PressureMonitor(Config config);
+  ~PressureMonitor();  ///< stops the thread
+  PressureMonitor(const PressureMonitor&) = delete;
+  PressureMonitor& operator=(const PressureMonitor&) = delete;
+
+  /// Starts sampling on an own thread every period. Idempotent.
+  void start();
+  /// Stops and joins the thread. Idempotent; never throws.
+  void stop() noexcept;
+
+  /// Reads a snapshot from the root now and evaluates it. Thread-safe.
+  PressureReading step();
+  /// Evaluates a given snapshot (its taken_at is the clock). Thread-safe;
+  /// subscribers run on the calling thread, outside the monitor's lock.
+  PressureReading step(const MemorySnapshot& snapshot);
+
+  [[nodiscard]] PressureLevel level() const;
+  [[nodiscard]] std::optional<PressureReading> last() const;
+  /// Level changes seen so far (up and down).
+  [[nodiscard]] std::uint64_t transitions() const;
+
+  /// Subscribers run on the thread that steps the monitor. Once
+  /// unsubscribe() returns, the subscriber is not running and will not run
+  /// again; do not call unsubscribe from inside a subscriber.
+  SubscriptionId subscribe(Subscriber subscriber);
+  void unsubscribe(SubscriptionId id);
+
+  [[nodiscard]] const Config& config() const noexcept { return config_; }
+
+ private:
+  [[nodiscard]] PressureLevel classify(const PressureReading& r, double relax, std::string* reason) const;
+  void run();
+
+  const Config config_;
+
+  mutable std::mutex mutex_;  // guards everything below except the thread
+  PressureLevel level_ = PressureLevel::normal;
+  std::optional<PressureReading> last_;
+  std::optional<MemorySnapshot> previous_;
+  std::optional<std::chrono::steady_clock::time_point> low_since_;
+  std::uint64_t transitions_ = 0;
+  std::map<SubscriptionId, std::shared_ptr<Subscriber>> subscribers_;
+  SubscriptionId next_id_ = 1;
+
+  std::mutex notify_mutex_;  // held while subscribers run; taken by unsubscribe
+
+  std::mutex thread_mutex_;  // guards stop_requested_, thread_
+  std::condition_variable thread_cv_;
+  bool stop_requested_ = false;
+  std::thread thread_;
+};
+
+}  // namespace pinfeed::memory

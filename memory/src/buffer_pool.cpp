@@ -1,0 +1,466 @@
+#include "pinfeed/memory/buffer_pool.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+
+#include "log.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
+
+namespace pinfeed::memory {
+
+// ---------------------------------------------------------------- SlotLease
+
+SlotLease::SlotLease(SlotLease&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)),
+      slot_(other.slot_),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      pinned_(other.pinned_) {}
+
+SlotLease& SlotLease::operator=(SlotLease&& other) noexcept {
+  if (this != &other) {
+    release();
+    pool_ = std::exchange(other.pool_, nullptr);
+    slot_ = other.slot_;
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    pinned_ = other.pinned_;
+  }
+  return *this;
+}
+
+void SlotLease::release() noexcept {
+  if (pool_ == nullptr) return;
+  std::exchange(pool_, nullptr)->release_slot(slot_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+void SlotLease::release_after(std::shared_ptr<Fence> fence) noexcept {
+  if (pool_ == nullptr) return;
+  if (!fence) {
+    release();
+    return;
+  }
+  std::exchange(pool_, nullptr)->release_slot_after(slot_, std::move(fence));
+  data_ = nullptr;
+  size_ = 0;
+}
+
+// ---------------------------------------------------------------- BufferPool
+
+void BufferPool::Config::validate() const {
+  if (slot_bytes == 0) throw ConfigError("buffer pool slot_bytes must be > 0");
+  if (round_up_to_page(slot_bytes) > kMaxRegistrationBytes) {
+    throw ConfigError(fmt::format("buffer pool slot_bytes {} exceeds the {} maximum of one registration",
+                                  format_bytes(slot_bytes), format_bytes(kMaxRegistrationBytes)));
+  }
+  if (slots == 0 || slots > 65536) throw ConfigError(fmt::format("buffer pool slots must be 1..65536, got {}", slots));
+  if (slab_bytes == 0) throw ConfigError("buffer pool slab_bytes must be > 0");
+  if (min_pinned_slots > slots) {
+    throw ConfigError(fmt::format("buffer pool min_pinned_slots {} exceeds slots {}", min_pinned_slots, slots));
+  }
+  if (retry_pin_after.count() < 0) throw ConfigError("buffer pool retry_pin_after must be >= 0");
+  const std::size_t cap = round_up_to_page(slot_bytes);
+  if (cap > SIZE_MAX / slots) throw ConfigError("buffer pool slots x slot_bytes overflows");
+}
+
+BufferPool::BufferPool(Config config, HostResource& pinned, HostResource& pageable)
+    : config_(std::move(config)), pinned_resource_(pinned), pageable_resource_(pageable) {
+  config_.validate();
+  slot_capacity_ = round_up_to_page(config_.slot_bytes);
+  const std::size_t slab_limit = std::min(std::max(config_.slab_bytes, slot_capacity_), kMaxRegistrationBytes);
+  const std::size_t per_slab = std::max<std::size_t>(1, slab_limit / slot_capacity_);
+  for (std::size_t first = 0; first < config_.slots; first += per_slab) {
+    Slab slab;
+    slab.first_slot = first;
+    slab.slot_count = std::min(per_slab, config_.slots - first);
+    slab.bytes = slab.slot_count * slot_capacity_;
+    slabs_.push_back(slab);
+  }
+  state_.assign(config_.slots, SlotState::free);
+  slab_of_.resize(config_.slots);
+  for (std::size_t i = 0; i < slabs_.size(); ++i) {
+    for (std::size_t k = 0; k < slabs_[i].slot_count; ++k) slab_of_[slabs_[i].first_slot + k] = i;
+  }
+  allocate_initial();
+  for (std::size_t i = 0; i < config_.slots; ++i) free_.push_back(i);
+  maintainer_ = std::jthread([this](const std::stop_token& stop) { maintain(stop); });
+}
+
+void BufferPool::allocate_initial() {
+  // Pinning is the slow part (1-2 GB/s): it happens here, once, before the
+  // first batch, never on the acquire path.
+  std::string refused = config_.pin ? "" : "pinning disabled";
+  std::uint64_t pinned_bytes = 0;
+  try {
+    for (std::size_t i = 0; i < slabs_.size(); ++i) {
+      Slab& slab = slabs_[i];
+      if (refused.empty() && pinned_bytes + slab.bytes > config_.pinned_budget_bytes) {
+        refused = "budget";
+      }
+      if (refused.empty()) {
+        try {
+          slab.data = static_cast<std::byte*>(pinned_resource_.allocate(slab.bytes, page_size()));
+          slab.pinned = pinned_resource_.is_pinned();
+          slab.owner = &pinned_resource_;
+          pinned_bytes += slab.bytes;
+          record_locked(i, true, "initial");
+          continue;
+        } catch (const OutOfMemory& e) {
+          refused = e.reason();
+          ++failed_pins_;
+          pinfeed::detail::log().warn("buffer pool: pinning slab {} ({}) refused: {}; slabs from here on are pageable",
+                                      i, format_bytes(slab.bytes), e.what());
+        }
+      }
+      slab.data = static_cast<std::byte*>(pageable_resource_.allocate(slab.bytes, page_size()));
+      slab.pinned = pageable_resource_.is_pinned();
+      slab.owner = &pageable_resource_;
+      record_locked(i, false, fmt::format("initial: {}", refused));
+    }
+  } catch (...) {
+    free_all_slabs();
+    throw;
+  }
+}
+
+void BufferPool::free_all_slabs() noexcept {
+  for (Slab& slab : slabs_) {
+    if (slab.data != nullptr) slab.owner->deallocate(slab.data, slab.bytes, page_size());
+    slab.data = nullptr;
+  }
+}
+
+BufferPool::~BufferPool() {
+  if (monitor_ != nullptr) monitor_->unsubscribe(subscription_);
+  maintainer_.request_stop();
+  {
+    const std::scoped_lock lock(mutex_);
+    cancelled_ = true;
+    ++work_generation_;
+  }
+  slot_cv_.notify_all();
+  work_cv_.notify_all();
+  maintainer_.join();
+
+  std::unique_lock lock(mutex_);
+  // Copies still reading fenced slots must finish before the memory goes.
+  while (!fenced_.empty()) {
+    Fenced f = std::move(fenced_.front());
+    fenced_.pop_front();
+    lock.unlock();
+    if (!f.fence->wait_for(std::chrono::seconds(30))) {
+      pinfeed::detail::log().error("buffer pool: slot {} still fenced after 30 s at destruction", f.slot);
+    }
+    lock.lock();
+    state_[f.slot] = SlotState::free;
+  }
+  const auto leased = static_cast<std::size_t>(std::count(state_.begin(), state_.end(), SlotState::leased));
+  if (leased > 0) {
+    pinfeed::detail::log().critical("buffer pool destroyed with {} slot(s) still leased", leased);
+    assert(leased == 0 && "BufferPool destroyed while leases are alive");
+  }
+  free_all_slabs();
+}
+
+void BufferPool::record_locked(std::size_t slab, bool to_pinned, std::string reason) {
+  transitions_.push_back(PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, to_pinned,
+                                        std::move(reason)});
+}
+
+SlotLease BufferPool::lease_locked(std::size_t slot) {
+  state_[slot] = SlotState::leased;
+  const Slab& slab = slabs_[slab_of_[slot]];
+  std::byte* data = slab.data + (slot - slab.first_slot) * slot_capacity_;
+  return SlotLease(this, slot, data, config_.slot_bytes, slab.pinned);
+}
+
+bool BufferPool::reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chrono::microseconds wait) {
+  // The fence is queried with the lock released: it may call the driver.
+  if (fenced_.empty()) return false;
+  Fenced f = std::move(fenced_.front());
+  fenced_.pop_front();
+  lock.unlock();
+  bool ready = false;
+  try {
+    ready = wait.count() > 0 ? f.fence->wait_for(wait) : f.fence->ready();
+  } catch (const std::exception& e) {
+    pinfeed::detail::log().error("buffer pool: fence of slot {} failed ({}); the slot stays busy", f.slot, e.what());
+  }
+  lock.lock();
+  if (!ready) {
+    fenced_.push_front(std::move(f));
+    return false;
+  }
+  state_[f.slot] = SlotState::free;
+  free_.push_front(f.slot);
+  ++work_generation_;
+  work_cv_.notify_one();
+  return true;
+}
+
+std::optional<SlotLease> BufferPool::acquire_until(std::optional<Clock::time_point> deadline,
+                                                   const std::stop_token& stop) {
+  std::unique_lock lock(mutex_);
+  ++acquires_;
+  bool waited = false;
+  const auto t0 = Clock::now();
+  const auto account = [&] {
+    if (!waited) return;
+    ++acquire_waits_;
+    acquire_wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  while (true) {
+    if (cancelled_) {
+      account();
+      throw Cancelled("buffer pool: acquire cancelled");
+    }
+    if (stop.stop_requested()) {
+      account();
+      return std::nullopt;
+    }
+    if (!free_.empty()) {
+      const std::size_t slot = free_.front();
+      free_.pop_front();
+      account();
+      return lease_locked(slot);
+    }
+    waited = true;
+    const auto now = Clock::now();
+    if (deadline && now >= *deadline) {
+      account();
+      return std::nullopt;
+    }
+    if (!fenced_.empty()) {
+      // Every slot is out and some wait on a copy: wait on the oldest copy
+      // (copies on one stream complete in order), a little at a time so a
+      // plain release, a cancel or a stop is still seen promptly.
+      auto slice = std::chrono::microseconds(2000);
+      if (deadline) slice = std::min(slice, std::chrono::duration_cast<std::chrono::microseconds>(*deadline - now) + std::chrono::microseconds(1));
+      reclaim_one_fenced(lock, slice);
+      continue;
+    }
+    const auto pred = [this] { return cancelled_ || !free_.empty() || !fenced_.empty(); };
+    if (deadline) {
+      slot_cv_.wait_until(lock, stop, *deadline, pred);
+    } else {
+      slot_cv_.wait(lock, stop, pred);
+    }
+  }
+}
+
+std::optional<SlotLease> BufferPool::acquire(std::chrono::milliseconds timeout, std::stop_token stop) {
+  return acquire_until(Clock::now() + timeout, stop);
+}
+
+SlotLease BufferPool::acquire(std::stop_token stop) {
+  auto lease = acquire_until(std::nullopt, stop);
+  if (!lease) throw Cancelled("buffer pool: acquire stopped");
+  return std::move(*lease);
+}
+
+void BufferPool::release_slot(std::size_t slot) noexcept {
+  {
+    const std::scoped_lock lock(mutex_);
+    assert(state_[slot] == SlotState::leased);
+    state_[slot] = SlotState::free;
+    free_.push_back(slot);
+    ++work_generation_;
+  }
+  slot_cv_.notify_one();
+  work_cv_.notify_one();
+}
+
+void BufferPool::release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept {
+  {
+    const std::scoped_lock lock(mutex_);
+    assert(state_[slot] == SlotState::leased);
+    state_[slot] = SlotState::fenced;
+    fenced_.push_back(Fenced{slot, std::move(fence)});
+    ++work_generation_;
+  }
+  slot_cv_.notify_all();
+  work_cv_.notify_one();
+}
+
+void BufferPool::cancel() {
+  {
+    const std::scoped_lock lock(mutex_);
+    cancelled_ = true;
+  }
+  slot_cv_.notify_all();
+}
+
+void BufferPool::reset_cancel() {
+  const std::scoped_lock lock(mutex_);
+  cancelled_ = false;
+}
+
+void BufferPool::on_pressure(PressureLevel level) {
+  {
+    const std::scoped_lock lock(mutex_);
+    if (level_ == level) return;
+    pinfeed::detail::log().info("buffer pool: pressure {} -> {}", to_string(level_), to_string(level));
+    level_ = level;
+    if (level == PressureLevel::normal) no_pin_before_ = {};  // a fresh "normal" may retry at once
+    ++work_generation_;
+  }
+  work_cv_.notify_one();
+}
+
+void BufferPool::follow(PressureMonitor& monitor) {
+  if (monitor_ != nullptr) throw ConfigError("buffer pool already follows a pressure monitor");
+  monitor_ = &monitor;
+  subscription_ = monitor.subscribe([this](PressureLevel, PressureLevel to, const PressureReading&) { on_pressure(to); });
+  on_pressure(monitor.level());
+}
+
+bool BufferPool::slab_idle_locked(const Slab& slab) const {
+  for (std::size_t k = 0; k < slab.slot_count; ++k) {
+    if (state_[slab.first_slot + k] != SlotState::free) return false;
+  }
+  return true;
+}
+
+std::optional<BufferPool::Job> BufferPool::next_job_locked() const {
+  if (level_ == PressureLevel::critical) {
+    std::size_t pinned_slots = 0;
+    for (const Slab& s : slabs_) pinned_slots += s.pinned ? s.slot_count : 0;
+    // Unpin from the back, so the low slots, the ones acquired first, stay pinned longest.
+    for (std::size_t i = slabs_.size(); i-- > 0;) {
+      const Slab& s = slabs_[i];
+      if (s.pinned && pinned_slots - s.slot_count >= config_.min_pinned_slots && slab_idle_locked(s)) {
+        return Job{i, false, "pressure critical"};
+      }
+    }
+    return std::nullopt;
+  }
+  if (level_ == PressureLevel::normal && config_.pin && Clock::now() >= no_pin_before_) {
+    std::uint64_t pinned_bytes = 0;
+    for (const Slab& s : slabs_) pinned_bytes += s.pinned ? s.bytes : 0;
+    for (std::size_t i = 0; i < slabs_.size(); ++i) {
+      const Slab& s = slabs_[i];
+      if (!s.pinned && pinned_bytes + s.bytes <= config_.pinned_budget_bytes && slab_idle_locked(s)) {
+        return Job{i, true, "pressure normal"};
+      }
+    }
+  }
+  return std::nullopt;  // elevated: keep what is pinned, pin nothing new
+}
+
+void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
+  Slab& slab = slabs_[job.slab];
+  // Take the slab's slots off the free list: nobody can lease them while the
+  // memory under them changes (Note [Slot lifetime]).
+  for (std::size_t k = 0; k < slab.slot_count; ++k) state_[slab.first_slot + k] = SlotState::moving;
+  free_.erase(std::remove_if(free_.begin(), free_.end(),
+                             [&](std::size_t s) { return state_[s] == SlotState::moving; }),
+              free_.end());
+  moving_ = true;
+  HostResource& target = job.to_pinned ? pinned_resource_ : pageable_resource_;
+  const std::size_t bytes = slab.bytes;
+  lock.unlock();
+
+  std::byte* fresh = nullptr;
+  std::string failure;
+  try {
+    fresh = static_cast<std::byte*>(target.allocate(bytes, page_size()));
+  } catch (const OutOfMemory& e) {
+    failure = e.reason();
+    pinfeed::detail::log().warn("buffer pool: moving slab {} to {} memory failed: {}", job.slab,
+                                job.to_pinned ? "pinned" : "pageable", e.what());
+  }
+
+  lock.lock();
+  std::byte* old = nullptr;
+  HostResource* old_owner = nullptr;
+  if (fresh != nullptr) {
+    old = slab.data;
+    old_owner = slab.owner;
+    slab.data = fresh;
+    slab.owner = &target;
+    slab.pinned = target.is_pinned();
+    (job.to_pinned ? to_pinned_ : to_pageable_) += 1;
+    record_locked(job.slab, job.to_pinned, job.reason);
+    pinfeed::detail::log().info("buffer pool: slab {} ({} slots, {}) is now {} ({})", job.slab, slab.slot_count,
+                                format_bytes(bytes), slab.pinned ? "pinned" : "pageable", job.reason);
+  } else {
+    if (job.to_pinned) ++failed_pins_;
+    // Back off so a refusing resource is not hammered; a new "normal" resets it.
+    no_pin_before_ = Clock::now() + config_.retry_pin_after;
+    record_locked(job.slab, slab.pinned, fmt::format("{} failed: {}", job.reason, failure));
+  }
+  for (std::size_t k = 0; k < slab.slot_count; ++k) {
+    state_[slab.first_slot + k] = SlotState::free;
+    free_.push_back(slab.first_slot + k);
+  }
+  moving_ = false;
+  lock.unlock();
+  slot_cv_.notify_all();
+  if (old != nullptr) old_owner->deallocate(old, bytes, page_size());
+  lock.lock();
+}
+
+void BufferPool::maintain(const std::stop_token& stop) {
+  std::unique_lock lock(mutex_);
+  while (!stop.stop_requested()) {
+    if (const auto job = next_job_locked()) {
+      run_job(lock, *job);
+      continue;
+    }
+    if (!fenced_.empty()) reclaim_one_fenced(lock, std::chrono::microseconds(0));
+    idle_cv_.notify_all();
+    const std::uint64_t seen = work_generation_;
+    const auto pred = [&] { return work_generation_ != seen; };
+    if (!fenced_.empty() || (level_ == PressureLevel::normal && no_pin_before_ > Clock::now())) {
+      // Fences and a pin back-off are polled; everything else wakes us.
+      work_cv_.wait_for(lock, stop, std::chrono::milliseconds(5), pred);
+    } else {
+      work_cv_.wait(lock, stop, pred);
+    }
+  }
+}
+
+bool BufferPool::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return idle_cv_.wait_for(lock, timeout, [this] { return !moving_ && !next_job_locked(); });
+}
+
+PoolStats BufferPool::stats() const {
+  const std::scoped_lock lock(mutex_);
+  PoolStats st;
+  st.slots = config_.slots;
+  st.slot_bytes = slot_capacity_;
+  st.slabs = slabs_.size();
+  for (const Slab& s : slabs_) {
+    (s.pinned ? st.pinned_slots : st.pageable_slots) += s.slot_count;
+    (s.pinned ? st.pinned_bytes : st.pageable_bytes) += s.bytes;
+  }
+  for (const SlotState s : state_) {
+    switch (s) {
+      case SlotState::free: ++st.free_slots; break;
+      case SlotState::leased: ++st.leased_slots; break;
+      case SlotState::fenced: ++st.fenced_slots; break;
+      case SlotState::moving: ++st.moving_slots; break;
+    }
+  }
+  st.acquires = acquires_;
+  st.acquire_waits = acquire_waits_;
+  st.acquire_wait_seconds = acquire_wait_seconds_;
+  st.to_pageable = to_pageable_;
+  st.to_pinned = to_pinned_;
+  st.failed_pins = failed_pins_;
+  st.level = level_;
+  return st;
+}
+
+std::vector<PoolTransition> BufferPool::transitions() const {
+  const std::scoped_lock lock(mutex_);
+  return transitions_;
+}
+
+}  // namespace pinfeed::memory

@@ -1,0 +1,90 @@
+// Built only when the CUDA toolkit is found (PINFEED_HAVE_CUDA). Links the
+// static CUDA runtime, so a machine with no toolkit can still start the
+// binary; with no driver, cudaGetDeviceCount fails and we say so.
+#include "pinfeed/memory/cuda_host.hpp"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "log.hpp"
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::memory::cuda {
+
+namespace {
+std::string describe(cudaError_t e) { return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e)); }
+}  // namespace
+
+const RuntimeStatus& runtime_status() {
+  static const RuntimeStatus status = [] {
+    RuntimeStatus s;
+    s.compiled = true;
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+      s.message = "no CUDA driver";
+      (void)cudaGetLastError();  // clear the sticky error
+      return s;
+    }
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+      s.message = fmt::format("CUDA driver {} present, no usable device: {}", driver, describe(e));
+      (void)cudaGetLastError();
+      return s;
+    }
+    s.device_count = count;
+    s.available = count > 0;
+    s.message = count > 0 ? fmt::format("CUDA driver {}.{}, {} device(s)", driver / 1000, (driver % 1000) / 10, count)
+                          : "CUDA driver present, no device";
+    return s;
+  }();
+  return status;
+}
+
+std::vector<DeviceInfo> devices() {
+  std::vector<DeviceInfo> out;
+  if (!runtime_status().available) return out;
+  for (int i = 0; i < runtime_status().device_count; ++i) {
+    cudaDeviceProp prop{};
+    if (const cudaError_t e = cudaGetDeviceProperties(&prop, i); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw CudaError(fmt::format("cudaGetDeviceProperties(device {}) failed: {}", i, describe(e)));
+    }
+    DeviceInfo d;
+    d.index = i;
+    d.name = prop.name;
+    d.total_bytes = prop.totalGlobalMem;
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, i) == cudaSuccess) {
+      d.pci_bus_id = bus;
+      std::transform(d.pci_bus_id.begin(), d.pci_bus_id.end(), d.pci_bus_id.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    } else {
+      (void)cudaGetLastError();
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+void host_register(void* ptr, std::size_t bytes) {
+  if (!runtime_status().available) {
+    throw CudaError(fmt::format("cudaHostRegister: CUDA not available ({})", runtime_status().message));
+  }
+  if (const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw OutOfMemory("cuda register", fmt::format("cudaHostRegister of {} bytes failed: {}", bytes, describe(e)));
+  }
+}
+
+void host_unregister(void* ptr) noexcept {
+  const cudaError_t e = cudaHostUnregister(ptr);
+  if (e == cudaSuccess || e == cudaErrorCudartUnloading) return;  // shutting down: nothing to do
+  (void)cudaGetLastError();
+  pinfeed::detail::log().error("cudaHostUnregister({}) failed: {}", ptr, describe(e));
+}
+
+}  // namespace pinfeed::memory::cuda

@@ -1,0 +1,97 @@
+#include "pinfeed/memory/pinned_resource.hpp"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "log.hpp"
+#include "mapping.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/memory/cuda_host.hpp"
+#include "pinfeed/memory/numa.hpp"
+#include "process_limits.hpp"
+
+namespace pinfeed::memory {
+
+PinMethod parse_pin_method(std::string_view text) {
+  if (text == "auto") return PinMethod::automatic;
+  if (text == "mlock") return PinMethod::mlock;
+  if (text == "cuda") return PinMethod::cuda_register;
+  throw ConfigError(fmt::format("pin method '{}' is not one of auto, mlock, cuda", text));
+}
+
+std::string_view to_string(PinMethod method) noexcept {
+  switch (method) {
+    case PinMethod::automatic: return "auto";
+    case PinMethod::mlock: return "mlock";
+    case PinMethod::cuda_register: return "cuda";
+  }
+  return "?";
+}
+
+namespace {
+PinMethod resolve(PinMethod method) {
+  if (method != PinMethod::automatic) return method;
+  return cuda::runtime_status().available ? PinMethod::cuda_register : PinMethod::mlock;
+}
+}  // namespace
+
+PinnedResource::PinnedResource(Config config) : config_(config), method_(resolve(config.method)) {
+  if (method_ == PinMethod::cuda_register && !cuda::runtime_status().available) {
+    throw ConfigError(fmt::format("pinned resource: pin method 'cuda' needs a CUDA device ({})",
+                                  cuda::runtime_status().message));
+  }
+}
+
+void* PinnedResource::do_allocate(std::size_t bytes, std::size_t /*alignment*/) {
+  const std::size_t length = round_up_to_page(bytes);
+  if (length > kMaxRegistrationBytes) {
+    throw ConfigError(fmt::format("pinned resource: one allocation of {} exceeds the {} limit per registration",
+                                  format_bytes(length), format_bytes(kMaxRegistrationBytes)));
+  }
+  void* p = detail::map_anonymous(length, name());
+  if (config_.numa_node) {
+    if (!Topology::host().bind_area(p, length, *config_.numa_node)) {
+      pinfeed::detail::log().warn("pinned resource: cannot bind {} to NUMA node {}; default placement",
+                                  format_bytes(length), *config_.numa_node);
+    }
+  }
+  // Fault every page in before locking: mlock would fault them anyway, but
+  // doing it here keeps the NUMA placement and makes the cost visible in one place.
+  detail::prefault(p, length);
+  try {
+    if (method_ == PinMethod::cuda_register) {
+      cuda::host_register(p, length);
+    } else if (::mlock(p, length) != 0) {
+      const int err = errno;
+      const auto limit = detail::memlock_limit();
+      const bool capped = limit.has_value() && !detail::has_cap_ipc_lock();
+      throw OutOfMemory(capped ? "memlock limit" : "mlock",
+                        fmt::format("pinned resource: mlock of {} failed: {}{}", format_bytes(length),
+                                    std::strerror(err),
+                                    capped ? fmt::format(" (RLIMIT_MEMLOCK is {} and the process lacks CAP_IPC_LOCK)",
+                                                         format_bytes(*limit))
+                                           : std::string{}));
+    }
+  } catch (...) {
+    detail::unmap(p, length);
+    throw;
+  }
+  locked_bytes_.fetch_add(length);
+  return p;
+}
+
+void PinnedResource::do_deallocate(void* ptr, std::size_t bytes, std::size_t /*alignment*/) noexcept {
+  const std::size_t length = round_up_to_page(bytes);
+  if (method_ == PinMethod::cuda_register) {
+    cuda::host_unregister(ptr);
+  } else if (::munlock(ptr, length) != 0) {
+    pinfeed::detail::log().error("munlock({}, {}) failed: {}", ptr, length, std::strerror(errno));
+  }
+  locked_bytes_.fetch_sub(length);
+  detail::unmap(ptr, length);
+}
+
+}  // namespace pinfeed::memory

@@ -1,0 +1,205 @@
+#include "pinfeed/memory/pressure_monitor.hpp"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "log.hpp"
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::memory {
+
+std::string_view to_string(PressureLevel level) noexcept {
+  switch (level) {
+    case PressureLevel::normal: return "normal";
+    case PressureLevel::elevated: return "elevated";
+    case PressureLevel::critical: return "critical";
+  }
+  return "?";
+}
+
+void PressureMonitor::Config::validate() const {
+  if (period.count() < 10 || period.count() > 60'000) {
+    throw ConfigError(fmt::format("pressure monitor period must be 10 ms..60 s, got {} ms", period.count()));
+  }
+  if (!(hysteresis > 0.0 && hysteresis <= 1.0)) {
+    throw ConfigError(fmt::format("pressure monitor hysteresis must be in (0, 1], got {}", hysteresis));
+  }
+  if (hold.count() < 0) throw ConfigError("pressure monitor hold must be >= 0");
+  const auto check = [](const char* field, double e, double c, bool inverted) {
+    if (e < 0 || c < 0) throw ConfigError(fmt::format("pressure threshold {} must be >= 0", field));
+    if (inverted ? c > e : c < e) {
+      throw ConfigError(fmt::format("pressure threshold {}: critical ({}) is milder than elevated ({})", field, c, e));
+    }
+  };
+  check("psi_some_avg10", elevated.psi_some_avg10, critical.psi_some_avg10, false);
+  check("psi_full_avg10", elevated.psi_full_avg10, critical.psi_full_avg10, false);
+  check("swap_out_pages_per_s", elevated.swap_out_pages_per_s, critical.swap_out_pages_per_s, false);
+  check("available_fraction", elevated.available_fraction, critical.available_fraction, true);
+  if (elevated.available_fraction > 1.0) throw ConfigError("pressure threshold available_fraction must be <= 1");
+}
+
+PressureMonitor::PressureMonitor(Config config) : config_(std::move(config)) { config_.validate(); }
+
+PressureMonitor::~PressureMonitor() { stop(); }
+
+PressureLevel PressureMonitor::classify(const PressureReading& r, double relax, std::string* reason) const {
+  // relax < 1 lowers the bar (used to decide whether a level has cleared).
+  const auto hits = [&](const PressureThresholds& t, std::string* why) {
+    if (t.psi_some_avg10 > 0 && r.psi_some >= t.psi_some_avg10 * relax) {
+      if (why) *why = fmt::format("PSI some {:.1f}% >= {:.1f}%", r.psi_some, t.psi_some_avg10 * relax);
+      return true;
+    }
+    if (t.psi_full_avg10 > 0 && r.psi_full >= t.psi_full_avg10 * relax) {
+      if (why) *why = fmt::format("PSI full {:.1f}% >= {:.1f}%", r.psi_full, t.psi_full_avg10 * relax);
+      return true;
+    }
+    if (t.swap_out_pages_per_s > 0 && r.swap_out_rate >= t.swap_out_pages_per_s * relax) {
+      if (why) *why = fmt::format("swap-out {:.0f} pages/s >= {:.0f}", r.swap_out_rate, t.swap_out_pages_per_s * relax);
+      return true;
+    }
+    if (t.available_fraction > 0 && r.available_fraction <= t.available_fraction / relax) {
+      if (why) *why = fmt::format("available {:.1f}% <= {:.1f}%", r.available_fraction * 100, t.available_fraction / relax * 100);
+      return true;
+    }
+    return false;
+  };
+  if (hits(config_.critical, reason)) return PressureLevel::critical;
+  if (hits(config_.elevated, reason)) return PressureLevel::elevated;
+  if (reason) *reason = "all signals below thresholds";
+  return PressureLevel::normal;
+}
+
+PressureReading PressureMonitor::step() { return step(MemorySnapshot::read(config_.root)); }
+
+PressureReading PressureMonitor::step(const MemorySnapshot& s) {
+  PressureReading r;
+  r.at = s.taken_at;
+  r.psi_some = s.psi ? s.psi->some.avg10 : 0.0;
+  r.psi_full = s.psi && s.psi->full ? s.psi->full->avg10 : 0.0;
+  if (s.cgroup.pressure) {  // in a container, its own stall figures are the ones that matter
+    r.psi_some = std::max(r.psi_some, s.cgroup.pressure->some.avg10);
+    if (s.cgroup.pressure->full) r.psi_full = std::max(r.psi_full, s.cgroup.pressure->full->avg10);
+  }
+  r.available_fraction = s.available_fraction();
+  r.available_bytes = s.effective_available();
+
+  std::vector<std::shared_ptr<Subscriber>> to_notify;
+  PressureLevel from{};
+  {
+    const std::scoped_lock lock(mutex_);
+    if (previous_) {
+      const double dt = std::chrono::duration<double>(s.taken_at - previous_->taken_at).count();
+      const auto rate = [dt](std::optional<std::uint64_t> now, std::optional<std::uint64_t> before) {
+        if (dt <= 0 || !now || !before || *now < *before) return 0.0;
+        return static_cast<double>(*now - *before) / dt;
+      };
+      r.swap_out_rate = rate(s.pswpout, previous_->pswpout);
+      r.swap_in_rate = rate(s.pswpin, previous_->pswpin);
+    }
+    previous_ = s;
+
+    r.raw = classify(r, 1.0, &r.reason);
+    from = level_;
+    PressureLevel to = level_;
+    if (r.raw > level_) {
+      to = r.raw;  // rise at once
+      low_since_.reset();
+    } else if (r.raw < level_) {
+      std::string clear_reason;
+      const PressureLevel cleared = classify(r, config_.hysteresis, &clear_reason);
+      if (cleared < level_) {
+        if (!low_since_) low_since_ = s.taken_at;
+        if (s.taken_at - *low_since_ >= config_.hold) {
+          to = cleared;
+          low_since_.reset();
+          r.reason = fmt::format("{} for {} ms", clear_reason, config_.hold.count());
+        } else {
+          r.reason = fmt::format("holding {} until signals stay low for {} ms", to_string(level_), config_.hold.count());
+        }
+      } else {
+        low_since_.reset();
+        r.reason = fmt::format("holding {}: {}", to_string(level_), clear_reason);
+      }
+    } else {
+      low_since_.reset();
+    }
+    r.level = to;
+    last_ = r;
+    if (to != from) {
+      level_ = to;
+      ++transitions_;
+      for (const auto& [id, sub] : subscribers_) to_notify.push_back(sub);
+    }
+  }
+  if (r.level != from) {
+    auto& log = pinfeed::detail::log();
+    (r.level > from ? log.warn("memory pressure {} -> {}: {}", to_string(from), to_string(r.level), r.reason)
+                    : log.info("memory pressure {} -> {}: {}", to_string(from), to_string(r.level), r.reason));
+    const std::scoped_lock notifying(notify_mutex_);
+    for (const auto& sub : to_notify) (*sub)(from, r.level, r);
+  }
+  return r;
+}
+
+PressureLevel PressureMonitor::level() const {
+  const std::scoped_lock lock(mutex_);
+  return level_;
+}
+
+std::optional<PressureReading> PressureMonitor::last() const {
+  const std::scoped_lock lock(mutex_);
+  return last_;
+}
+
+std::uint64_t PressureMonitor::transitions() const {
+  const std::scoped_lock lock(mutex_);
+  return transitions_;
+}
+
+PressureMonitor::SubscriptionId PressureMonitor::subscribe(Subscriber subscriber) {
+  const std::scoped_lock lock(mutex_);
+  const SubscriptionId id = next_id_++;
+  subscribers_.emplace(id, std::make_shared<Subscriber>(std::move(subscriber)));
+  return id;
+}
+
+void PressureMonitor::unsubscribe(SubscriptionId id) {
+  const std::scoped_lock lock(notify_mutex_, mutex_);
+  subscribers_.erase(id);
+}
+
+void PressureMonitor::start() {
+  const std::scoped_lock lock(thread_mutex_);
+  if (thread_.joinable()) return;
+  stop_requested_ = false;
+  thread_ = std::thread([this] { run(); });
+}
+
+void PressureMonitor::stop() noexcept {
+  {
+    const std::scoped_lock lock(thread_mutex_);
+    if (!thread_.joinable()) return;
+    stop_requested_ = true;
+  }
+  thread_cv_.notify_all();
+  thread_.join();
+}
+
+void PressureMonitor::run() {
+  std::unique_lock lock(thread_mutex_);
+  while (!stop_requested_) {
+    lock.unlock();
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A snapshot that cannot be read (a vanished cgroup, a fixture being
+      // rewritten) is logged; the monitor keeps its level and tries again.
+      pinfeed::detail::log().warn("pressure monitor: {}", e.what());
+    }
+    lock.lock();
+    thread_cv_.wait_for(lock, config_.period, [this] { return stop_requested_; });
+  }
+}
+
+}  // namespace pinfeed::memory

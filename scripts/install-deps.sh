@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pinfeed builds and tests with. Idempotent: it
+# asks dpkg first and only calls apt when something is missing, so a second
+# run costs well under a second. Needs root (or sudo) on a Debian 12 machine.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libtbb-dev            # oneTBB: flow graph, task arena
+  libturbojpeg0-dev     # libjpeg-turbo, TurboJPEG API
+  libhwloc-dev          # NUMA topology, memory binding
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
+  libcap-dev            # drop CAP_IPC_LOCK in the memlock-denial test
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
