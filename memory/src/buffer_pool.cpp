@@ -113,6 +113,7 @@ void BufferPool::allocate_initial() {
         } catch (const OutOfMemory& e) {
           refused = e.reason();
           ++failed_pins_;
+          back_off_pinning_locked();
           pinfeed::detail::log().warn("buffer pool: pinning slab {} ({}) refused: {}; slabs from here on are pageable",
                                       i, format_bytes(slab.bytes), e.what());
         }
@@ -167,9 +168,15 @@ BufferPool::~BufferPool() {
   free_all_slabs();
 }
 
-void BufferPool::record_locked(std::size_t slab, bool to_pinned, std::string reason) {
-  transitions_.push_back(PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, to_pinned,
+void BufferPool::record_locked(std::size_t slab, bool to_pinned, std::string reason, bool ok) {
+  transitions_.push_back(PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, to_pinned, ok,
                                         std::move(reason)});
+}
+
+void BufferPool::back_off_pinning_locked() {
+  const unsigned shift = std::min(pin_refusals_in_a_row_, 6U);
+  no_pin_before_ = Clock::now() + config_.retry_pin_after * (1U << shift);
+  ++pin_refusals_in_a_row_;
 }
 
 SlotLease BufferPool::lease_locked(std::size_t slot) {
@@ -306,7 +313,10 @@ void BufferPool::on_pressure(PressureLevel level) {
     if (level_ == level) return;
     pinfeed::detail::log().info("buffer pool: pressure {} -> {}", to_string(level_), to_string(level));
     level_ = level;
-    if (level == PressureLevel::normal) no_pin_before_ = {};  // a fresh "normal" may retry at once
+    if (level == PressureLevel::normal) {  // a fresh "normal" may retry at once
+      no_pin_before_ = {};
+      pin_refusals_in_a_row_ = 0;
+    }
     ++work_generation_;
   }
   work_cv_.notify_one();
@@ -385,14 +395,16 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
     slab.owner = &target;
     slab.pinned = target.is_pinned();
     (job.to_pinned ? to_pinned_ : to_pageable_) += 1;
+    if (job.to_pinned) pin_refusals_in_a_row_ = 0;
     record_locked(job.slab, job.to_pinned, job.reason);
     pinfeed::detail::log().info("buffer pool: slab {} ({} slots, {}) is now {} ({})", job.slab, slab.slot_count,
                                 format_bytes(bytes), slab.pinned ? "pinned" : "pageable", job.reason);
   } else {
-    if (job.to_pinned) ++failed_pins_;
-    // Back off so a refusing resource is not hammered; a new "normal" resets it.
-    no_pin_before_ = Clock::now() + config_.retry_pin_after;
-    record_locked(job.slab, slab.pinned, fmt::format("{} failed: {}", job.reason, failure));
+    if (job.to_pinned) {
+      ++failed_pins_;
+      back_off_pinning_locked();  // a refusing resource is not hammered; a new "normal" resets it
+    }
+    record_locked(job.slab, slab.pinned, fmt::format("{} failed: {}", job.reason, failure), false);
   }
   for (std::size_t k = 0; k < slab.slot_count; ++k) {
     state_[slab.first_slot + k] = SlotState::free;

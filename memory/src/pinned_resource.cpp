@@ -51,6 +51,20 @@ void* PinnedResource::do_allocate(std::size_t bytes, std::size_t /*alignment*/) 
     throw ConfigError(fmt::format("pinned resource: one allocation of {} exceeds the {} limit per registration",
                                   format_bytes(length), format_bytes(kMaxRegistrationBytes)));
   }
+  if (method_ == PinMethod::mlock) {
+    // Refuse up front what mlock would refuse, before paying for the mapping
+    // and the page faults: the limit is per process and includes what is
+    // locked already.
+    if (const auto limit = detail::memlock_limit(); limit && !detail::has_cap_ipc_lock()) {
+      const std::uint64_t locked = detail::locked_now();
+      if (locked + length > *limit) {
+        throw OutOfMemory("memlock limit",
+                          fmt::format("pinned resource: locking {} more would exceed RLIMIT_MEMLOCK {} ({} locked "
+                                      "already) and the process lacks CAP_IPC_LOCK",
+                                      format_bytes(length), format_bytes(*limit), format_bytes(locked)));
+      }
+    }
+  }
   void* p = detail::map_anonymous(length, name());
   if (config_.numa_node) {
     if (!Topology::host().bind_area(p, length, *config_.numa_node)) {

@@ -86,8 +86,9 @@ struct PoolTransition {
   std::chrono::system_clock::time_point at;
   std::size_t slab = 0;
   std::size_t slots = 0;
-  bool to_pinned = false;
-  std::string reason;  ///< "initial: memlock limit", "pressure critical", "pressure normal", ...
+  bool to_pinned = false;  ///< the slab's memory after this event
+  bool ok = true;          ///< false: an attempt that failed; the slab kept its memory
+  std::string reason;      ///< "initial: memlock limit", "pressure critical", "pressure normal failed: ...", ...
 };
 
 struct PoolStats {
@@ -114,7 +115,10 @@ class BufferPool {
     std::uint64_t pinned_budget_bytes = UINT64_MAX;  ///< never pin more than this (see PinnedBudget)
     std::size_t min_pinned_slots = 0;        ///< floor kept pinned under critical pressure
     bool pin = true;                         ///< false: every slot pageable from the start
-    std::chrono::milliseconds retry_pin_after{2000};  ///< after a refused pin, wait this long before trying again
+    /// After a refused pin, wait this long before trying again; the wait
+    /// doubles with each refusal (up to 64x) and resets when pressure
+    /// returns to normal. Limits rarely change, so retries are rare.
+    std::chrono::milliseconds retry_pin_after{2000};
     void validate() const;                   ///< ConfigError naming the field
   };
 
@@ -187,7 +191,8 @@ class BufferPool {
   void run_job(std::unique_lock<std::mutex>& lock, const Job& job);
   [[nodiscard]] std::optional<Job> next_job_locked() const;
   [[nodiscard]] bool slab_idle_locked(const Slab& slab) const;
-  void record_locked(std::size_t slab, bool to_pinned, std::string reason);
+  void record_locked(std::size_t slab, bool to_pinned, std::string reason, bool ok = true);
+  void back_off_pinning_locked();
 
   const Config config_;
   HostResource& pinned_resource_;
@@ -208,6 +213,7 @@ class BufferPool {
   bool moving_ = false;                   // a transition is in progress
   std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
   Clock::time_point no_pin_before_{};
+  unsigned pin_refusals_in_a_row_ = 0;
   std::vector<PoolTransition> transitions_;
   std::uint64_t acquires_ = 0, acquire_waits_ = 0, to_pageable_ = 0, to_pinned_ = 0, failed_pins_ = 0;
   double acquire_wait_seconds_ = 0;

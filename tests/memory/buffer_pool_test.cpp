@@ -1,0 +1,291 @@
+#include <gtest/gtest.h>
+#include <sys/capability.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "checking_resource.hpp"
+#include "fixtures.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/memory/buffer_pool.hpp"
+#include "pinfeed/memory/pageable_resource.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
+#include "pinfeed/memory/statistics_adaptor.hpp"
+
+namespace pinfeed::memory {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// A pinned (mlock) and a pageable resource, each behind a CheckingResource
+/// (guards, leaks, injected failures) and a StatisticsAdaptor (byte counts).
+struct Resources {
+  PinnedResource pinned_raw{PinnedResource::Config{PinMethod::mlock, std::nullopt}};
+  PageableResource pageable_raw;
+  testing::CheckingResource pinned_checked{pinned_raw}, pageable_checked{pageable_raw};
+  StatisticsAdaptor pinned{pinned_checked}, pageable{pageable_checked};
+};
+
+BufferPool::Config pool_config(std::size_t slots, std::size_t slot_bytes, std::size_t slab_bytes) {
+  BufferPool::Config c;
+  c.slots = slots;
+  c.slot_bytes = slot_bytes;
+  c.slab_bytes = slab_bytes;
+  return c;
+}
+
+TEST(BufferPoolTest, SlotsAreExactlyTheRequestedSizeInFewSlabs) {
+  Resources r;
+  const std::size_t slot = 1_MiB + 100;  // not a power of two, not page-aligned
+  BufferPool pool(pool_config(7, slot, 3 * round_up_to_page(slot)), r.pinned, r.pageable);
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.slot_bytes, round_up_to_page(slot));
+  EXPECT_EQ(s.slabs, 3U);  // 3 + 3 + 1 slots
+  EXPECT_EQ(r.pinned.stats().total_count, 3U) << "one allocation (one registration) per slab";
+  EXPECT_EQ(r.pinned.stats().current_bytes, 7 * round_up_to_page(slot)) << "pinned bytes == bytes asked, page-rounded";
+  EXPECT_EQ(s.pinned_slots, 7U);
+  EXPECT_EQ(s.pageable_slots, 0U);
+  auto lease = pool.acquire();
+  EXPECT_EQ(lease.bytes().size(), slot);
+  EXPECT_TRUE(lease.pinned());
+}
+
+TEST(BufferPoolTest, LeasesAreDistinctAndReturnOnDestruction) {
+  Resources r;
+  BufferPool pool(pool_config(4, 64_KiB, 1_MiB), r.pinned, r.pageable);
+  {
+    std::vector<SlotLease> leases;
+    for (int i = 0; i < 4; ++i) {
+      leases.push_back(pool.acquire());
+      std::memset(leases.back().data(), i + 1, 64_KiB);
+    }
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(static_cast<int>(leases[static_cast<std::size_t>(i)].data()[64_KiB - 1]), i + 1) << "slots overlap";
+    }
+    EXPECT_EQ(pool.stats().leased_slots, 4U);
+    SlotLease moved = std::move(leases[0]);
+    EXPECT_FALSE(leases[0]);
+    EXPECT_TRUE(moved);
+  }
+  EXPECT_EQ(pool.stats().free_slots, 4U);
+}
+
+TEST(BufferPoolTest, AcquireTimesOutWhenEverySlotIsOut) {
+  Resources r;
+  BufferPool pool(pool_config(1, 4_KiB, 1_MiB), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pool.acquire(30ms).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 30ms);
+  EXPECT_EQ(pool.stats().acquire_waits, 1U);
+}
+
+TEST(BufferPoolTest, AReleaseWakesAWaiter) {
+  Resources r;
+  BufferPool pool(pool_config(1, 4_KiB, 1_MiB), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  std::atomic<bool> got{false};
+  std::thread waiter([&] {
+    auto lease = pool.acquire();
+    got = true;
+  });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(got.load());
+  held.release();
+  waiter.join();
+  EXPECT_TRUE(got.load());
+}
+
+TEST(BufferPoolTest, CancelWakesWaitersWithCancelled) {
+  Resources r;
+  BufferPool pool(pool_config(1, 4_KiB, 1_MiB), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  std::atomic<bool> cancelled{false};
+  std::thread waiter([&] {
+    try {
+      (void)pool.acquire();
+    } catch (const Cancelled&) {
+      cancelled = true;
+    }
+  });
+  std::this_thread::sleep_for(10ms);
+  pool.cancel();
+  waiter.join();
+  EXPECT_TRUE(cancelled.load());
+  EXPECT_THROW((void)pool.acquire(), Cancelled);
+  pool.reset_cancel();
+  held.release();
+  EXPECT_TRUE(pool.acquire(10ms).has_value());
+}
+
+TEST(BufferPoolTest, AStopTokenEndsTheWait) {
+  Resources r;
+  BufferPool pool(pool_config(1, 4_KiB, 1_MiB), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  std::stop_source source;
+  std::atomic<bool> returned_empty{false};
+  std::thread waiter([&] { returned_empty = !pool.acquire(10s, source.get_token()).has_value(); });
+  std::this_thread::sleep_for(10ms);
+  source.request_stop();
+  waiter.join();
+  EXPECT_TRUE(returned_empty.load());
+}
+
+TEST(BufferPoolTest, AFencedSlotStaysBusyUntilTheFenceIsReady) {
+  Resources r;
+  BufferPool pool(pool_config(1, 4_KiB, 1_MiB), r.pinned, r.pageable);
+  auto fence = std::make_shared<ManualFence>();
+  pool.acquire().release_after(fence);
+  EXPECT_EQ(pool.stats().fenced_slots, 1U);
+  EXPECT_FALSE(pool.acquire(20ms).has_value()) << "the copy reading the slot has not finished";
+  std::thread signaller([&] {
+    std::this_thread::sleep_for(10ms);
+    fence->signal();
+  });
+  EXPECT_TRUE(pool.acquire(5s).has_value());
+  signaller.join();
+}
+
+TEST(BufferPoolTest, FencedSlotsComeBackWithoutAnAcquire) {
+  Resources r;
+  BufferPool pool(pool_config(2, 4_KiB, 4_KiB), r.pinned, r.pageable);
+  auto fence = std::make_shared<ManualFence>();
+  pool.acquire().release_after(fence);
+  fence->signal();
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (pool.stats().free_slots != 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(pool.stats().free_slots, 2U) << "the maintenance thread polls fences";
+}
+
+TEST(BufferPoolTest, PinsNoMoreThanTheBudget) {
+  Resources r;
+  auto c = pool_config(6, 1_MiB, 1_MiB);
+  c.pinned_budget_bytes = 2_MiB + 10;
+  BufferPool pool(c, r.pinned, r.pageable);
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.pinned_slots, 2U);
+  EXPECT_EQ(s.pageable_slots, 4U);
+  EXPECT_LE(r.pinned.stats().peak_bytes, c.pinned_budget_bytes);
+  EXPECT_EQ(pool.transitions().back().reason, "initial: budget");
+}
+
+TEST(BufferPoolTest, ARefusedPinFallsBackToPageableWithTheReason) {
+  Resources r;
+  r.pinned_checked.fail_next(1, "memlock limit");
+  BufferPool pool(pool_config(4, 1_MiB, 2_MiB), r.pinned, r.pageable);
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.pinned_slots, 0U) << "after one refusal the pool stops asking during construction";
+  EXPECT_EQ(s.pageable_slots, 4U);
+  EXPECT_EQ(s.failed_pins, 1U);
+  for (const auto& t : pool.transitions()) EXPECT_EQ(t.reason, "initial: memlock limit");
+  auto lease = pool.acquire();
+  EXPECT_FALSE(lease.pinned());
+}
+
+TEST(BufferPoolTest, CriticalUnpinsIdleSlabsDownToTheFloorAndNeverTouchesALease) {
+  Resources r;
+  auto c = pool_config(4, 256_KiB, 256_KiB);  // one slot per slab
+  c.min_pinned_slots = 2;
+  BufferPool pool(c, r.pinned, r.pageable);
+  auto held = pool.acquire();
+  std::byte* const where = held.data();
+  std::memset(held.data(), 0x77, held.bytes().size());
+
+  pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.pinned_slots, 2U) << "floor of 2 pinned slots";
+  EXPECT_EQ(s.pageable_slots, 2U);
+  EXPECT_EQ(s.to_pageable, 2U);
+  EXPECT_EQ(held.data(), where) << "a leased slot is never moved";
+  EXPECT_TRUE(held.pinned());
+  EXPECT_TRUE(std::all_of(held.bytes().begin(), held.bytes().end(), [](std::byte b) { return b == std::byte{0x77}; }));
+
+  pool.on_pressure(PressureLevel::normal);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  s = pool.stats();
+  EXPECT_EQ(s.pinned_slots, 4U);
+  EXPECT_EQ(s.to_pinned, 2U);
+  EXPECT_EQ(r.pinned.stats().current_bytes, 4 * 256_KiB);
+  EXPECT_EQ(r.pageable.stats().current_bytes, 0U) << "pageable slabs were freed after re-pinning";
+}
+
+TEST(BufferPoolTest, ElevatedPressurePinsNothingNew) {
+  Resources r;
+  BufferPool pool(pool_config(2, 64_KiB, 64_KiB), r.pinned, r.pageable);
+  pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().pinned_slots, 0U);
+  pool.on_pressure(PressureLevel::elevated);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().pinned_slots, 0U) << "elevated: slabs stay pageable";
+  pool.on_pressure(PressureLevel::normal);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().pinned_slots, 2U);
+}
+
+TEST(BufferPoolTest, ARefusedRepinIsCountedAndRetriedLater) {
+  Resources r;
+  auto c = pool_config(1, 64_KiB, 64_KiB);
+  c.retry_pin_after = 50ms;
+  BufferPool pool(c, r.pinned, r.pageable);
+  pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  r.pinned_checked.fail_next(1, "memlock limit");
+  pool.on_pressure(PressureLevel::normal);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (pool.stats().pinned_slots == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.failed_pins, 1U);
+  EXPECT_EQ(s.pinned_slots, 1U) << "retried after the back-off";
+  bool saw_failure = false;
+  for (const auto& t : pool.transitions()) saw_failure = saw_failure || t.reason == "pressure normal failed: memlock limit";
+  EXPECT_TRUE(saw_failure);
+}
+
+TEST(BufferPoolTest, RejectsBadConfig) {
+  Resources r;
+  EXPECT_THROW(BufferPool(pool_config(0, 1_KiB, 1_MiB), r.pinned, r.pageable), ConfigError);
+  EXPECT_THROW(BufferPool(pool_config(4, 0, 1_MiB), r.pinned, r.pageable), ConfigError);
+  EXPECT_THROW(BufferPool(pool_config(4, 65_GiB, 1_MiB), r.pinned, r.pageable), ConfigError);
+  auto c = pool_config(4, 1_KiB, 1_MiB);
+  c.min_pinned_slots = 5;
+  EXPECT_THROW(BufferPool(c, r.pinned, r.pageable), ConfigError);
+}
+
+// A real denial: in a child without CAP_IPC_LOCK and with RLIMIT_MEMLOCK at
+// 1 MiB, the pool asks for 4 MiB of pinned slots and gets pageable ones,
+// with the reason "memlock limit".
+int pool_under_tight_memlock() {
+  const rlimit lim{1_MiB, 1_MiB};
+  if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0) return 10;
+  cap_t caps = cap_get_proc();
+  const cap_value_t ipc_lock[] = {CAP_IPC_LOCK};
+  if (caps == nullptr || cap_set_flag(caps, CAP_EFFECTIVE, 1, ipc_lock, CAP_CLEAR) != 0 ||
+      cap_set_flag(caps, CAP_PERMITTED, 1, ipc_lock, CAP_CLEAR) != 0 || cap_set_proc(caps) != 0) {
+    return 11;
+  }
+  cap_free(caps);
+  PinnedResource pinned(PinnedResource::Config{PinMethod::mlock, std::nullopt});
+  PageableResource pageable;
+  BufferPool pool(pool_config(4, 1_MiB + 1, 1_MiB + 1), pinned, pageable);
+  const PoolStats s = pool.stats();
+  if (s.pinned_slots != 0 || s.pageable_slots != 4) return 12;
+  for (const auto& t : pool.transitions()) {
+    if (t.reason != "initial: memlock limit") return 13;
+  }
+  auto lease = pool.acquire();
+  std::memset(lease.data(), 1, lease.bytes().size());
+  return 0;
+}
+
+TEST(BufferPoolDeathTest, FallsBackToPageableUnderARealMemlockLimit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(pool_under_tight_memlock()), ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace pinfeed::memory

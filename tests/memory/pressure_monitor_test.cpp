@@ -1,0 +1,157 @@
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "fixtures.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/memory/pressure_monitor.hpp"
+#include "pinfeed/units.hpp"
+
+namespace pinfeed::memory {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+/// A hand-made snapshot: 16 GiB host, `avail` free, PSI some/full, a pswpout counter, at t0 + ms.
+MemorySnapshot snap(double some, double full, std::uint64_t pswpout, std::uint64_t avail, int ms) {
+  static const Clock::time_point t0 = Clock::now();
+  MemorySnapshot s;
+  s.taken_at = t0 + std::chrono::milliseconds(ms);
+  s.mem_total = 16_GiB;
+  s.mem_available = avail;
+  s.psi = Psi{PsiLine{some, some, some, 0}, PsiLine{full, full, full, 0}};
+  s.pswpin = 0;
+  s.pswpout = pswpout;
+  return s;
+}
+
+PressureMonitor::Config config(std::chrono::milliseconds hold) {
+  PressureMonitor::Config c;
+  c.hold = hold;
+  return c;  // thresholds: elevated some 10 / full 2 / 256 pages/s / 10%; critical 40 / 10 / 4096 / 5%
+}
+
+TEST(PressureMonitorTest, RisesAtOnceOnAnySignal) {
+  PressureMonitor m(config(1000ms));
+  EXPECT_EQ(m.step(snap(0, 0, 0, 12_GiB, 0)).level, PressureLevel::normal);
+  EXPECT_EQ(m.step(snap(15, 0, 0, 12_GiB, 100)).level, PressureLevel::elevated);
+  // 1000 pages in 100 ms = 10000 pages/s: critical.
+  const auto r = m.step(snap(15, 0, 1000, 12_GiB, 200));
+  EXPECT_DOUBLE_EQ(r.swap_out_rate, 10000.0);
+  EXPECT_EQ(r.level, PressureLevel::critical);
+  EXPECT_NE(r.reason.find("swap-out"), std::string::npos) << r.reason;
+  EXPECT_EQ(m.transitions(), 2U);
+}
+
+TEST(PressureMonitorTest, LowAvailableMemoryIsCritical) {
+  PressureMonitor m(config(0ms));
+  EXPECT_EQ(m.step(snap(0, 0, 0, 1_GiB, 0)).level, PressureLevel::elevated);     // 6.25%
+  EXPECT_EQ(m.step(snap(0, 0, 0, 512_MiB, 10)).level, PressureLevel::critical);  // 3.1%
+}
+
+TEST(PressureMonitorTest, FullStallsCount) {
+  PressureMonitor m(config(0ms));
+  EXPECT_EQ(m.step(snap(5, 12, 0, 12_GiB, 0)).level, PressureLevel::critical);
+}
+
+TEST(PressureMonitorTest, HoldsTheLevelUntilSignalsStayLowForTheHoldTime) {
+  PressureMonitor m(config(1000ms));
+  m.step(snap(50, 0, 0, 12_GiB, 0));
+  ASSERT_EQ(m.level(), PressureLevel::critical);
+  EXPECT_EQ(m.step(snap(0, 0, 0, 12_GiB, 100)).level, PressureLevel::critical);
+  EXPECT_EQ(m.step(snap(0, 0, 0, 12_GiB, 900)).level, PressureLevel::critical);
+  EXPECT_EQ(m.step(snap(0, 0, 0, 12_GiB, 1100)).level, PressureLevel::normal) << "1000 ms low since t=100";
+}
+
+TEST(PressureMonitorTest, ABlipResetsTheHoldClock) {
+  PressureMonitor m(config(1000ms));
+  m.step(snap(15, 0, 0, 12_GiB, 0));
+  m.step(snap(0, 0, 0, 12_GiB, 100));
+  m.step(snap(12, 0, 0, 12_GiB, 800));  // back above: the clock restarts
+  EXPECT_EQ(m.step(snap(0, 0, 0, 12_GiB, 1200)).level, PressureLevel::elevated);
+  EXPECT_EQ(m.step(snap(0, 0, 0, 12_GiB, 2300)).level, PressureLevel::normal);
+}
+
+TEST(PressureMonitorTest, HysteresisKeepsALevelJustBelowItsThreshold) {
+  PressureMonitor m(config(0ms));
+  m.step(snap(12, 0, 0, 12_GiB, 0));
+  ASSERT_EQ(m.level(), PressureLevel::elevated);
+  // 9% is below the 10% threshold but above 10 x 0.8 = 8%: not cleared.
+  const auto r = m.step(snap(9, 0, 0, 12_GiB, 100));
+  EXPECT_EQ(r.raw, PressureLevel::normal);
+  EXPECT_EQ(r.level, PressureLevel::elevated);
+  EXPECT_EQ(m.step(snap(7, 0, 0, 12_GiB, 200)).level, PressureLevel::normal);
+}
+
+TEST(PressureMonitorTest, StepsDownOneOrMoreLevelsToWhatTheSignalsSay) {
+  PressureMonitor m(config(0ms));
+  m.step(snap(50, 0, 0, 12_GiB, 0));
+  EXPECT_EQ(m.step(snap(20, 0, 0, 12_GiB, 10)).level, PressureLevel::elevated);
+  m.step(snap(50, 0, 0, 12_GiB, 20));
+  EXPECT_EQ(m.step(snap(0, 0, 0, 12_GiB, 30)).level, PressureLevel::normal);
+}
+
+TEST(PressureMonitorTest, TheCgroupsOwnPressureCounts) {
+  PressureMonitor m(config(0ms));
+  auto s = snap(0, 0, 0, 12_GiB, 0);
+  s.cgroup.pressure = Psi{PsiLine{45, 0, 0, 0}, PsiLine{0, 0, 0, 0}};
+  EXPECT_EQ(m.step(s).level, PressureLevel::critical);
+}
+
+TEST(PressureMonitorTest, SubscribersSeeEveryChangeInOrder) {
+  PressureMonitor m(config(0ms));
+  std::vector<std::pair<PressureLevel, PressureLevel>> seen;
+  const auto id = m.subscribe([&](PressureLevel from, PressureLevel to, const PressureReading&) {
+    seen.emplace_back(from, to);
+  });
+  m.step(snap(15, 0, 0, 12_GiB, 0));
+  m.step(snap(15, 0, 0, 12_GiB, 10));  // no change, no call
+  m.step(snap(50, 0, 0, 12_GiB, 20));
+  m.step(snap(0, 0, 0, 12_GiB, 30));
+  m.unsubscribe(id);
+  m.step(snap(50, 0, 0, 12_GiB, 40));
+  const std::vector<std::pair<PressureLevel, PressureLevel>> expected{
+      {PressureLevel::normal, PressureLevel::elevated},
+      {PressureLevel::elevated, PressureLevel::critical},
+      {PressureLevel::critical, PressureLevel::normal}};
+  EXPECT_EQ(seen, expected);
+}
+
+TEST(PressureMonitorTest, ItsThreadSamplesTheRoot) {
+  testing::TempDir dir;
+  testing::copy_fixture("v1-host", dir.path());
+  PressureMonitor::Config c;
+  c.root = dir.path();
+  c.period = 10ms;
+  c.hold = 0ms;
+  PressureMonitor m(c);
+  m.start();
+  testing::write_file(dir.path() / "proc/pressure/memory",
+                      "some avg10=55.00 avg60=1.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n");
+  const auto deadline = Clock::now() + 10s;
+  while (m.level() != PressureLevel::critical && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  m.stop();
+  EXPECT_EQ(m.level(), PressureLevel::critical);
+  ASSERT_TRUE(m.last().has_value());
+  EXPECT_DOUBLE_EQ(m.last()->psi_some, 55.0);
+}
+
+TEST(PressureMonitorTest, RejectsBadConfig) {
+  auto c = config(0ms);
+  c.period = 1ms;
+  EXPECT_THROW(PressureMonitor{c}, ConfigError);
+  c = config(0ms);
+  c.critical.psi_some_avg10 = 5;  // milder than elevated's 10
+  EXPECT_THROW(PressureMonitor{c}, ConfigError);
+  c = config(0ms);
+  c.critical.available_fraction = 0.5;  // "critical" at more free memory than "elevated"
+  EXPECT_THROW(PressureMonitor{c}, ConfigError);
+  c = config(0ms);
+  c.hysteresis = 0;
+  EXPECT_THROW(PressureMonitor{c}, ConfigError);
+}
+
+}  // namespace
+}  // namespace pinfeed::memory
