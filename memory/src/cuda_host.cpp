@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <fstream>
 
 #include "log.hpp"
 #include "pinfeed/error.hpp"
@@ -62,6 +63,9 @@ std::vector<DeviceInfo> devices() {
       d.pci_bus_id = bus;
       std::transform(d.pci_bus_id.begin(), d.pci_bus_id.end(), d.pci_bus_id.begin(),
                      [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      // The kernel knows which node the device's PCI root hangs off.
+      std::ifstream numa("/sys/bus/pci/devices/" + d.pci_bus_id + "/numa_node");
+      if (!(numa >> d.numa_node)) d.numa_node = -1;
     } else {
       (void)cudaGetLastError();
     }

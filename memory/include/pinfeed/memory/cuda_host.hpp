@@ -23,6 +23,7 @@ struct DeviceInfo {
   std::string name;
   std::uint64_t total_bytes = 0;
   std::string pci_bus_id;  ///< "0000:3b:00.0", lower case
+  int numa_node = -1;      ///< nearest NUMA node (sysfs); -1 when unknown
 };
 
 /// Every visible device; empty when none. Throws CudaError on a driver failure.
