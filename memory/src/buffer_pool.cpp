@@ -108,6 +108,7 @@ void BufferPool::allocate_initial() {
           slab.pinned = pinned_resource_.is_pinned();
           slab.owner = &pinned_resource_;
           pinned_bytes += slab.bytes;
+          pinned_slots_ += slab.pinned ? slab.slot_count : 0;
           record_locked(i, true, "initial");
           continue;
         } catch (const OutOfMemory& e) {
@@ -271,15 +272,23 @@ SlotLease BufferPool::acquire(std::stop_token stop) {
 }
 
 void BufferPool::release_slot(std::size_t slot) noexcept {
+  bool wake_maintainer = false;
   {
     const std::scoped_lock lock(mutex_);
     assert(state_[slot] == SlotState::leased);
     state_[slot] = SlotState::free;
     free_.push_back(slot);
-    ++work_generation_;
+    wake_maintainer = maintenance_wanted_locked();
+    if (wake_maintainer) ++work_generation_;
   }
   slot_cv_.notify_one();
-  work_cv_.notify_one();
+  if (wake_maintainer) work_cv_.notify_one();
+}
+
+bool BufferPool::maintenance_wanted_locked() const {
+  if (level_ == PressureLevel::critical) return pinned_slots_ > config_.min_pinned_slots;
+  return level_ == PressureLevel::normal && config_.pin && pinned_slots_ < config_.slots &&
+         (pinned_slots_ + 1) * slot_capacity_ <= config_.pinned_budget_bytes && Clock::now() >= no_pin_before_;
 }
 
 void BufferPool::release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept {
@@ -393,7 +402,9 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
     old_owner = slab.owner;
     slab.data = fresh;
     slab.owner = &target;
+    if (slab.pinned) pinned_slots_ -= slab.slot_count;
     slab.pinned = target.is_pinned();
+    if (slab.pinned) pinned_slots_ += slab.slot_count;
     (job.to_pinned ? to_pinned_ : to_pageable_) += 1;
     if (job.to_pinned) pin_refusals_in_a_row_ = 0;
     record_locked(job.slab, job.to_pinned, job.reason);
@@ -428,9 +439,15 @@ void BufferPool::maintain(const std::stop_token& stop) {
     idle_cv_.notify_all();
     const std::uint64_t seen = work_generation_;
     const auto pred = [&] { return work_generation_ != seen; };
-    if (!fenced_.empty() || (level_ == PressureLevel::normal && no_pin_before_ > Clock::now())) {
-      // Fences and a pin back-off are polled; everything else wakes us.
-      work_cv_.wait_for(lock, stop, std::chrono::milliseconds(5), pred);
+    // Fences are polled; a pin back-off ends at a known time; everything
+    // else (pressure changes, releases that matter) bumps the generation.
+    std::optional<Clock::time_point> wake;
+    if (!fenced_.empty()) wake = Clock::now() + std::chrono::milliseconds(5);
+    if (level_ == PressureLevel::normal && config_.pin && pinned_slots_ < config_.slots && no_pin_before_ > Clock::now()) {
+      wake = wake ? std::min(*wake, no_pin_before_) : no_pin_before_;
+    }
+    if (wake) {
+      work_cv_.wait_until(lock, stop, *wake, pred);
     } else {
       work_cv_.wait(lock, stop, pred);
     }

@@ -30,8 +30,8 @@ std::uint64_t vm_locked_bytes() {
 PinnedResource::Config mlock_config() { return {PinMethod::mlock, std::nullopt}; }
 
 TEST(PinnedResourceTest, LocksExactlyTheBytesAskedForPageRounded) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer intercepts mlock and makes it a no-op; the release build runs this test";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ASan and TSan intercept mlock and make it a no-op; the release build runs this test";
 #endif
   PinnedResource pinned(mlock_config());
   const std::uint64_t before = vm_locked_bytes();

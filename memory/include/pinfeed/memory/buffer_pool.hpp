@@ -191,6 +191,9 @@ class BufferPool {
   void run_job(std::unique_lock<std::mutex>& lock, const Job& job);
   [[nodiscard]] std::optional<Job> next_job_locked() const;
   [[nodiscard]] bool slab_idle_locked(const Slab& slab) const;
+  /// Whether the current level asks for any slab to change (cheap: a few
+  /// compares), so a plain release does not wake the maintenance thread.
+  [[nodiscard]] bool maintenance_wanted_locked() const;
   void record_locked(std::size_t slab, bool to_pinned, std::string reason, bool ok = true);
   void back_off_pinning_locked();
 
@@ -211,6 +214,7 @@ class BufferPool {
   bool cancelled_ = false;
   PressureLevel level_ = PressureLevel::normal;
   bool moving_ = false;                   // a transition is in progress
+  std::size_t pinned_slots_ = 0;          // slots in pinned slabs
   std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
   Clock::time_point no_pin_before_{};
   unsigned pin_refusals_in_a_row_ = 0;

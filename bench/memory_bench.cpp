@@ -1,0 +1,159 @@
+// Micro-benchmarks of the memory module (Google Benchmark). Figures go to
+// docs/results.md with the command that produced them.
+//
+//   build/release/bench/pinfeed-memory-bench --benchmark_repetitions=5
+//       --benchmark_report_aggregates_only=true   (one command line)
+#include <benchmark/benchmark.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+
+#include <cstring>
+#include <thread>
+
+#include "pinfeed/memory/buffer_pool.hpp"
+#include "pinfeed/memory/memory_snapshot.hpp"
+#include "pinfeed/memory/pageable_resource.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
+#include "pinfeed/units.hpp"
+
+namespace {
+
+using namespace pinfeed::literals;
+namespace pm = pinfeed::memory;
+
+pm::PinnedResource& pinned() {
+  static pm::PinnedResource r;  // cuda_register with a device, mlock otherwise
+  return r;
+}
+pm::PageableResource& pageable() {
+  static pm::PageableResource r;
+  return r;
+}
+
+// The loader's hot path: take a slot, give it back. Uncontended and with
+// several threads competing for 8 slots.
+void BM_PoolAcquireRelease(benchmark::State& state) {
+  static pm::BufferPool* pool = nullptr;
+  if (state.thread_index() == 0) {
+    pm::BufferPool::Config c;
+    c.slots = 8;
+    c.slot_bytes = 1_MiB;
+    pool = new pm::BufferPool(c, pinned(), pageable());
+  }
+  for (auto _ : state) {
+    auto lease = pool->acquire();
+    benchmark::DoNotOptimize(lease.data());
+  }
+  if (state.thread_index() == 0) {
+    delete pool;
+    pool = nullptr;
+  }
+}
+BENCHMARK(BM_PoolAcquireRelease)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+
+// A fence that is already complete, as after a copy that finished.
+void BM_PoolReleaseAfterFence(benchmark::State& state) {
+  pm::BufferPool::Config c;
+  c.slots = 8;
+  c.slot_bytes = 1_MiB;
+  pm::BufferPool pool(c, pinned(), pageable());
+  auto fence = std::make_shared<pm::ManualFence>();
+  fence->signal();
+  for (auto _ : state) {
+    auto lease = pool.acquire();
+    lease.release_after(fence);
+  }
+}
+BENCHMARK(BM_PoolReleaseAfterFence);
+
+// Making pinned memory: mmap + pre-fault + lock (+ unlock + unmap), GB/s.
+void BM_PinnedAllocate(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = pinned().allocate(bytes, 4096);
+    benchmark::DoNotOptimize(p);
+    pinned().deallocate(p, bytes, 4096);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(BM_PinnedAllocate)->Arg(64 << 20)->Arg(256 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The same without locking: mmap + pre-fault, GB/s.
+void BM_PageableAllocate(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = pageable().allocate(bytes, 4096);
+    benchmark::DoNotOptimize(p);
+    pageable().deallocate(p, bytes, 4096);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(BM_PageableAllocate)->Arg(64 << 20)->Arg(256 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Why slots are pre-faulted once: writing a batch into a fresh mapping pays
+// a page fault and zeroing per 4 KiB page; into a reused slot it does not.
+void BM_WriteFreshMapping(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::memset(p, 1, bytes);
+    benchmark::ClobberMemory();
+    ::munmap(p, bytes);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(BM_WriteFreshMapping)->Arg(64 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_WritePrefaultedSlot(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  pm::BufferPool::Config c;
+  c.slots = 1;
+  c.slot_bytes = bytes;
+  pm::BufferPool pool(c, pinned(), pageable());
+  for (auto _ : state) {
+    auto lease = pool.acquire();
+    std::memset(lease.data(), 1, bytes);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK(BM_WritePrefaultedSlot)->Arg(64 << 20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// A full pressure round trip for a pool of 4 slabs of 64 MiB: critical
+// (unpin every idle slab) then normal (pin them again), measured end to end.
+void BM_PoolPressureRoundTrip(benchmark::State& state) {
+  pm::BufferPool::Config c;
+  c.slots = 4;
+  c.slot_bytes = 64_MiB;
+  c.slab_bytes = 64_MiB;
+  pm::BufferPool pool(c, pinned(), pageable());
+  for (auto _ : state) {
+    pool.on_pressure(pm::PressureLevel::critical);
+    pool.wait_idle(std::chrono::seconds(60));
+    pool.on_pressure(pm::PressureLevel::normal);
+    pool.wait_idle(std::chrono::seconds(60));
+  }
+  if (pool.stats().pinned_slots != 4) state.SkipWithError("pool did not re-pin");
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 2 * 4 * (64 << 20));
+  state.counters["slabs_moved_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 8, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PoolPressureRoundTrip)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// What one pressure-monitor sample costs (justifies the 250 ms period).
+void BM_SnapshotRead(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(pm::MemorySnapshot::read("/"));
+}
+BENCHMARK(BM_SnapshotRead)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("pin_method", std::string(pm::to_string(pinned().method())));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
