@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# GPU checks: the tests labelled "gpu" and the GPU figures, on a machine
+# that has a CUDA device. On a machine without one the tests skip (with the
+# reason) and the figures say "no GPU"; nothing is faked.
+#
+#   bench/gpu_check.sh            build (if cmake is here), run, print figures
+#   bench/gpu_check.sh --pack     build here and copy the shared libraries the
+#                                 binaries need into build/release/carry-libs,
+#                                 for a device machine without Debian packages
+#
+# On the device machine, with build/release carried along:
+#   bench/gpu_check.sh            (uses build/release and its carry-libs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build/release
+bins=("$build/tools/pinfeed-diag" "$build/bench/pinfeed-memory-bench"
+      "$build/tests/memory/pinned_resource_gpu_test")
+
+if command -v cmake >/dev/null 2>&1 && { [[ ${1:-} == --pack ]] || [[ ! -x $build/tools/pinfeed-diag ]]; }; then
+  bash scripts/install-deps.sh
+  cmake --preset release >/dev/null
+  cmake --build --preset release
+fi
+
+if [[ ${1:-} == --pack ]]; then
+  mkdir -p "$build/carry-libs"
+  for b in "${bins[@]}"; do
+    ldd "$b" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+      xargs -r cp -uL -t "$build/carry-libs"
+  done
+  echo "gpu_check: $(ls "$build/carry-libs" | wc -l) libraries in $build/carry-libs ($(du -sh "$build/carry-libs" | cut -f1))"
+  exit 0
+fi
+
+if [[ -d $build/carry-libs ]]; then export LD_LIBRARY_PATH="$PWD/$build/carry-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+nvidia-smi --query-gpu=name,memory.total,pci.bus_id,driver_version --format=csv 2>/dev/null || echo "gpu_check: no nvidia-smi"
+
+echo "== GPU tests (label gpu)"
+status=0
+"$build/tests/memory/pinned_resource_gpu_test" || status=1
+
+echo "== pinfeed-diag (GPU section)"
+"$build/tools/pinfeed-diag" --gpus 1 --batch 256x3x224x224:u8 --prefetch 4 --sample-ms 100 || status=1
+
+# The benchmark's resource pins automatically: cudaHostRegister with a device,
+# so the pool and its pressure round trip run on the CUDA path here.
+echo "== GPU figures: pinning through cudaHostRegister"
+"$build/bench/pinfeed-memory-bench" --benchmark_filter='Pinned|Pool' --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true || status=1
+exit $status
