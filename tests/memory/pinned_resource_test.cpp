@@ -1,11 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
-#include <string>
+#include <vector>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
+#include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/numa.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 #include "pinfeed/units.hpp"
@@ -14,18 +14,7 @@ namespace pinfeed::memory {
 namespace {
 
 /// VmLck of this process, bytes: what the kernel says is locked.
-std::uint64_t vm_locked_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmLck:") {
-      std::uint64_t kb = 0;
-      in >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
+std::uint64_t vm_locked_bytes() { return MemorySnapshot::read("/").vm_locked; }
 
 PinnedResource::Config mlock_config() { return {PinMethod::mlock, std::nullopt}; }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "fixtures.hpp"
 
@@ -36,6 +37,15 @@ Result diag(const std::string& args) {
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+/// One JSON object per line (the --watch --json format).
+std::vector<json> json_lines(const std::string& text) {
+  std::vector<json> out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) out.push_back(json::parse(line));
+  return out;
 }
 
 std::string root(const char* fixture) {
@@ -85,31 +95,23 @@ TEST(DiagTest, SaysWhenTheKernelHasNoPsi) {
 TEST(DiagTest, WatchPrintsOneJsonLinePerSample) {
   const Result r = diag(root("swap-active") + " --watch 0.02 --count 3 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
-  std::istringstream lines(r.out);
-  std::string line;
-  int n = 0;
-  while (std::getline(lines, line)) {
-    const json j = json::parse(line);
+  const auto lines = json_lines(r.out);
+  for (const json& j : lines) {
     // PSI some 22.5% alone is elevated; 3 GiB available of 64 GiB (4.7%) is critical.
     EXPECT_EQ(j["level"], "critical");
     EXPECT_NE(j["reason"].get<std::string>().find("available 4.7%"), std::string::npos) << j["reason"];
-    ++n;
   }
-  EXPECT_EQ(n, 3);
+  EXPECT_EQ(lines.size(), 3U);
 }
 
 TEST(DiagTest, WatchWithAPoolShowsItsSlotsOnThisHost) {
   const Result r = diag("--watch 0.02 --count 2 --json --with-pool --gpus 2 --prefetch 2 --batch-bytes 1MiB");
   ASSERT_EQ(r.rc, 0) << r.err;
-  std::istringstream lines(r.out);
-  std::string line;
-  int n = 0;
-  while (std::getline(lines, line)) {
-    const json j = json::parse(line);
+  const auto lines = json_lines(r.out);
+  for (const json& j : lines) {
     EXPECT_EQ(j["pool"]["pinned_slots"].get<int>() + j["pool"]["pageable_slots"].get<int>(), 4);
-    ++n;
   }
-  EXPECT_EQ(n, 2);
+  EXPECT_EQ(lines.size(), 2U);
 }
 
 TEST(DiagTest, ReportsThisHostAsJson) {
