@@ -8,6 +8,15 @@ find_package(nlohmann_json REQUIRED)
 find_package(CLI11 REQUIRED)
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
 pkg_check_modules(LIBCAP REQUIRED IMPORTED_TARGET libcap)
+find_package(TBB REQUIRED)
+pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)
+pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
+# libyuv ships no CMake or pkg-config file in Debian.
+find_path(LIBYUV_INCLUDE_DIR libyuv.h REQUIRED)
+find_library(LIBYUV_LIBRARY NAMES yuv REQUIRED)
+add_library(pinfeed_libyuv INTERFACE)
+target_include_directories(pinfeed_libyuv SYSTEM INTERFACE ${LIBYUV_INCLUDE_DIR})
+target_link_libraries(pinfeed_libyuv INTERFACE ${LIBYUV_LIBRARY})
 
 # CUDA: optional at build time, detected at run time. We call only the
 # runtime API from C++ translation units, linked statically, so binaries

@@ -7,7 +7,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libtbb-dev            # oneTBB: flow graph, task arena
-  libturbojpeg0-dev     # libjpeg-turbo, TurboJPEG API
+  libturbojpeg0-dev libjpeg62-turbo-dev  # libjpeg-turbo: TurboJPEG and the libjpeg API (crop, skip)
+  libyuv-dev            # scaling (box filter when downscaling)
   libhwloc-dev          # NUMA topology, memory binding
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cassert>
 
-#include "log.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 

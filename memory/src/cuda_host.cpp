@@ -10,7 +10,7 @@
 #include <cctype>
 #include <fstream>
 
-#include "log.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
 
 namespace pinfeed::memory::cuda {

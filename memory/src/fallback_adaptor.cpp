@@ -1,6 +1,6 @@
 #include "pinfeed/memory/fallback_adaptor.hpp"
 
-#include "log.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/units.hpp"
 

@@ -1,4 +1,4 @@
-#include "log.hpp"
+#include "pinfeed/log.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

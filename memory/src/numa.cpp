@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "log.hpp"
+#include "pinfeed/log.hpp"
 
 namespace pinfeed::memory {
 

@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "log.hpp"
+#include "pinfeed/log.hpp"
 #include "mapping.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/cuda_host.hpp"

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "log.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
 
 namespace pinfeed::memory {

@@ -1,0 +1,130 @@
+#pragma once
+// Datasets: an indexed list of (encoded image, label). Three layouts:
+//  - ImageFolder: root/<class>/<file>, classes and files sorted by name, the
+//    class index being the position of the folder in sorted order (the same
+//    indices torchvision's ImageFolder gives). Files are kept when their
+//    extension is an image one (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff
+//    .webp, any case), as torchvision does; non-JPEG ones fail at decode.
+//  - FileList: a text file of "relative/path label" lines ('#' comments and
+//    blank lines skipped), paths relative to a root folder.
+//  - TarShards: WebDataset-style tar files holding key.jpg (or .jpeg) and
+//    key.cls members; indexed once by scanning the headers (ustar and GNU
+//    long names), then read by offset with pread.
+// All are immutable after construction and safe to read from many threads.
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pinfeed::loader {
+
+class Dataset {
+ public:
+  Dataset() = default;
+  Dataset(const Dataset&) = delete;
+  Dataset& operator=(const Dataset&) = delete;
+  virtual ~Dataset() = default;
+
+  [[nodiscard]] virtual std::size_t size() const noexcept = 0;
+  [[nodiscard]] virtual std::int64_t label(std::size_t i) const = 0;
+  /// Where sample i lives, for messages: a path, or "shard.tar:member".
+  [[nodiscard]] virtual std::string describe(std::size_t i) const = 0;
+  /// Reads sample i's encoded bytes into `out` (resized; its capacity is
+  /// reused). Throws DataError naming the file and the reason. Thread-safe.
+  virtual void read(std::size_t i, std::vector<std::byte>& out) const = 0;
+  /// Number of classes (max label + 1, or the folder count for ImageFolder).
+  [[nodiscard]] virtual std::size_t num_classes() const noexcept = 0;
+  /// A short description of the layout ("image-folder /data/train, 1000 classes").
+  [[nodiscard]] virtual std::string summary() const = 0;
+};
+
+/// Largest sample file accepted (a corrupt size field must not allocate terabytes).
+inline constexpr std::uint64_t kMaxSampleBytes = 256ULL << 20U;
+
+class ImageFolder final : public Dataset {
+ public:
+  /// Throws DataError: missing or unreadable root, no class folders, no images.
+  explicit ImageFolder(std::filesystem::path root);
+  [[nodiscard]] std::size_t size() const noexcept override { return files_.size(); }
+  [[nodiscard]] std::int64_t label(std::size_t i) const override { return labels_.at(i); }
+  [[nodiscard]] std::string describe(std::size_t i) const override { return files_.at(i).string(); }
+  void read(std::size_t i, std::vector<std::byte>& out) const override;
+  [[nodiscard]] std::size_t num_classes() const noexcept override { return classes_.size(); }
+  [[nodiscard]] std::string summary() const override;
+  [[nodiscard]] const std::vector<std::string>& classes() const noexcept { return classes_; }
+  /// Path of sample i relative to the root ("class/file.jpg").
+  [[nodiscard]] std::filesystem::path relative(std::size_t i) const { return files_.at(i).lexically_relative(root_); }
+
+ private:
+  std::filesystem::path root_;
+  std::vector<std::string> classes_;
+  std::vector<std::filesystem::path> files_;
+  std::vector<std::int64_t> labels_;
+};
+
+class FileList final : public Dataset {
+ public:
+  /// Throws DataError naming the list file and line: unreadable, a line
+  /// without a label, a label that is not a non-negative number, no entries.
+  FileList(const std::filesystem::path& list, std::filesystem::path root);
+  [[nodiscard]] std::size_t size() const noexcept override { return files_.size(); }
+  [[nodiscard]] std::int64_t label(std::size_t i) const override { return labels_.at(i); }
+  [[nodiscard]] std::string describe(std::size_t i) const override { return files_.at(i).string(); }
+  void read(std::size_t i, std::vector<std::byte>& out) const override;
+  [[nodiscard]] std::size_t num_classes() const noexcept override { return num_classes_; }
+  [[nodiscard]] std::string summary() const override;
+
+ private:
+  std::filesystem::path list_;
+  std::vector<std::filesystem::path> files_;
+  std::vector<std::int64_t> labels_;
+  std::size_t num_classes_ = 0;
+};
+
+class TarShards final : public Dataset {
+ public:
+  /// Opens and indexes every shard. Throws DataError naming the shard: missing,
+  /// a member cut short, a bad header checksum, a .cls that is not a number,
+  /// an image without a label, no samples at all.
+  explicit TarShards(std::vector<std::filesystem::path> shards);
+  ~TarShards() override;
+  [[nodiscard]] std::size_t size() const noexcept override { return samples_.size(); }
+  [[nodiscard]] std::int64_t label(std::size_t i) const override { return samples_.at(i).label; }
+  [[nodiscard]] std::string describe(std::size_t i) const override;
+  void read(std::size_t i, std::vector<std::byte>& out) const override;
+  [[nodiscard]] std::size_t num_classes() const noexcept override { return num_classes_; }
+  [[nodiscard]] std::string summary() const override;
+
+  struct Member {
+    std::string name;
+    std::uint64_t offset = 0;  ///< of the data, in the shard file
+    std::uint64_t size = 0;
+  };
+  /// Every regular-file member of a tar file (for tests and tools). Throws DataError.
+  static std::vector<Member> scan(const std::filesystem::path& tar);
+
+ private:
+  struct Sample {
+    std::uint32_t shard = 0;
+    std::uint64_t offset = 0, size = 0;
+    std::int64_t label = 0;
+    std::string key;
+  };
+  std::vector<std::filesystem::path> shards_;
+  std::vector<int> fds_;
+  std::vector<Sample> samples_;
+  std::size_t num_classes_ = 0;
+};
+
+/// "data/shard-{000..012}.tar" -> 13 paths; "a.tar,b.tar" -> 2; no braces -> itself.
+/// Throws ConfigError on a malformed pattern.
+std::vector<std::filesystem::path> expand_shard_pattern(const std::string& pattern);
+
+/// Opens a dataset by what `spec` names: a directory -> ImageFolder; a .tar
+/// file, a brace pattern or a comma list of them -> TarShards; any other file
+/// -> FileList with paths relative to the list's folder (or `root` if given).
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::filesystem::path& root = {});
+
+}  // namespace pinfeed::loader

@@ -1,0 +1,207 @@
+#pragma once
+// Loader: a oneTBB flow graph that turns a dataset into batches written
+// straight into BufferPool slots (pinned where the host allows).
+//
+//   batch indices ──┐
+//                   ├─ reserving join ─> assemble (read + decode + transform
+//   free tokens ────┘                    every sample into its place in a
+//   (one per slot)                       slot, in parallel) ─> sequencer
+//                                        (batch order) ─> delivery ─> next()
+//
+// A token is a pool slot: the join only starts a batch when one is free, and
+// the token comes back when the user drops the Batch. Nothing queues without
+// bound; nothing blocks inside a node waiting for a slot.
+//
+// Semantics users rely on (PyTorch DataLoader + DistributedSampler):
+// sharding, padding, seeds, explicit epochs, resumption from (epoch,
+// position), deterministic augmentation from (seed, epoch, sample index), so
+// batches are byte-identical with 1 thread or 16.
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/sampler.hpp"
+#include "pinfeed/loader/transform.hpp"
+#include "pinfeed/memory/buffer_pool.hpp"
+#include "pinfeed/memory/pageable_resource.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
+#include "pinfeed/memory/pressure_monitor.hpp"
+
+namespace pinfeed::loader {
+
+enum class BadSamplePolicy { replace, fail };
+BadSamplePolicy parse_bad_sample_policy(std::string_view text);  ///< "replace", "fail"
+
+struct LoaderConfig {
+  std::string dataset;                       ///< folder, file list, or tar shard(s) (see open_dataset)
+  std::filesystem::path list_root;           ///< root of a file list's relative paths (default: the list's folder)
+  std::size_t batch_size = 64;               ///< samples per batch
+  unsigned threads = 0;                      ///< worker threads; 0: every core
+  std::size_t prefetch = 4;                  ///< batches in flight = pool slots (>= 2 to overlap)
+  unsigned rank = 0, world_size = 1;         ///< this process's shard
+  bool shuffle = true;                       ///< permute every epoch
+  bool drop_last = false;                    ///< sampler: trim to equal shards instead of padding
+  bool drop_last_batch = false;              ///< drop a final partial batch (otherwise delivered, marked by size())
+  std::uint64_t seed = 0;                    ///< shuffling and augmentation seed
+  TransformConfig transform;                 ///< crop, size, flip, layout, normalization
+  BadSamplePolicy on_bad_sample = BadSamplePolicy::replace;  ///< replace with a substitute, or fail the epoch
+  unsigned max_replacements = 16;            ///< substitutes tried for one bad sample before failing
+  std::uint64_t max_image_pixels = kDefaultMaxPixels;  ///< larger images are bad samples
+  bool pin = true;                           ///< pin pool slots (within the budget)
+  memory::PinMethod pin_method = memory::PinMethod::automatic;  ///< cuda with a device, else mlock
+  double pinned_fraction = 0.5;              ///< share of really available memory the pool may pin
+  bool watch_pressure = true;                ///< run a PressureMonitor the pool follows
+  memory::PressureMonitor::Config pressure;  ///< its root, period, thresholds
+  void validate() const;                     ///< ConfigError naming the field
+};
+
+/// Where an epoch stands: enough to resume exactly where it stopped.
+struct LoaderState {
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  std::size_t position = 0;  ///< samples of this rank's epoch already delivered
+  unsigned world_size = 1;
+  unsigned rank = 0;
+};
+
+struct LoaderStats {
+  std::uint64_t batches = 0, samples = 0;     ///< delivered this epoch
+  std::uint64_t output_bytes = 0, input_bytes = 0;
+  double seconds = 0;                         ///< since begin_epoch
+  double images_per_second = 0, output_bytes_per_second = 0;
+  double read_seconds = 0, decode_seconds = 0, transform_seconds = 0;  ///< summed over threads
+  std::uint64_t replaced = 0;                 ///< bad samples replaced this epoch
+  std::size_t ready_batches = 0;              ///< assembled, waiting for next()
+  std::size_t in_flight = 0;                  ///< being assembled
+  std::uint64_t pinned_batches = 0, pageable_batches = 0;
+  memory::PoolStats pool;
+};
+
+class Loader;
+namespace detail {
+struct EpochRun;
+}
+
+/// One batch, in a pool slot. Move-only; dropping it returns the slot.
+/// Batches must be dropped before their Loader.
+class Batch {
+ public:
+  Batch(Batch&&) noexcept;
+  Batch& operator=(Batch&&) noexcept;
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  ~Batch();
+
+  /// Valid samples (batch_size, or fewer in a final partial batch).
+  [[nodiscard]] std::size_t size() const noexcept { return labels_.size(); }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// Samples' bytes: size() * sample_bytes, in `layout`.
+  [[nodiscard]] std::span<const std::byte> data() const noexcept;
+  [[nodiscard]] std::span<std::byte> mutable_data() noexcept;
+  [[nodiscard]] std::size_t sample_bytes() const noexcept { return sample_bytes_; }
+  /// {N, H, W, C} for nhwc-u8, {N, C, H, W} for nchw-f32.
+  [[nodiscard]] std::array<std::size_t, 4> shape() const noexcept { return shape_; }
+  [[nodiscard]] Layout layout() const noexcept { return layout_; }
+  [[nodiscard]] std::string_view dtype() const noexcept { return layout_ == Layout::nhwc_u8 ? "uint8" : "float32"; }
+  [[nodiscard]] std::span<const std::int64_t> labels() const noexcept { return labels_; }
+  /// Dataset index of each sample (a substitute's index where one was replaced).
+  [[nodiscard]] std::span<const std::size_t> indices() const noexcept { return indices_; }
+  [[nodiscard]] std::size_t replaced() const noexcept { return replaced_; }
+  [[nodiscard]] bool pinned() const noexcept { return lease_.pinned(); }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] std::size_t index() const noexcept { return index_; }        ///< batch number in this run of the epoch
+  [[nodiscard]] std::size_t position() const noexcept { return position_; }  ///< epoch position of the first sample
+  /// The slot, for the trainer: release_after(fence) once a copy reads it.
+  [[nodiscard]] memory::SlotLease& lease() noexcept { return lease_; }
+
+ private:
+  friend class Loader;
+  friend struct detail::EpochRun;
+  Batch() = default;
+  std::shared_ptr<detail::EpochRun> run_;
+  memory::SlotLease lease_;
+  std::size_t capacity_ = 0, sample_bytes_ = 0;
+  std::array<std::size_t, 4> shape_{};
+  Layout layout_ = Layout::nchw_f32;
+  std::vector<std::int64_t> labels_;
+  std::vector<std::size_t> indices_;
+  std::size_t replaced_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::size_t index_ = 0, position_ = 0;
+};
+
+class Loader {
+ public:
+  /// Opens the dataset, sizes and allocates the pool (pinning within the
+  /// budget), starts the pressure monitor. Throws ConfigError / DataError.
+  explicit Loader(LoaderConfig config);
+  /// Stops a running epoch: tasks finished, slots returned, threads joined.
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  /// Starts epoch `epoch` from its beginning (stopping any epoch running).
+  void begin_epoch(std::uint64_t epoch);
+  /// Continues from a saved state: its epoch, at its position.
+  void restore(const LoaderState& state);
+  /// The next batch of the epoch, in order; nullopt at the end. Throws the
+  /// epoch's error (DataError naming the file under the fail policy).
+  std::optional<Batch> next();
+
+  [[nodiscard]] LoaderState state() const;
+  [[nodiscard]] LoaderStats stats() const;
+  /// Batches the current epoch yields in all (from position 0).
+  [[nodiscard]] std::size_t batches_per_epoch() const noexcept;
+  [[nodiscard]] std::size_t samples_per_epoch() const noexcept { return sampler_.num_samples(); }
+  [[nodiscard]] const Dataset& dataset() const noexcept { return *dataset_; }
+  [[nodiscard]] memory::BufferPool& pool() noexcept { return *pool_; }
+  [[nodiscard]] const LoaderConfig& config() const noexcept { return config_; }
+
+  /// Range-for over the rest of the current epoch.
+  class Iterator {
+   public:
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    Iterator() = default;
+    explicit Iterator(Loader* loader) : loader_(loader) { ++*this; }
+    Batch& operator*() { return *current_; }
+    Iterator& operator++() {
+      current_.reset();
+      current_ = loader_->next();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t) const { return !current_.has_value(); }
+
+   private:
+    Loader* loader_ = nullptr;
+    std::optional<Batch> current_;
+  };
+  Iterator begin() { return Iterator(this); }
+  std::default_sentinel_t end() { return {}; }
+
+ private:
+  void start(std::uint64_t epoch, std::size_t position);
+  void stop() noexcept;
+
+  LoaderConfig config_;
+  std::unique_ptr<Dataset> dataset_;
+  DistributedSampler sampler_;
+  memory::PinnedResource pinned_;
+  memory::PageableResource pageable_;
+  std::unique_ptr<memory::PressureMonitor> monitor_;
+  std::unique_ptr<memory::BufferPool> pool_;
+  struct Engine;                      // TBB arena and per-thread scratch
+  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<detail::EpochRun> run_;
+};
+
+}  // namespace pinfeed::loader

@@ -1,0 +1,37 @@
+#pragma once
+// TarWriter: writes WebDataset-style shards (ustar members, GNU 'L' records
+// for names over 100 bytes). Used by `pinfeed-data pack` and the tests.
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+
+namespace pinfeed::loader {
+
+class TarWriter {
+ public:
+  /// Creates (truncates) `path`. Throws DataError naming it.
+  explicit TarWriter(std::filesystem::path path);
+  /// Finishes the archive if finish() was not called; never throws.
+  ~TarWriter();
+  TarWriter(const TarWriter&) = delete;
+  TarWriter& operator=(const TarWriter&) = delete;
+
+  /// Appends a regular-file member. Throws DataError on a write failure.
+  void add(const std::string& name, std::span<const std::byte> data);
+  /// Writes the two zero blocks that end an archive and closes the file.
+  void finish();
+  [[nodiscard]] std::uint64_t bytes_written() const noexcept { return written_; }
+
+ private:
+  void header(const std::string& name, std::uint64_t size, char type);
+  void write(const void* data, std::size_t n);
+  std::filesystem::path path_;
+  std::ofstream out_;
+  std::uint64_t written_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace pinfeed::loader

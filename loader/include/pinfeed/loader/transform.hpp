@@ -1,0 +1,81 @@
+#pragma once
+// Transforms: which part of an image becomes a sample, and how it is written.
+//
+// plan_crop() is torchvision's geometry: RandomResizedCrop (scale 0.08-1.0,
+// ratio 3/4-4/3, 10 tries then the centre fallback), Resize(shorter side) +
+// CenterCrop (expressed as the centre region of the original that the resize
+// would keep, so only that region is decoded), or the whole image. It also
+// picks the DCT scale (1/2, 1/4, 1/8 only, and only while the scaled region
+// still covers the output) and the horizontal flip (p = 0.5). Randomness comes
+// from a SampleRng of (seed, epoch, sample index) alone.
+//
+// SampleWriter resizes the decoded region to the output size (libyuv box
+// filter: antialiased when downscaling, bilinear-like when upscaling), flips,
+// and writes it in the output layout straight into the sample's place in the
+// batch: uint8 NHWC (normalize later on the device) or float32 NCHW with
+// (x / 255 - mean) / std.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "pinfeed/loader/jpeg_decoder.hpp"
+#include "pinfeed/loader/sample_rng.hpp"
+
+namespace pinfeed::loader {
+
+enum class CropMode { random_resized, center, full };
+enum class Layout { nhwc_u8, nchw_f32 };
+CropMode parse_crop_mode(std::string_view text);  ///< "random", "center", "full"; ConfigError otherwise
+Layout parse_layout(std::string_view text);       ///< "nhwc-u8", "nchw-f32"; ConfigError otherwise
+std::string_view to_string(CropMode m) noexcept;
+std::string_view to_string(Layout l) noexcept;
+
+struct TransformConfig {
+  CropMode crop = CropMode::random_resized;  ///< how the sample region is chosen
+  int size = 224;                            ///< output height and width, pixels
+  int resize = 256;                          ///< shorter side before CenterCrop (center mode)
+  double scale_min = 0.08, scale_max = 1.0;  ///< RandomResizedCrop area range
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  ///< RandomResizedCrop aspect range
+  bool flip = true;                          ///< random horizontal flip, p = 0.5 (not in center/full mode)
+  Layout layout = Layout::nchw_f32;          ///< output layout and type
+  std::array<float, 3> mean{0.485F, 0.456F, 0.406F};  ///< RGB, in [0, 1] units
+  std::array<float, 3> std{0.229F, 0.224F, 0.225F};   ///< RGB, in [0, 1] units
+  bool dct_scaling = true;                   ///< allow 1/2, 1/4, 1/8 decode (measurable trick)
+  bool roi_decode = true;                    ///< decode only the region (measurable trick)
+  void validate() const;                     ///< ConfigError naming the field
+
+  /// Bytes of one output sample.
+  [[nodiscard]] std::size_t sample_bytes() const noexcept;
+  [[nodiscard]] std::size_t element_bytes() const noexcept { return layout == Layout::nhwc_u8 ? 1 : 4; }
+};
+
+struct CropPlan {
+  Region region;   ///< in full-resolution pixels of the source image
+  int scale = 1;   ///< DCT scale denominator: 1, 2, 4 or 8
+  bool flip = false;
+};
+
+/// The crop, scale and flip for one sample. Pure: depends on the header,
+/// the config and the rng only.
+CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, SampleRng& rng);
+
+/// Resizes and writes decoded regions into output samples. One per thread
+/// (holds a scratch buffer, reused).
+class SampleWriter {
+ public:
+  explicit SampleWriter(const TransformConfig& config);
+  /// Resizes the `crop` rectangle of `image` (decoded pixel coordinates;
+  /// the whole image when empty) to size x size, flips if asked, and writes
+  /// `out` (exactly config.sample_bytes() bytes).
+  void write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out);
+
+ private:
+  TransformConfig config_;
+  std::array<float, 3> scale_{}, bias_{};  // x * scale + bias == (x / 255 - mean) / std
+  std::vector<std::uint8_t> resized_;     // BGRA, size x size
+};
+
+}  // namespace pinfeed::loader

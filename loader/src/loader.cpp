@@ -1,0 +1,456 @@
+#include "pinfeed/loader/loader.hpp"
+
+#include <fmt/format.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <stop_token>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/sample_rng.hpp"
+#include "pinfeed/loader/sample_stage.hpp"
+#include "pinfeed/memory/memory_snapshot.hpp"
+#include "pinfeed/memory/pinned_budget.hpp"
+#include "pinfeed/log.hpp"
+
+namespace flow = oneapi::tbb::flow;
+
+namespace pinfeed::loader {
+
+BadSamplePolicy parse_bad_sample_policy(std::string_view text) {
+  if (text == "replace") return BadSamplePolicy::replace;
+  if (text == "fail") return BadSamplePolicy::fail;
+  throw ConfigError(fmt::format("bad-sample policy '{}' is not one of replace, fail", text));
+}
+
+void LoaderConfig::validate() const {
+  if (dataset.empty()) throw ConfigError("loader dataset: no path given");
+  if (batch_size == 0 || batch_size > 65536) throw ConfigError(fmt::format("loader batch_size must be 1..65536, got {}", batch_size));
+  if (prefetch == 0 || prefetch > 256) throw ConfigError(fmt::format("loader prefetch must be 1..256, got {}", prefetch));
+  if (threads > 1024) throw ConfigError(fmt::format("loader threads must be 0..1024, got {}", threads));
+  if (!(pinned_fraction > 0 && pinned_fraction <= 1)) {
+    throw ConfigError(fmt::format("loader pinned_fraction must be in (0, 1], got {}", pinned_fraction));
+  }
+  if (max_image_pixels == 0) throw ConfigError("loader max_image_pixels must be > 0");
+  transform.validate();
+  const std::uint64_t slot = static_cast<std::uint64_t>(batch_size) * transform.sample_bytes();
+  if (slot > memory::kMaxRegistrationBytes) {
+    throw ConfigError(fmt::format("loader: one batch of {} bytes exceeds the slot maximum of {} bytes", slot,
+                                  memory::kMaxRegistrationBytes));
+  }
+}
+
+namespace detail {
+
+struct Job {
+  std::size_t seq = 0;       // batch number in this run
+  std::size_t position = 0;  // epoch position of its first sample
+  std::size_t count = 0;     // samples in it
+};
+using Token = int;
+
+struct Build {
+  Job job;
+  memory::SlotLease lease;
+  std::vector<std::int64_t> labels;
+  std::vector<std::size_t> indices;
+  std::size_t replaced = 0;
+  bool skipped = false;  // stopped before it was assembled
+};
+using BuildPtr = std::shared_ptr<Build>;
+
+// Everything one run of one epoch needs. Batches hold a shared_ptr to it so
+// a token returned after the run stopped goes nowhere harmful.
+struct EpochRun {
+  // Shared, immutable for the run.
+  const Dataset* dataset = nullptr;
+  memory::BufferPool* pool = nullptr;
+  oneapi::tbb::task_arena* arena = nullptr;
+  oneapi::tbb::enumerable_thread_specific<std::unique_ptr<SampleScratch>>* scratch = nullptr;
+  SampleStage stage;
+  LoaderConfig config;
+  std::uint64_t epoch = 0;
+  std::vector<std::size_t> order;  // this rank's dataset indices for the epoch
+  std::size_t start = 0;           // first epoch position of this run
+  std::size_t num_batches = 0;
+
+  // The graph. Built inside the arena so its tasks run there.
+  std::unique_ptr<flow::graph> graph;
+  std::unique_ptr<flow::input_node<Job>> source;
+  std::unique_ptr<flow::buffer_node<Token>> tokens;
+  std::unique_ptr<flow::join_node<std::tuple<Job, Token>, flow::reserving>> join;
+  std::unique_ptr<flow::function_node<std::tuple<Job, Token>, BuildPtr>> assemble;
+  std::unique_ptr<flow::sequencer_node<BuildPtr>> sequencer;
+  std::unique_ptr<flow::function_node<BuildPtr, flow::continue_msg>> deliver;
+
+  std::size_t next_job = 0;  // touched only by the serial source body
+  std::atomic<bool> stopping{false};
+  std::stop_source stop;
+
+  std::mutex mutex;  // guards ready, delivered, error
+  std::condition_variable cv;
+  std::deque<BuildPtr> ready;
+  std::size_t delivered = 0;
+  std::exception_ptr error;
+
+  // Statistics: atomics, summed by every worker.
+  std::atomic<std::uint64_t> read_ns{0}, decode_ns{0}, transform_ns{0}, input_bytes{0};
+  std::atomic<std::uint64_t> replaced{0}, samples{0}, pinned_batches{0}, pageable_batches{0};
+  std::atomic<std::size_t> in_flight{0};
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+
+  EpochRun(const Dataset& d, const LoaderConfig& c) : dataset(&d), stage(d, c.transform, c.seed), config(c) {}
+
+  void fail(std::exception_ptr e) {
+    {
+      const std::scoped_lock lock(mutex);
+      if (!error) error = std::move(e);
+    }
+    stopping = true;
+    stop.request_stop();
+    cv.notify_all();
+  }
+
+  void return_token() {
+    if (stopping.load()) return;
+    arena->enqueue([this] { tokens->try_put(Token{}); });
+  }
+
+  // One sample into its place; bad samples follow the policy.
+  void fill(Build& b, std::size_t i, SampleScratch& s, StageTimes& t) {
+    const std::size_t sample_bytes = config.transform.sample_bytes();
+    const std::size_t pos = b.job.position + i;
+    const std::size_t index = order[pos];
+    const std::span<std::byte> out = b.lease.bytes().subspan(i * sample_bytes, sample_bytes);
+    try {
+      stage(index, epoch, out, s, t);
+      input_bytes += s.bytes.size();
+      b.indices[i] = index;
+      b.labels[i] = dataset->label(index);
+      return;
+    } catch (const DataError& e) {
+      if (config.on_bad_sample == BadSamplePolicy::fail) throw;
+      // A deterministic substitute from this rank's own shard: the choice
+      // depends on (seed, epoch, position) and on which files are bad only.
+      SampleRng pick(config.seed ^ 0x7265706c61636521ULL, epoch, pos);
+      for (unsigned attempt = 0; attempt < config.max_replacements; ++attempt) {
+        const std::size_t sub = order[pick.below(order.size())];
+        try {
+          stage(sub, epoch, out, s, t);
+        } catch (const DataError&) {
+          continue;
+        }
+        input_bytes += s.bytes.size();
+        b.indices[i] = sub;
+        b.labels[i] = dataset->label(sub);
+        ++b.replaced;
+        const std::uint64_t n = ++replaced;
+        if (n <= 20 || n % 1000 == 0) {
+          pinfeed::detail::log().warn("replaced bad sample {} ({}) with {} [{} replaced this epoch]", e.path().string(),
+                                      e.reason(), dataset->describe(sub), n);
+        }
+        return;
+      }
+      throw DataError(e.path(), fmt::format("{}; and {} substitutes also failed", e.reason(), config.max_replacements));
+    }
+  }
+
+  BuildPtr assemble_batch(const Job& job) {
+    auto b = std::make_shared<Build>();
+    b->job = job;
+    ++in_flight;
+    struct Done {
+      std::atomic<std::size_t>& n;
+      ~Done() { --n; }
+    } done{in_flight};
+    if (stopping.load()) {
+      b->skipped = true;
+      return b;
+    }
+    try {
+      // Never waits in practice: a token exists only for a free slot. It can
+      // wait for a copy still reading a slot (a fence), and a stop ends it.
+      b->lease = pool->acquire(stop.get_token());
+      b->labels.resize(job.count);
+      b->indices.resize(job.count);
+      oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, job.count),
+                                [&](const oneapi::tbb::blocked_range<std::size_t>& r) {
+                                  auto& slot = scratch->local();
+                                  if (!slot) slot = std::make_unique<SampleScratch>(config.transform, config.max_image_pixels);
+                                  StageTimes t;
+                                  for (std::size_t i = r.begin(); i != r.end(); ++i) fill(*b, i, *slot, t);
+                                  read_ns += t.read_ns;
+                                  decode_ns += t.decode_ns;
+                                  transform_ns += t.transform_ns;
+                                });
+      samples += job.count;
+      (b->lease.pinned() ? pinned_batches : pageable_batches) += 1;
+    } catch (const Cancelled&) {
+      b->skipped = true;
+    } catch (...) {
+      // Only here does an exception leave a sample: it ends the epoch with
+      // that error; the batch is still sequenced so nothing waits for it.
+      fail(std::current_exception());
+      b->skipped = true;
+    }
+    return b;
+  }
+
+  void build_graph(std::size_t prefetch) {
+    graph = std::make_unique<flow::graph>();
+    source = std::make_unique<flow::input_node<Job>>(*graph, [this](oneapi::tbb::flow_control& fc) -> Job {
+      if (stopping.load() || next_job >= num_batches) {
+        fc.stop();
+        return {};
+      }
+      const std::size_t bs = config.batch_size;
+      Job j{next_job, start + next_job * bs, std::min(bs, order.size() - (start + next_job * bs))};
+      ++next_job;
+      return j;
+    });
+    tokens = std::make_unique<flow::buffer_node<Token>>(*graph);
+    join = std::make_unique<flow::join_node<std::tuple<Job, Token>, flow::reserving>>(*graph);
+    assemble = std::make_unique<flow::function_node<std::tuple<Job, Token>, BuildPtr>>(
+        *graph, flow::unlimited, [this](const std::tuple<Job, Token>& in) { return assemble_batch(std::get<0>(in)); });
+    sequencer = std::make_unique<flow::sequencer_node<BuildPtr>>(*graph, [](const BuildPtr& b) { return b->job.seq; });
+    deliver = std::make_unique<flow::function_node<BuildPtr, flow::continue_msg>>(
+        *graph, flow::serial, [this](const BuildPtr& b) {
+          {
+            const std::scoped_lock lock(mutex);
+            ready.push_back(b);
+          }
+          cv.notify_all();
+          return flow::continue_msg{};
+        });
+    flow::make_edge(*source, flow::input_port<0>(*join));
+    flow::make_edge(*tokens, flow::input_port<1>(*join));
+    flow::make_edge(*join, *assemble);
+    flow::make_edge(*assemble, *sequencer);
+    flow::make_edge(*sequencer, *deliver);
+    for (std::size_t k = 0; k < prefetch; ++k) tokens->try_put(Token{});
+    source->activate();
+  }
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- Batch
+
+Batch::Batch(Batch&& o) noexcept = default;
+Batch& Batch::operator=(Batch&& o) noexcept {
+  if (this != &o) {
+    lease_.release();
+    if (run_) run_->return_token();
+    run_ = std::move(o.run_);
+    lease_ = std::move(o.lease_);
+    capacity_ = o.capacity_;
+    sample_bytes_ = o.sample_bytes_;
+    shape_ = o.shape_;
+    layout_ = o.layout_;
+    labels_ = std::move(o.labels_);
+    indices_ = std::move(o.indices_);
+    replaced_ = o.replaced_;
+    epoch_ = o.epoch_;
+    index_ = o.index_;
+    position_ = o.position_;
+  }
+  return *this;
+}
+
+Batch::~Batch() {
+  lease_.release();  // the slot first, then its token: the next batch finds it free
+  if (run_) run_->return_token();
+}
+
+std::span<const std::byte> Batch::data() const noexcept {
+  return lease_.bytes().subspan(0, labels_.size() * sample_bytes_);
+}
+std::span<std::byte> Batch::mutable_data() noexcept { return lease_.bytes().subspan(0, labels_.size() * sample_bytes_); }
+
+// ---------------------------------------------------------------- Loader
+
+struct Loader::Engine {
+  explicit Engine(unsigned threads)
+      // Every worker decodes; the caller's thread waits in next(), so it
+      // needs no reserved slot, and the global pool must allow that many.
+      : control(oneapi::tbb::global_control::max_allowed_parallelism, threads + 1),
+        arena(static_cast<int>(threads), 0) {}
+  oneapi::tbb::global_control control;
+  oneapi::tbb::task_arena arena;
+  oneapi::tbb::enumerable_thread_specific<std::unique_ptr<SampleScratch>> scratch;
+};
+
+namespace {
+SamplerConfig sampler_config(const LoaderConfig& c, std::size_t n) {
+  c.validate();
+  return SamplerConfig{n, c.rank, c.world_size, c.shuffle, c.drop_last, c.seed};
+}
+}  // namespace
+
+Loader::Loader(LoaderConfig config)
+    : config_((config.validate(), std::move(config))),
+      dataset_(open_dataset(config_.dataset, config_.list_root)),
+      sampler_(sampler_config(config_, dataset_->size())),
+      pinned_(memory::PinnedResource::Config{config_.pin_method, std::nullopt}) {
+  const unsigned threads =
+      config_.threads != 0 ? config_.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
+  engine_ = std::make_unique<Engine>(threads);
+
+  memory::BufferPool::Config pc;
+  pc.slots = config_.prefetch;
+  pc.slot_bytes = config_.batch_size * config_.transform.sample_bytes();
+  pc.pin = config_.pin;
+  const auto snapshot = memory::MemorySnapshot::read(config_.watch_pressure ? config_.pressure.root : "/");
+  const auto budget = memory::PinnedBudget::compute(
+      snapshot, memory::BudgetPolicy{config_.pinned_fraction, pinned_.method(), 0},
+      static_cast<std::uint64_t>(pc.slots) * round_up_to_page(pc.slot_bytes));
+  pc.pinned_budget_bytes = budget.bytes;
+  if (config_.watch_pressure) monitor_ = std::make_unique<memory::PressureMonitor>(config_.pressure);
+  pool_ = std::make_unique<memory::BufferPool>(pc, pinned_, pageable_);
+  if (monitor_) {
+    pool_->follow(*monitor_);
+    monitor_->start();
+  }
+  pinfeed::detail::log().info("loader: {}; {} samples per rank per epoch; pool {} x {} ({} pinned, budget limited by {})",
+                              dataset_->summary(), sampler_.num_samples(), pc.slots, format_bytes(pc.slot_bytes),
+                              pool_->stats().pinned_slots, budget.limiting);
+}
+
+Loader::~Loader() {
+  stop();
+  if (monitor_) monitor_->stop();
+}
+
+std::size_t Loader::batches_per_epoch() const noexcept {
+  const std::size_t n = sampler_.num_samples(), b = config_.batch_size;
+  return config_.drop_last_batch ? n / b : (n + b - 1) / b;
+}
+
+void Loader::begin_epoch(std::uint64_t epoch) { start(epoch, 0); }
+
+void Loader::restore(const LoaderState& s) {
+  if (s.seed != config_.seed || s.world_size != config_.world_size || s.rank != config_.rank) {
+    throw ConfigError(fmt::format("loader restore: state is for seed {} rank {}/{}, this loader has seed {} rank {}/{}",
+                                  s.seed, s.rank, s.world_size, config_.seed, config_.rank, config_.world_size));
+  }
+  if (s.position > sampler_.num_samples()) {
+    throw ConfigError(fmt::format("loader restore: position {} is past the epoch's {} samples", s.position,
+                                  sampler_.num_samples()));
+  }
+  start(s.epoch, s.position);
+}
+
+void Loader::start(std::uint64_t epoch, std::size_t position) {
+  stop();
+  auto run = std::make_shared<detail::EpochRun>(*dataset_, config_);
+  run->pool = pool_.get();
+  run->arena = &engine_->arena;
+  run->scratch = &engine_->scratch;
+  run->epoch = epoch;
+  run->order = sampler_.indices(epoch);
+  run->start = position;
+  const std::size_t left = run->order.size() - position, b = config_.batch_size;
+  run->num_batches = config_.drop_last_batch ? left / b : (left + b - 1) / b;
+  engine_->arena.execute([&] { run->build_graph(config_.prefetch); });
+  run_ = std::move(run);
+}
+
+void Loader::stop() noexcept {
+  if (!run_) return;
+  auto run = std::move(run_);
+  run->stopping = true;
+  run->stop.request_stop();
+  try {
+    engine_->arena.execute([&] { run->graph->wait_for_all(); });
+  } catch (const std::exception& e) {
+    pinfeed::detail::log().error("loader: stopping the epoch: {}", e.what());
+  }
+  std::deque<detail::BuildPtr> undelivered;
+  {
+    const std::scoped_lock lock(run->mutex);
+    undelivered.swap(run->ready);
+  }
+  undelivered.clear();  // their slots go back to the pool
+}
+
+std::optional<Batch> Loader::next() {
+  if (!run_) throw ConfigError("loader: next() before begin_epoch() or restore()");
+  detail::EpochRun& run = *run_;
+  detail::BuildPtr b;
+  {
+    std::unique_lock lock(run.mutex);
+    run.cv.wait(lock, [&] { return run.error || !run.ready.empty() || run.delivered >= run.num_batches; });
+    if (run.error) std::rethrow_exception(run.error);
+    if (run.ready.empty()) return std::nullopt;  // the epoch is complete
+    b = std::move(run.ready.front());
+    run.ready.pop_front();
+    if (b->skipped) return std::nullopt;
+    ++run.delivered;
+  }
+  Batch batch;
+  batch.run_ = run_;
+  batch.lease_ = std::move(b->lease);
+  batch.capacity_ = config_.batch_size;
+  batch.sample_bytes_ = config_.transform.sample_bytes();
+  batch.layout_ = config_.transform.layout;
+  const auto n = b->labels.size(), s = static_cast<std::size_t>(config_.transform.size);
+  batch.shape_ = batch.layout_ == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, s, s, 3}
+                                                   : std::array<std::size_t, 4>{n, 3, s, s};
+  batch.labels_ = std::move(b->labels);
+  batch.indices_ = std::move(b->indices);
+  batch.replaced_ = b->replaced;
+  batch.epoch_ = run.epoch;
+  batch.index_ = b->job.seq;
+  batch.position_ = b->job.position;
+  return batch;
+}
+
+LoaderState Loader::state() const {
+  LoaderState s;
+  s.seed = config_.seed;
+  s.world_size = config_.world_size;
+  s.rank = config_.rank;
+  if (!run_) return s;
+  s.epoch = run_->epoch;
+  const std::scoped_lock lock(run_->mutex);
+  s.position = std::min(run_->start + run_->delivered * config_.batch_size, run_->order.size());
+  return s;
+}
+
+LoaderStats Loader::stats() const {
+  LoaderStats st;
+  st.pool = pool_->stats();
+  if (!run_) return st;
+  const detail::EpochRun& r = *run_;
+  {
+    const std::scoped_lock lock(run_->mutex);
+    st.batches = r.delivered;
+    st.ready_batches = r.ready.size();
+  }
+  st.samples = r.samples.load();
+  st.output_bytes = st.samples * config_.transform.sample_bytes();
+  st.input_bytes = r.input_bytes.load();
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.started).count();
+  if (st.seconds > 0) {
+    st.images_per_second = static_cast<double>(st.samples) / st.seconds;
+    st.output_bytes_per_second = static_cast<double>(st.output_bytes) / st.seconds;
+  }
+  st.read_seconds = static_cast<double>(r.read_ns.load()) * 1e-9;
+  st.decode_seconds = static_cast<double>(r.decode_ns.load()) * 1e-9;
+  st.transform_seconds = static_cast<double>(r.transform_ns.load()) * 1e-9;
+  st.replaced = r.replaced.load();
+  st.in_flight = r.in_flight.load();
+  st.pinned_batches = r.pinned_batches.load();
+  st.pageable_batches = r.pageable_batches.load();
+  return st;
+}
+
+}  // namespace pinfeed::loader

@@ -1,0 +1,75 @@
+#include "pinfeed/loader/tar_writer.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstring>
+
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::loader {
+
+namespace {
+constexpr std::size_t kBlock = 512;
+}
+
+TarWriter::TarWriter(std::filesystem::path path) : path_(std::move(path)), out_(path_, std::ios::binary | std::ios::trunc) {
+  if (!out_) throw DataError(path_, "cannot create tar shard");
+}
+
+TarWriter::~TarWriter() {
+  try {
+    if (!finished_) finish();
+  } catch (...) {
+  }
+}
+
+void TarWriter::write(const void* data, std::size_t n) {
+  out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+  if (!out_) throw DataError(path_, "write failed (disk full?)");
+  written_ += n;
+}
+
+void TarWriter::header(const std::string& name, std::uint64_t size, char type) {
+  std::array<char, kBlock> h{};
+  std::memcpy(h.data(), name.data(), std::min<std::size_t>(name.size(), 100));
+  std::snprintf(&h[100], 8, "%07o", 0644U);
+  std::snprintf(&h[108], 8, "%07o", 0U);
+  std::snprintf(&h[116], 8, "%07o", 0U);
+  std::snprintf(&h[124], 12, "%011llo", static_cast<unsigned long long>(size));
+  std::snprintf(&h[136], 12, "%011o", 0U);
+  h[156] = type;
+  std::memcpy(&h[257], "ustar", 6);  // magic "ustar\0" then version "00"
+  h[263] = '0';
+  h[264] = '0';
+  std::memset(&h[148], ' ', 8);
+  unsigned sum = 0;
+  for (const char c : h) sum += static_cast<unsigned char>(c);
+  std::snprintf(&h[148], 8, "%06o", sum);
+  h[155] = ' ';
+  write(h.data(), kBlock);
+}
+
+void TarWriter::add(const std::string& name, std::span<const std::byte> data) {
+  if (name.size() > 100) {
+    header("././@LongLink", name.size() + 1, 'L');
+    write(name.c_str(), name.size() + 1);
+    const std::array<char, kBlock> zero{};
+    write(zero.data(), (kBlock - (name.size() + 1) % kBlock) % kBlock);
+  }
+  header(name, data.size(), '0');
+  write(data.data(), data.size());
+  const std::array<char, kBlock> zero{};
+  write(zero.data(), (kBlock - data.size() % kBlock) % kBlock);
+}
+
+void TarWriter::finish() {
+  if (finished_) return;
+  finished_ = true;
+  const std::array<char, 2 * kBlock> zero{};
+  write(zero.data(), zero.size());
+  out_.close();
+  if (!out_) throw DataError(path_, "closing the shard failed");
+}
+
+}  // namespace pinfeed::loader

@@ -1,0 +1,181 @@
+#include "pinfeed/loader/transform.hpp"
+
+#include <fmt/format.h>
+#include <libyuv/scale_argb.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::loader {
+
+CropMode parse_crop_mode(std::string_view text) {
+  if (text == "random") return CropMode::random_resized;
+  if (text == "center") return CropMode::center;
+  if (text == "full") return CropMode::full;
+  throw ConfigError(fmt::format("crop '{}' is not one of random, center, full", text));
+}
+
+Layout parse_layout(std::string_view text) {
+  if (text == "nhwc-u8") return Layout::nhwc_u8;
+  if (text == "nchw-f32") return Layout::nchw_f32;
+  throw ConfigError(fmt::format("layout '{}' is not one of nhwc-u8, nchw-f32", text));
+}
+
+std::string_view to_string(CropMode m) noexcept {
+  switch (m) {
+    case CropMode::random_resized: return "random";
+    case CropMode::center: return "center";
+    case CropMode::full: return "full";
+  }
+  return "?";
+}
+
+std::string_view to_string(Layout l) noexcept { return l == Layout::nhwc_u8 ? "nhwc-u8" : "nchw-f32"; }
+
+void TransformConfig::validate() const {
+  if (size < 8 || size > 4096) throw ConfigError(fmt::format("transform size must be 8..4096, got {}", size));
+  if (crop == CropMode::center && (resize < size || resize > 8192)) {
+    throw ConfigError(fmt::format("transform resize must be size..8192 ({}..8192), got {}", size, resize));
+  }
+  if (!(scale_min > 0 && scale_min <= scale_max && scale_max <= 1.0)) {
+    throw ConfigError(fmt::format("transform scale range [{}, {}] must satisfy 0 < min <= max <= 1", scale_min, scale_max));
+  }
+  if (!(ratio_min > 0 && ratio_min <= ratio_max)) {
+    throw ConfigError(fmt::format("transform ratio range [{}, {}] must satisfy 0 < min <= max", ratio_min, ratio_max));
+  }
+  for (std::size_t c = 0; c < 3; ++c) {
+    if (!(std[c] > 0)) throw ConfigError(fmt::format("transform std[{}] must be > 0, got {}", c, std[c]));
+  }
+}
+
+std::size_t TransformConfig::sample_bytes() const noexcept {
+  return static_cast<std::size_t>(size) * static_cast<std::size_t>(size) * 3 * element_bytes();
+}
+
+namespace {
+
+Region random_resized_region(int width, int height, const TransformConfig& c, SampleRng& rng) {
+  const double area = static_cast<double>(width) * height;
+  const double log_lo = std::log(c.ratio_min), log_hi = std::log(c.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * rng.uniform(c.scale_min, c.scale_max);
+    const double aspect = std::exp(rng.uniform(log_lo, log_hi));
+    const auto w = static_cast<int>(std::lround(std::sqrt(target * aspect)));
+    const auto h = static_cast<int>(std::lround(std::sqrt(target / aspect)));
+    if (w > 0 && h > 0 && w <= width && h <= height) {
+      const auto y = static_cast<int>(rng.below(static_cast<std::uint64_t>(height - h) + 1));
+      const auto x = static_cast<int>(rng.below(static_cast<std::uint64_t>(width - w) + 1));
+      return Region{x, y, w, h};
+    }
+  }
+  // torchvision's fallback: the largest centred crop within the ratio range.
+  const double in_ratio = static_cast<double>(width) / height;
+  int w = width, h = height;
+  if (in_ratio < c.ratio_min) {
+    h = std::max(1, static_cast<int>(std::lround(w / c.ratio_min)));
+  } else if (in_ratio > c.ratio_max) {
+    w = std::max(1, static_cast<int>(std::lround(h * c.ratio_max)));
+  }
+  return Region{(width - w) / 2, (height - h) / 2, w, h};
+}
+
+Region center_region(int width, int height, const TransformConfig& c) {
+  // Resize(shorter = resize) then CenterCrop(size) keeps, of the original, a
+  // centred size/resize fraction of the shorter side.
+  const double keep = static_cast<double>(c.size) / c.resize;
+  const int shorter = std::min(width, height);
+  const int side = std::clamp(static_cast<int>(std::lround(shorter * keep)), 1, shorter);
+  return Region{(width - side) / 2, (height - side) / 2, side, side};
+}
+
+}  // namespace
+
+CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRng& rng) {
+  CropPlan p;
+  switch (c.crop) {
+    case CropMode::random_resized:
+      p.region = random_resized_region(header.width, header.height, c, rng);
+      p.flip = c.flip && rng.uniform() < 0.5;
+      break;
+    case CropMode::center: p.region = center_region(header.width, header.height, c); break;
+    case CropMode::full: p.region = Region{0, 0, header.width, header.height}; break;
+  }
+  if (c.dct_scaling) {
+    // Only the scales libjpeg-turbo accelerates, and only while the scaled
+    // region still covers the output (never upsample what DCT scaling dropped).
+    for (const int s : {8, 4, 2}) {
+      if (p.region.width / s >= c.size && p.region.height / s >= c.size) {
+        p.scale = s;
+        break;
+      }
+    }
+  }
+  if (!c.roi_decode) {
+    // Measurement mode: decode everything, then crop in memory (see SampleStage).
+    p.scale = 1;
+  }
+  return p;
+}
+
+SampleWriter::SampleWriter(const TransformConfig& config) : config_(config) {
+  config_.validate();
+  for (std::size_t ch = 0; ch < 3; ++ch) {
+    scale_[ch] = 1.0F / (255.0F * config_.std[ch]);
+    bias_[ch] = -config_.mean[ch] / config_.std[ch];
+  }
+  resized_.resize(static_cast<std::size_t>(config_.size) * static_cast<std::size_t>(config_.size) * 4);
+}
+
+void SampleWriter::write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out) {
+  const int n = config_.size;
+  const auto plane = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+  if (out.size() != config_.sample_bytes()) throw ConfigError("sample writer: output span has the wrong size");
+  Region c = crop;
+  if (c.width <= 0 || c.height <= 0) c = Region{0, 0, image.width, image.height};
+  c.x = std::clamp(c.x, 0, image.width - 1);
+  c.y = std::clamp(c.y, 0, image.height - 1);
+  c.width = std::min(c.width, image.width - c.x);
+  c.height = std::min(c.height, image.height - c.y);
+  const std::uint8_t* src = image.pixels.data() +
+                            (static_cast<std::size_t>(c.y) * static_cast<std::size_t>(image.width) + static_cast<std::size_t>(c.x)) * 4;
+  if (c.width != n || c.height != n || image.width != n) {
+    const int rc = libyuv::ARGBScale(src, image.width * 4, c.width, c.height, resized_.data(), n * 4, n, n, libyuv::kFilterBox);
+    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", c.width, c.height, n, n, rc));
+    src = resized_.data();
+  }
+  // BGRA in, RGB out; the flip reverses each row.
+  if (config_.layout == Layout::nhwc_u8) {
+    auto* dst = reinterpret_cast<std::uint8_t*>(out.data());
+    for (int y = 0; y < n; ++y) {
+      const std::uint8_t* row = src + static_cast<std::size_t>(y) * static_cast<std::size_t>(n) * 4;
+      std::uint8_t* o = dst + static_cast<std::size_t>(y) * static_cast<std::size_t>(n) * 3;
+      for (int x = 0; x < n; ++x) {
+        const std::uint8_t* px = row + static_cast<std::size_t>(flip ? n - 1 - x : x) * 4;
+        o[0] = px[2];
+        o[1] = px[1];
+        o[2] = px[0];
+        o += 3;
+      }
+    }
+    return;
+  }
+  auto* r = reinterpret_cast<float*>(out.data());
+  float* g = r + plane;
+  float* b = g + plane;
+  for (int y = 0; y < n; ++y) {
+    const std::uint8_t* row = src + static_cast<std::size_t>(y) * static_cast<std::size_t>(n) * 4;
+    const std::size_t base = static_cast<std::size_t>(y) * static_cast<std::size_t>(n);
+    for (int x = 0; x < n; ++x) {
+      const std::uint8_t* px = row + static_cast<std::size_t>(flip ? n - 1 - x : x) * 4;
+      const std::size_t i = base + static_cast<std::size_t>(x);
+      r[i] = static_cast<float>(px[2]) * scale_[0] + bias_[0];
+      g[i] = static_cast<float>(px[1]) * scale_[1] + bias_[1];
+      b[i] = static_cast<float>(px[0]) * scale_[2] + bias_[2];
+    }
+  }
+}
+
+}  // namespace pinfeed::loader
