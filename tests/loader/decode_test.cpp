@@ -1,0 +1,222 @@
+// JPEG decode and transforms: ROI + scaled decode against full decode then
+// crop/resize; the colour spaces and encodings ImageNet holds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/jpeg_decoder.hpp"
+#include "pinfeed/loader/sample_rng.hpp"
+#include "pinfeed/loader/synthetic.hpp"
+#include "pinfeed/loader/transform.hpp"
+
+namespace pinfeed::loader {
+namespace {
+
+std::vector<std::byte> jpeg(int w, int h, JpegKind kind = JpegKind::baseline, int quality = 95) {
+  SyntheticImageSpec s;
+  s.width = w;
+  s.height = h;
+  s.kind = kind;
+  s.quality = quality;
+  return make_synthetic_jpeg(1, 3, 0, s);
+}
+
+/// Mean absolute difference per channel value between two BGRA images' RGB.
+double mean_abs_diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  double sum = 0;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (i % 4 == 3) continue;
+    sum += std::abs(static_cast<int>(a[i]) - static_cast<int>(b[i]));
+    ++n;
+  }
+  return sum / static_cast<double>(n);
+}
+
+TEST(JpegDecoderTest, RegionDecodeEqualsFullDecodeThenCrop) {
+  const auto data = jpeg(400, 300);
+  JpegDecoder d;
+  DecodedImage full, region;
+  d.decode_full(data, full, "x.jpg");
+  ASSERT_EQ(full.width, 400);
+  const Region r{123, 77, 150, 101};
+  d.decode(data, r, 1, region, "x.jpg");
+  ASSERT_EQ(region.width, 150);
+  ASSERT_EQ(region.height, 101);
+  std::size_t mismatches = 0;
+  for (int y = 0; y < r.height; ++y) {
+    for (int x = 0; x < r.width * 4; ++x) {
+      const auto a = region.pixels[static_cast<std::size_t>(y * r.width * 4 + x)];
+      const auto b = full.pixels[static_cast<std::size_t>((y + r.y) * 400 * 4 + r.x * 4 + x)];
+      if (std::abs(int(a) - int(b)) > 2) ++mismatches;
+    }
+  }
+  EXPECT_EQ(mismatches, 0U) << "cropped decode must give the full decode's pixels (fancy upsampling at edges within 2)";
+}
+
+TEST(JpegDecoderTest, ScaledDecodeMatchesResizingTheFullImage) {
+  const auto data = jpeg(480, 360);
+  JpegDecoder d;
+  DecodedImage full, quarter;
+  d.decode_full(data, full, "x.jpg");
+  d.decode(data, Region{0, 0, 480, 360}, 4, quarter, "x.jpg");
+  ASSERT_EQ(quarter.width, 120);
+  ASSERT_EQ(quarter.height, 90);
+  // Reference: a 4x4 box average of the full decode.
+  std::vector<std::uint8_t> ref(quarter.pixels.size());
+  for (int y = 0; y < 90; ++y) {
+    for (int x = 0; x < 120; ++x) {
+      for (int c = 0; c < 4; ++c) {
+        int sum = 0;
+        for (int dy = 0; dy < 4; ++dy) {
+          for (int dx = 0; dx < 4; ++dx) sum += full.pixels[static_cast<std::size_t>(((y * 4 + dy) * 480 + x * 4 + dx) * 4 + c)];
+        }
+        ref[static_cast<std::size_t>((y * 120 + x) * 4 + c)] = static_cast<std::uint8_t>(sum / 16);
+      }
+    }
+  }
+  EXPECT_LT(mean_abs_diff(quarter.pixels, ref), 4.0);
+}
+
+TEST(JpegDecoderTest, GrayscaleCmykAndProgressiveComeOutAsRgb) {
+  JpegDecoder d;
+  DecodedImage base, img;
+  d.decode_full(jpeg(160, 120, JpegKind::baseline), base, "base.jpg");
+  for (const auto kind : {JpegKind::progressive, JpegKind::cmyk, JpegKind::grayscale}) {
+    const auto data = jpeg(160, 120, kind);
+    const ImageHeader h = d.header(data, "k.jpg");
+    EXPECT_EQ(h.width, 160);
+    EXPECT_EQ(h.progressive, kind == JpegKind::progressive);
+    EXPECT_EQ(h.components, kind == JpegKind::cmyk ? 4 : kind == JpegKind::grayscale ? 1 : 3);
+    d.decode(data, Region{10, 10, 100, 80}, 1, img, "k.jpg");
+    ASSERT_EQ(img.width, 100);
+    if (kind == JpegKind::grayscale) {
+      for (std::size_t i = 0; i < img.pixels.size(); i += 4) {
+        ASSERT_EQ(img.pixels[i], img.pixels[i + 1]);
+        ASSERT_EQ(img.pixels[i + 1], img.pixels[i + 2]);
+      }
+      continue;
+    }
+    // Colour kinds decode to the same picture as the baseline encoding.
+    std::vector<std::uint8_t> crop(img.pixels.size());
+    for (int y = 0; y < 80; ++y) {
+      std::memcpy(&crop[static_cast<std::size_t>(y * 100 * 4)], &base.pixels[static_cast<std::size_t>(((y + 10) * 160 + 10) * 4)], 400);
+    }
+    EXPECT_LT(mean_abs_diff(img.pixels, crop), kind == JpegKind::cmyk ? 6.0 : 2.0);
+  }
+}
+
+TEST(JpegDecoderTest, BadInputIsADataErrorNamingTheFile) {
+  JpegDecoder d;
+  DecodedImage img;
+  const auto good = jpeg(64, 48);
+  const auto expect_error = [&](std::vector<std::byte> data, const char* what) {
+    try {
+      d.decode_full(data, img, "bad.jpg");
+      ADD_FAILURE() << what << ": no error";
+    } catch (const DataError& e) {
+      EXPECT_EQ(e.path(), "bad.jpg") << what;
+    }
+  };
+  expect_error({}, "empty");
+  expect_error(std::vector<std::byte>(good.begin(), good.begin() + static_cast<long>(good.size() / 2)), "truncated");
+  std::vector<std::byte> png{std::byte{0x89}, std::byte{'P'}, std::byte{'N'}, std::byte{'G'}, std::byte{13}, std::byte{10}, std::byte{26}, std::byte{10}};
+  expect_error(png, "png");
+  SampleRng rng(1, 2, 3);
+  std::vector<std::byte> noise(5000);
+  for (auto& b : noise) b = static_cast<std::byte>(rng.below(256));
+  expect_error(noise, "random bytes");
+  // A header claiming 60000 x 60000: refused before any pixel is decoded.
+  auto huge = good;
+  for (std::size_t i = 0; i + 8 < huge.size(); ++i) {
+    if (huge[i] == std::byte{0xff} && huge[i + 1] == std::byte{0xc0}) {  // SOF0: len(2) precision(1) height(2) width(2)
+      huge[i + 5] = std::byte{0xea};
+      huge[i + 6] = std::byte{0x60};
+      huge[i + 7] = std::byte{0xea};
+      huge[i + 8] = std::byte{0x60};
+      break;
+    }
+  }
+  try {
+    (void)d.header(huge, "huge.jpg");
+    ADD_FAILURE() << "huge: no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("60000x60000"), std::string::npos) << e.reason();
+  }
+  d.decode_full(good, img, "good.jpg");  // the decoder is still usable afterwards
+  EXPECT_EQ(img.width, 64);
+}
+
+TEST(TransformTest, RandomResizedCropFollowsTorchvisionBounds) {
+  TransformConfig c;
+  ImageHeader h;
+  h.width = 500;
+  h.height = 375;
+  for (std::uint64_t i = 0; i < 2000; ++i) {
+    SampleRng rng(11, 0, i);
+    const CropPlan p = plan_crop(h, c, rng);
+    ASSERT_GE(p.region.x, 0);
+    ASSERT_GE(p.region.y, 0);
+    ASSERT_LE(p.region.x + p.region.width, 500);
+    ASSERT_LE(p.region.y + p.region.height, 375);
+    const double area = static_cast<double>(p.region.width) * p.region.height / (500.0 * 375.0);
+    ASSERT_GE(area, 0.07);
+    ASSERT_TRUE(p.scale == 1 || p.scale == 2 || p.scale == 4 || p.scale == 8);
+    if (p.scale > 1) {
+      ASSERT_GE(p.region.width / p.scale, 224) << "a DCT scale never drops below the output size";
+      ASSERT_GE(p.region.height / p.scale, 224);
+    }
+  }
+  SampleRng a(11, 3, 5), b(11, 3, 5);
+  const CropPlan pa = plan_crop(h, c, a), pb = plan_crop(h, c, b);
+  EXPECT_EQ(pa.region.x, pb.region.x) << "the plan depends on (seed, epoch, index) only";
+  EXPECT_EQ(pa.flip, pb.flip);
+}
+
+TEST(TransformTest, CenterCropKeepsTheResizeFraction) {
+  TransformConfig c;
+  c.crop = CropMode::center;
+  ImageHeader h;
+  h.width = 512;
+  h.height = 384;
+  SampleRng rng(0, 0, 0);
+  const CropPlan p = plan_crop(h, c, rng);
+  EXPECT_EQ(p.region.width, 336);  // 384 * 224 / 256
+  EXPECT_EQ(p.region.x, (512 - 336) / 2);
+  EXPECT_FALSE(p.flip);
+}
+
+TEST(TransformTest, WritesNormalizedPlanarFloatAndInterleavedBytes) {
+  TransformConfig c;
+  c.size = 16;
+  DecodedImage img;
+  img.width = 16;
+  img.height = 16;
+  img.pixels.assign(16 * 16 * 4, 0);
+  for (std::size_t i = 0; i < img.pixels.size(); i += 4) {
+    img.pixels[i] = 10;       // B
+    img.pixels[i + 1] = 128;  // G
+    img.pixels[i + 2] = 250;  // R
+  }
+  img.pixels[2] = 0;  // top-left pixel's R
+  std::vector<std::byte> f32(c.sample_bytes());
+  SampleWriter(c).write(img, Region{}, false, f32);
+  const auto* f = reinterpret_cast<const float*>(f32.data());
+  EXPECT_NEAR(f[1], (250 / 255.0 - 0.485) / 0.229, 1e-5);          // R plane
+  EXPECT_NEAR(f[256 + 1], (128 / 255.0 - 0.456) / 0.224, 1e-5);    // G plane
+  EXPECT_NEAR(f[512 + 1], (10 / 255.0 - 0.406) / 0.225, 1e-5);     // B plane
+  EXPECT_NEAR(f[0], (0 - 0.485) / 0.229, 1e-5);
+  c.layout = Layout::nhwc_u8;
+  std::vector<std::byte> u8(c.sample_bytes());
+  SampleWriter(c).write(img, Region{}, true, u8);
+  const auto* u = reinterpret_cast<const std::uint8_t*>(u8.data());
+  EXPECT_EQ(u[15 * 3], 0) << "flipped: the top-left pixel lands top-right";
+  EXPECT_EQ(u[0], 250);
+  EXPECT_EQ(u[1], 128);
+  EXPECT_EQ(u[2], 10);
+}
+
+}  // namespace
+}  // namespace pinfeed::loader
