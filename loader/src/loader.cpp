@@ -119,9 +119,27 @@ struct EpochRun {
     cv.notify_all();
   }
 
+  // A Batch returns its token from the user's thread. The put runs as a task
+  // in the arena, registered with the graph (reserve_wait) so stop()'s
+  // wait_for_all covers it; token_mutex orders it against stop() setting
+  // `stopping`, so no put can start after the run is torn down.
+  std::mutex token_mutex;
   void return_token() {
+    const std::scoped_lock lock(token_mutex);
     if (stopping.load()) return;
-    arena->enqueue([this] { tokens->try_put(Token{}); });
+    graph->reserve_wait();
+    arena->enqueue([this] {
+      tokens->try_put(Token{});
+      graph->release_wait();
+    });
+  }
+
+  void begin_stop() {
+    {
+      const std::scoped_lock lock(token_mutex);
+      stopping = true;
+    }
+    stop.request_stop();
   }
 
   // One sample into its place; bad samples follow the policy.
@@ -307,6 +325,9 @@ Loader::Loader(LoaderConfig config)
   memory::BufferPool::Config pc;
   pc.slots = config_.prefetch;
   pc.slot_bytes = config_.batch_size * config_.transform.sample_bytes();
+  // One slot per slab: a running loader always has some slot in use, so
+  // pressure can move its memory only slot by slot.
+  pc.slab_bytes = pc.slot_bytes;
   pc.pin = config_.pin;
   const auto snapshot = memory::MemorySnapshot::read(config_.watch_pressure ? config_.pressure.root : "/");
   const auto budget = memory::PinnedBudget::compute(
@@ -366,8 +387,7 @@ void Loader::start(std::uint64_t epoch, std::size_t position) {
 void Loader::stop() noexcept {
   if (!run_) return;
   auto run = std::move(run_);
-  run->stopping = true;
-  run->stop.request_stop();
+  run->begin_stop();
   try {
     engine_->arena.execute([&] { run->graph->wait_for_all(); });
   } catch (const std::exception& e) {

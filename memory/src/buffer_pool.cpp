@@ -161,6 +161,11 @@ BufferPool::~BufferPool() {
     lock.lock();
     state_[f.slot] = SlotState::free;
   }
+  if (prepared_) {
+    retired_.push_back(Retired{prepared_->data, slabs_[prepared_->job.slab].bytes, prepared_->owner});
+    prepared_.reset();
+  }
+  free_retired(lock);
   const auto leased = static_cast<std::size_t>(std::count(state_.begin(), state_.end(), SlotState::leased));
   if (leased > 0) {
     pinfeed::detail::log().critical("buffer pool destroyed with {} slot(s) still leased", leased);
@@ -206,6 +211,7 @@ bool BufferPool::reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chr
   }
   state_[f.slot] = SlotState::free;
   free_.push_front(f.slot);
+  try_swap_locked();
   ++work_generation_;
   work_cv_.notify_one();
   return true;
@@ -278,7 +284,8 @@ void BufferPool::release_slot(std::size_t slot) noexcept {
     assert(state_[slot] == SlotState::leased);
     state_[slot] = SlotState::free;
     free_.push_back(slot);
-    wake_maintainer = maintenance_wanted_locked();
+    const bool swapped = prepared_ && prepared_->job.slab == slab_of_[slot] && try_swap_locked();
+    wake_maintainer = swapped || maintenance_wanted_locked();
     if (wake_maintainer) ++work_generation_;
   }
   slot_cv_.notify_one();
@@ -345,102 +352,141 @@ bool BufferPool::slab_idle_locked(const Slab& slab) const {
   return true;
 }
 
-std::optional<BufferPool::Job> BufferPool::next_job_locked() const {
+std::optional<BufferPool::Job> BufferPool::next_job_locked(bool idle_only) const {
+  std::optional<Job> busy;  // a wanted move of a busy slab, if no idle one is wanted
+  const auto consider = [&](std::size_t i, bool to_pinned, const char* reason) -> std::optional<Job> {
+    if (prepared_ && prepared_->job.slab == i) return std::nullopt;
+    if (slab_idle_locked(slabs_[i])) return Job{i, to_pinned, reason};
+    if (!idle_only && !busy) busy = Job{i, to_pinned, reason};
+    return std::nullopt;
+  };
   if (level_ == PressureLevel::critical) {
     std::size_t pinned_slots = 0;
     for (const Slab& s : slabs_) pinned_slots += s.pinned ? s.slot_count : 0;
+    if (prepared_ && !prepared_->job.to_pinned) pinned_slots -= slabs_[prepared_->job.slab].slot_count;
     // Unpin from the back, so the low slots, the ones acquired first, stay pinned longest.
     for (std::size_t i = slabs_.size(); i-- > 0;) {
       const Slab& s = slabs_[i];
-      if (s.pinned && pinned_slots - s.slot_count >= config_.min_pinned_slots && slab_idle_locked(s)) {
-        return Job{i, false, "pressure critical"};
+      if (s.pinned && pinned_slots >= config_.min_pinned_slots + s.slot_count) {
+        if (auto job = consider(i, false, "pressure critical")) return job;
       }
     }
-    return std::nullopt;
+    return busy;
   }
   if (level_ == PressureLevel::normal && config_.pin && Clock::now() >= no_pin_before_) {
     std::uint64_t pinned_bytes = 0;
     for (const Slab& s : slabs_) pinned_bytes += s.pinned ? s.bytes : 0;
+    if (prepared_ && prepared_->job.to_pinned) pinned_bytes += slabs_[prepared_->job.slab].bytes;
     for (std::size_t i = 0; i < slabs_.size(); ++i) {
       const Slab& s = slabs_[i];
-      if (!s.pinned && pinned_bytes + s.bytes <= config_.pinned_budget_bytes && slab_idle_locked(s)) {
-        return Job{i, true, "pressure normal"};
+      if (!s.pinned && pinned_bytes + s.bytes <= config_.pinned_budget_bytes) {
+        if (auto job = consider(i, true, "pressure normal")) return job;
       }
     }
+    return busy;
   }
   return std::nullopt;  // elevated: keep what is pinned, pin nothing new
 }
 
+bool BufferPool::still_wanted_locked(const Job& job) const {
+  const Slab& s = slabs_[job.slab];
+  if (job.to_pinned) return level_ == PressureLevel::normal && config_.pin && !s.pinned;
+  return level_ == PressureLevel::critical && s.pinned && pinned_slots_ >= config_.min_pinned_slots + s.slot_count;
+}
+
+bool BufferPool::try_swap_locked() {
+  if (!prepared_ || !slab_idle_locked(slabs_[prepared_->job.slab])) return false;
+  // Note [Slot lifetime]: every slot of the slab is free and we hold the
+  // lock, so no lease sees the memory change under it.
+  Prepared p = std::move(*prepared_);
+  prepared_.reset();
+  Slab& slab = slabs_[p.job.slab];
+  retired_.push_back(Retired{slab.data, slab.bytes, slab.owner});
+  slab.data = p.data;
+  slab.owner = p.owner;
+  if (slab.pinned) pinned_slots_ -= slab.slot_count;
+  slab.pinned = p.owner->is_pinned();
+  if (slab.pinned) pinned_slots_ += slab.slot_count;
+  (p.job.to_pinned ? to_pinned_ : to_pageable_) += 1;
+  if (p.job.to_pinned) pin_refusals_in_a_row_ = 0;
+  record_locked(p.job.slab, slab.pinned, p.job.reason);
+  ++work_generation_;  // the maintenance thread frees the old memory
+  return true;
+}
+
+void BufferPool::free_retired(std::unique_lock<std::mutex>& lock) {
+  if (retired_.empty()) return;
+  std::vector<Retired> batch;
+  batch.swap(retired_);
+  lock.unlock();
+  for (const Retired& r : batch) r.owner->deallocate(r.data, r.bytes, page_size());
+  lock.lock();
+}
+
 void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
-  Slab& slab = slabs_[job.slab];
-  // Take the slab's slots off the free list: nobody can lease them while the
-  // memory under them changes (Note [Slot lifetime]).
-  for (std::size_t k = 0; k < slab.slot_count; ++k) state_[slab.first_slot + k] = SlotState::moving;
-  free_.erase(std::remove_if(free_.begin(), free_.end(),
-                             [&](std::size_t s) { return state_[s] == SlotState::moving; }),
-              free_.end());
   moving_ = true;
   HostResource& target = job.to_pinned ? pinned_resource_ : pageable_resource_;
-  const std::size_t bytes = slab.bytes;
+  const std::size_t bytes = slabs_[job.slab].bytes;
   lock.unlock();
 
+  // The slow part (mmap, faulting, pinning at 1-2 GB/s) runs with no lock
+  // held and no slot taken: the slab stays in use meanwhile.
   std::byte* fresh = nullptr;
   std::string failure;
   try {
     fresh = static_cast<std::byte*>(target.allocate(bytes, page_size()));
   } catch (const OutOfMemory& e) {
     failure = e.reason();
-    pinfeed::detail::log().warn("buffer pool: moving slab {} to {} memory failed: {}", job.slab,
-                                job.to_pinned ? "pinned" : "pageable", e.what());
+    pinfeed::detail::log().warn("buffer pool: preparing {} memory for slab {} failed: {}",
+                                job.to_pinned ? "pinned" : "pageable", job.slab, e.what());
   }
 
   lock.lock();
-  std::byte* old = nullptr;
-  HostResource* old_owner = nullptr;
-  if (fresh != nullptr) {
-    old = slab.data;
-    old_owner = slab.owner;
-    slab.data = fresh;
-    slab.owner = &target;
-    if (slab.pinned) pinned_slots_ -= slab.slot_count;
-    slab.pinned = target.is_pinned();
-    if (slab.pinned) pinned_slots_ += slab.slot_count;
-    (job.to_pinned ? to_pinned_ : to_pageable_) += 1;
-    if (job.to_pinned) pin_refusals_in_a_row_ = 0;
-    record_locked(job.slab, job.to_pinned, job.reason);
-    pinfeed::detail::log().info("buffer pool: slab {} ({} slots, {}) is now {} ({})", job.slab, slab.slot_count,
-                                format_bytes(bytes), slab.pinned ? "pinned" : "pageable", job.reason);
-  } else {
+  moving_ = false;
+  if (fresh == nullptr) {
     if (job.to_pinned) {
       ++failed_pins_;
       back_off_pinning_locked();  // a refusing resource is not hammered; a new "normal" resets it
     }
-    record_locked(job.slab, slab.pinned, fmt::format("{} failed: {}", job.reason, failure), false);
+    record_locked(job.slab, slabs_[job.slab].pinned, fmt::format("{} failed: {}", job.reason, failure), false);
+    return;
   }
-  for (std::size_t k = 0; k < slab.slot_count; ++k) {
-    state_[slab.first_slot + k] = SlotState::free;
-    free_.push_back(slab.first_slot + k);
+  if (!still_wanted_locked(job)) {  // the level changed while we prepared
+    retired_.push_back(Retired{fresh, bytes, &target});
+    return;
   }
-  moving_ = false;
-  lock.unlock();
-  slot_cv_.notify_all();
-  if (old != nullptr) old_owner->deallocate(old, bytes, page_size());
-  lock.lock();
+  prepared_ = Prepared{job, fresh, &target};
+  if (try_swap_locked()) {
+    lock.unlock();
+    slot_cv_.notify_all();
+    lock.lock();
+  }
+  pinfeed::detail::log().info("buffer pool: slab {} ({}) {} {} memory ({})", job.slab, format_bytes(bytes),
+                              prepared_ ? "will move, once idle, to" : "moved to", job.to_pinned ? "pinned" : "pageable",
+                              job.reason);
 }
 
 void BufferPool::maintain(const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
-    if (const auto job = next_job_locked()) {
-      run_job(lock, *job);
+    free_retired(lock);
+    if (prepared_ && !still_wanted_locked(prepared_->job)) {
+      retired_.push_back(Retired{prepared_->data, slabs_[prepared_->job.slab].bytes, prepared_->owner});
+      prepared_.reset();
       continue;
+    }
+    if (!prepared_) {
+      if (const auto job = next_job_locked()) {
+        run_job(lock, *job);
+        continue;
+      }
     }
     if (!fenced_.empty()) reclaim_one_fenced(lock, std::chrono::microseconds(0));
     idle_cv_.notify_all();
     const std::uint64_t seen = work_generation_;
     const auto pred = [&] { return work_generation_ != seen; };
     // Fences are polled; a pin back-off ends at a known time; everything
-    // else (pressure changes, releases that matter) bumps the generation.
+    // else (pressure changes, releases that matter, swaps) bumps the generation.
     std::optional<Clock::time_point> wake;
     if (!fenced_.empty()) wake = Clock::now() + std::chrono::milliseconds(5);
     if (level_ == PressureLevel::normal && config_.pin && pinned_slots_ < config_.slots && no_pin_before_ > Clock::now()) {
@@ -452,11 +498,15 @@ void BufferPool::maintain(const std::stop_token& stop) {
       work_cv_.wait(lock, stop, pred);
     }
   }
+  free_retired(lock);
 }
 
 bool BufferPool::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  return idle_cv_.wait_for(lock, timeout, [this] { return !moving_ && !next_job_locked(); });
+  return idle_cv_.wait_for(lock, timeout, [this] {
+    return !moving_ && retired_.empty() && (!prepared_ || !slab_idle_locked(slabs_[prepared_->job.slab])) &&
+           !next_job_locked(/*idle_only=*/true);
+  });
 }
 
 PoolStats BufferPool::stats() const {
@@ -474,7 +524,6 @@ PoolStats BufferPool::stats() const {
       case SlotState::free: ++st.free_slots; break;
       case SlotState::leased: ++st.leased_slots; break;
       case SlotState::fenced: ++st.fenced_slots; break;
-      case SlotState::moving: ++st.moving_slots; break;
     }
   }
   st.acquires = acquires_;
@@ -484,6 +533,7 @@ PoolStats BufferPool::stats() const {
   st.to_pinned = to_pinned_;
   st.failed_pins = failed_pins_;
   st.level = level_;
+  st.pending_slots = prepared_ ? slabs_[prepared_->job.slab].slot_count : 0;
   return st;
 }
 

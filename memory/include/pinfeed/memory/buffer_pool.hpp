@@ -16,14 +16,18 @@
 //     critical -> idle pinned slabs are replaced by pageable ones, down to
 //                 min_pinned_slots;
 //     normal   -> idle pageable slabs are pinned again, within the budget.
-//   The monitor owns the hold time before "normal" is announced. Transitions
-//   run on the pool's own maintenance thread, never under the pool lock and
-//   never on the acquire/release path; each is counted and logged.
+//   The monitor owns the hold time before "normal" is announced. The pool's
+//   maintenance thread prepares the replacement memory (allocates, faults in
+//   and pins or not) off the lock; the swap itself is a pointer exchange made
+//   under the lock at the moment the slab is idle: at once if it is, or by the
+//   release that frees its last slot. So a busy loader, whose slots are never
+//   all idle at once, still moves slab by slab, and nothing on the acquire or
+//   release path allocates, pins or frees. Each transition is counted and logged.
 //
 // Note [Slot lifetime]: a slot handed out in a lease is never moved, unpinned
 // or freed until the lease is dropped and, if release_after() was used, its
-// fence is ready. Transitions only touch slabs whose every slot is free; they
-// take those slots off the free list for the duration.
+// fence is ready. A slab's memory is swapped only under the pool lock while
+// every one of its slots is free, so no lease can see the change.
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -97,7 +101,8 @@ struct PoolStats {
   std::size_t slabs = 0;
   std::size_t pinned_slots = 0, pageable_slots = 0;
   std::uint64_t pinned_bytes = 0, pageable_bytes = 0;
-  std::size_t free_slots = 0, leased_slots = 0, fenced_slots = 0, moving_slots = 0;
+  std::size_t free_slots = 0, leased_slots = 0, fenced_slots = 0;
+  std::size_t pending_slots = 0;            ///< slots of a slab whose replacement is ready, waiting for it to go idle
   std::uint64_t acquires = 0;
   std::uint64_t acquire_waits = 0;          ///< acquires that found no free slot
   double acquire_wait_seconds = 0;          ///< total time spent waiting
@@ -160,7 +165,7 @@ class BufferPool {
 
  private:
   friend class SlotLease;
-  enum class SlotState : std::uint8_t { free, leased, fenced, moving };
+  enum class SlotState : std::uint8_t { free, leased, fenced };
   struct Slab {
     std::byte* data = nullptr;
     std::size_t bytes = 0;
@@ -178,6 +183,16 @@ class BufferPool {
     bool to_pinned;
     std::string reason;
   };
+  struct Prepared {  // replacement memory waiting for its slab to go idle
+    Job job;
+    std::byte* data;
+    HostResource* owner;
+  };
+  struct Retired {  // memory swapped out, freed by the maintenance thread
+    std::byte* data;
+    std::size_t bytes;
+    HostResource* owner;
+  };
   using Clock = std::chrono::steady_clock;
 
   std::optional<SlotLease> acquire_until(std::optional<Clock::time_point> deadline, const std::stop_token& stop);
@@ -189,7 +204,11 @@ class BufferPool {
   void free_all_slabs() noexcept;
   void maintain(const std::stop_token& stop);
   void run_job(std::unique_lock<std::mutex>& lock, const Job& job);
-  [[nodiscard]] std::optional<Job> next_job_locked() const;
+  bool try_swap_locked();
+  [[nodiscard]] bool still_wanted_locked(const Job& job) const;
+  void free_retired(std::unique_lock<std::mutex>& lock);
+  /// The next slab to move; idle slabs first; with idle_only, only those.
+  [[nodiscard]] std::optional<Job> next_job_locked(bool idle_only = false) const;
   [[nodiscard]] bool slab_idle_locked(const Slab& slab) const;
   /// Whether the current level asks for any slab to change (cheap: a few
   /// compares), so a plain release does not wake the maintenance thread.
@@ -213,7 +232,9 @@ class BufferPool {
   std::deque<Fenced> fenced_;
   bool cancelled_ = false;
   PressureLevel level_ = PressureLevel::normal;
-  bool moving_ = false;                   // a transition is in progress
+  bool moving_ = false;                   // replacement memory is being prepared
+  std::optional<Prepared> prepared_;      // ready, waiting for its slab to be idle
+  std::vector<Retired> retired_;          // swapped out, to be freed off the lock
   std::size_t pinned_slots_ = 0;          // slots in pinned slabs
   std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
   Clock::time_point no_pin_before_{};

@@ -1,0 +1,245 @@
+// The Loader end to end: real JPEGs through the flow graph into pool slots.
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "fixtures.hpp"
+#include "image_fixtures.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/loader.hpp"
+
+namespace pinfeed::loader {
+namespace {
+
+struct Collected {
+  std::vector<std::size_t> indices;
+  std::vector<std::int64_t> labels;
+  std::vector<std::vector<std::byte>> data;  // per batch
+  std::vector<std::size_t> sizes;
+  std::size_t pinned = 0, pageable = 0, replaced = 0;
+};
+
+Collected drain(Loader& loader) {
+  Collected c;
+  for (Batch& b : loader) {
+    c.indices.insert(c.indices.end(), b.indices().begin(), b.indices().end());
+    c.labels.insert(c.labels.end(), b.labels().begin(), b.labels().end());
+    c.data.emplace_back(b.data().begin(), b.data().end());
+    c.sizes.push_back(b.size());
+    (b.pinned() ? c.pinned : c.pageable) += 1;
+    c.replaced += b.replaced();
+  }
+  return c;
+}
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { spdlog::set_level(spdlog::level::warn); }
+  LoaderConfig config(const std::string& dataset) const {
+    LoaderConfig c;
+    c.dataset = dataset;
+    c.list_root = dir_.path();
+    c.batch_size = 4;
+    c.prefetch = 2;
+    c.threads = 2;
+    c.seed = 5;
+    c.transform.size = 32;
+    c.watch_pressure = false;
+    return c;
+  }
+  testing::TempDir dir_;
+  testing::SmallDataset data_ = testing::make_small_dataset(dir_.path(), 3, 5);  // 15 images
+};
+
+TEST_F(LoaderTest, DeliversTheSamplersOrderInFullBatchesAndOneMarkedPartialBatch) {
+  Loader loader(config(data_.folder.string()));
+  ASSERT_EQ(loader.batches_per_epoch(), 4U);
+  loader.begin_epoch(0);
+  const Collected c = drain(loader);
+  EXPECT_EQ(c.sizes, (std::vector<std::size_t>{4, 4, 4, 3})) << "15 samples: the last batch says it holds 3";
+  EXPECT_EQ(c.indices, DistributedSampler({15, 0, 1, true, false, 5}).indices(0));
+  for (std::size_t i = 0; i < c.indices.size(); ++i) EXPECT_EQ(c.labels[i], loader.dataset().label(c.indices[i]));
+  EXPECT_EQ(c.pinned, 4U) << "root may pin: every slot is pinned";
+  EXPECT_EQ(c.data[0].size(), 4 * 3 * 32 * 32 * sizeof(float));
+  const LoaderStats st = loader.stats();
+  EXPECT_EQ(st.samples, 15U);
+  EXPECT_GT(st.decode_seconds, 0.0);
+  EXPECT_EQ(st.pool.free_slots, 2U) << "every slot came back";
+}
+
+TEST_F(LoaderTest, BatchesAreByteIdenticalWithOneThreadOrMany) {
+  // One loader at a time: TBB's thread limit is the least any live loader asks for.
+  const auto run = [&](unsigned threads, std::size_t prefetch) {
+    auto cfg = config(data_.folder.string());
+    cfg.threads = threads;
+    cfg.prefetch = prefetch;
+    Loader loader(cfg);
+    loader.begin_epoch(2);
+    return drain(loader);
+  };
+  const Collected ca = run(1, 2), cb = run(4, 3);
+  EXPECT_EQ(ca.indices, cb.indices);
+  EXPECT_EQ(ca.data, cb.data);
+}
+
+TEST_F(LoaderTest, FolderListAndShardsGiveTheSameBatches) {
+  Loader folder(config(data_.folder.string())), list(config(data_.list.string())), shards(config(data_.shards));
+  folder.begin_epoch(1);
+  list.begin_epoch(1);
+  shards.begin_epoch(1);
+  const Collected a = drain(folder), b = drain(list), c = drain(shards);
+  EXPECT_EQ(a.labels, b.labels);
+  EXPECT_EQ(a.labels, c.labels);
+  EXPECT_EQ(a.data, b.data);
+  EXPECT_EQ(a.data, c.data);
+}
+
+TEST_F(LoaderTest, ResumingGivesExactlyTheRestOfTheEpoch) {
+  auto cfg = config(data_.folder.string());
+  cfg.transform.layout = Layout::nhwc_u8;
+  Loader whole(cfg);
+  whole.begin_epoch(3);
+  const Collected all = drain(whole);
+
+  LoaderState saved;
+  {
+    Loader first(cfg);
+    first.begin_epoch(3);
+    auto b0 = first.next();
+    auto b1 = first.next();
+    ASSERT_TRUE(b0 && b1);
+    saved = first.state();
+    EXPECT_EQ(saved.position, 8U);
+  }  // destroyed mid-epoch: threads joined, slots returned
+  Loader second(cfg);
+  second.restore(saved);
+  const Collected rest = drain(second);
+  ASSERT_EQ(rest.data.size(), 2U);
+  EXPECT_EQ(rest.data[0], all.data[2]);
+  EXPECT_EQ(rest.data[1], all.data[3]);
+  EXPECT_EQ(std::vector<std::size_t>(all.indices.begin() + 8, all.indices.end()), rest.indices);
+
+  LoaderState wrong = saved;
+  wrong.seed = 99;
+  EXPECT_THROW(second.restore(wrong), ConfigError);
+}
+
+TEST_F(LoaderTest, ShardsAcrossRanksCoverTheDatasetWithEqualBatchCounts) {
+  std::map<std::size_t, int> seen;
+  std::size_t batches = 0;
+  for (unsigned rank = 0; rank < 4; ++rank) {
+    auto cfg = config(data_.folder.string());
+    cfg.rank = rank;
+    cfg.world_size = 4;
+    Loader loader(cfg);
+    loader.begin_epoch(0);
+    const Collected c = drain(loader);
+    if (rank == 0) batches = c.sizes.size();
+    EXPECT_EQ(c.sizes.size(), batches) << "every rank yields as many batches";
+    for (const auto i : c.indices) ++seen[i];
+  }
+  EXPECT_EQ(seen.size(), 15U);
+}
+
+/// A file list mixing good images with every kind of bad file.
+std::filesystem::path corrupt_list(const testing::TempDir& dir, const testing::SmallDataset& data) {
+  const auto bad = dir.path() / "bad";
+  std::filesystem::create_directories(bad / "a_directory.jpg");
+  std::ifstream in(data.folder / "class00/img000.jpg", std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto as_bytes = [](const std::vector<char>& v) { return std::as_bytes(std::span(v)); };
+  testing::write_bytes(bad / "truncated.jpg", as_bytes(std::vector<char>(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 3))));
+  testing::write_bytes(bad / "zero.jpg", {});
+  testing::write_bytes(bad / "random.jpg", as_bytes(std::vector<char>(3000, 'q')));
+  testing::write_bytes(bad / "png.jpg", as_bytes(std::vector<char>{'\x89', 'P', 'N', 'G', '\r', '\n', '\x1a', '\n', 0, 0}));
+  std::vector<char> huge = bytes;
+  for (std::size_t i = 0; i + 8 < huge.size(); ++i) {
+    if (huge[i] == '\xff' && huge[i + 1] == '\xc0') {
+      huge[i + 5] = '\xea', huge[i + 6] = '\x60', huge[i + 7] = '\xea', huge[i + 8] = '\x60';
+      break;
+    }
+  }
+  testing::write_bytes(bad / "huge.jpg", as_bytes(huge));
+  const auto list = dir.path() / "corrupt.txt";
+  std::ofstream out(list);
+  int n = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(data.folder)) {
+    if (entry.is_regular_file()) out << std::filesystem::relative(entry.path(), dir.path()).string() << " " << (n++ % 3) << "\n";
+  }
+  for (const char* name : {"truncated.jpg", "zero.jpg", "random.jpg", "png.jpg", "huge.jpg", "a_directory.jpg", "missing.jpg"}) {
+    out << "bad/" << name << " 1\n";
+  }
+  return list;
+}
+
+TEST_F(LoaderTest, BadSamplesAreReplacedDeterministicallyAndCounted) {
+  auto cfg = config(corrupt_list(dir_, data_).string());
+  cfg.shuffle = false;
+  Loader loader(cfg);
+  loader.begin_epoch(0);
+  const Collected c = drain(loader);
+  EXPECT_EQ(c.sizes, (std::vector<std::size_t>{4, 4, 4, 4, 4, 2})) << "22 entries, every batch full but the last";
+  EXPECT_EQ(c.replaced, 7U) << "the 7 bad entries were each replaced";
+  EXPECT_EQ(loader.stats().replaced, 7U);
+  for (const auto i : c.indices) EXPECT_LT(i, 15U) << "substitutes are good samples of this shard";
+  Loader again(cfg);
+  again.begin_epoch(0);
+  EXPECT_EQ(drain(again).indices, c.indices) << "substitutes are deterministic";
+}
+
+TEST_F(LoaderTest, TheFailPolicyStopsWithAnErrorNamingTheFile) {
+  auto cfg = config(corrupt_list(dir_, data_).string());
+  cfg.shuffle = false;
+  cfg.on_bad_sample = BadSamplePolicy::fail;
+  Loader loader(cfg);
+  loader.begin_epoch(0);
+  try {
+    while (loader.next()) {
+    }
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.path().string().find("bad/"), std::string::npos) << e.what();
+  }
+  loader.begin_epoch(1);  // the loader is usable again
+  EXPECT_THROW(while (loader.next()) {}, DataError);
+}
+
+TEST_F(LoaderTest, PressureMidEpochSwitchesSlotsWithoutLosingASample) {
+  auto cfg = config(data_.folder.string());
+  cfg.prefetch = 2;
+  cfg.batch_size = 2;
+  Loader loader(cfg);
+  loader.begin_epoch(0);
+  std::vector<std::size_t> indices;
+  std::size_t pinned = 0, pageable = 0, n = 0;
+  while (auto b = loader.next()) {
+    indices.insert(indices.end(), b->indices().begin(), b->indices().end());
+    (b->pinned() ? pinned : pageable) += 1;
+    if (++n == 2) loader.pool().on_pressure(memory::PressureLevel::critical);
+    if (n == 5) loader.pool().on_pressure(memory::PressureLevel::normal);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the maintenance thread move idle slabs
+  }
+  EXPECT_EQ(indices, DistributedSampler({15, 0, 1, true, false, 5}).indices(0)) << "nothing lost or repeated";
+  EXPECT_GT(pinned, 0U);
+  EXPECT_GT(pageable, 0U) << "batches kept flowing from pageable slots under pressure";
+  EXPECT_GE(loader.pool().stats().to_pageable, 1U);
+}
+
+TEST_F(LoaderTest, RejectsBadConfigAndMissingData) {
+  auto cfg = config(data_.folder.string());
+  cfg.batch_size = 0;
+  EXPECT_THROW(Loader{cfg}, ConfigError);
+  cfg = config((dir_.path() / "nowhere").string());
+  EXPECT_THROW(Loader{cfg}, DataError);
+  cfg = config(data_.folder.string());
+  cfg.transform.size = 2;
+  EXPECT_THROW(Loader{cfg}, ConfigError);
+  Loader loader(config(data_.folder.string()));
+  EXPECT_THROW((void)loader.next(), ConfigError) << "next() before begin_epoch()";
+}
+
+}  // namespace
+}  // namespace pinfeed::loader
