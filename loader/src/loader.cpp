@@ -119,19 +119,15 @@ struct EpochRun {
     cv.notify_all();
   }
 
-  // A Batch returns its token from the user's thread. The put runs as a task
-  // in the arena, registered with the graph (reserve_wait) so stop()'s
-  // wait_for_all covers it; token_mutex orders it against stop() setting
-  // `stopping`, so no put can start after the run is torn down.
+  // A Batch returns its token from the user's thread. try_put from outside
+  // the arena is allowed: the tasks it spawns go to the graph's arena and
+  // count for wait_for_all. token_mutex orders it against stop() setting
+  // `stopping`, so no put can start once a stop has begun.
   std::mutex token_mutex;
   void return_token() {
     const std::scoped_lock lock(token_mutex);
     if (stopping.load()) return;
-    graph->reserve_wait();
-    arena->enqueue([this] {
-      tokens->try_put(Token{});
-      graph->release_wait();
-    });
+    tokens->try_put(Token{});
   }
 
   void begin_stop() {

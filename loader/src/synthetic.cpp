@@ -55,15 +55,17 @@ std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, st
   const double phase = rng.uniform(0, 2 * std::numbers::pi);
   const double fx = freq * std::cos(angle), fy = freq * std::sin(angle);
   const std::array<double, 3> base{127 + 80 * std::cos(hue), 127 + 80 * std::cos(hue - 2.094), 127 + 80 * std::cos(hue + 2.094)};
-  ValueNoise coarse(rng, width, height, 48), medium(rng, width, height, 12), fine(rng, width, height, 3);
+  ValueNoise coarse(rng, width, height, 48), medium(rng, width, height, 12), fine(rng, width, height, 2);
   std::vector<std::uint8_t> rgb(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3);
   std::size_t o = 0;
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) {
       const double grating = std::sin(fx * x + fy * y + phase);
-      const double n = 45 * coarse.at(x, y) + 25 * medium.at(x, y) + 14 * fine.at(x, y);
+      const double n = 45 * coarse.at(x, y) + 30 * medium.at(x, y) + 30 * fine.at(x, y);
+      // Film-like grain, mostly in luma (what 4:2:0 keeps), a little in chroma.
+      const double luma_grain = static_cast<double>(static_cast<int>(rng.below(61)) - 30);
       for (int c = 0; c < 3; ++c) {
-        const double grain = static_cast<double>(static_cast<int>(rng.below(25)) - 12);
+        const double grain = luma_grain + static_cast<double>(static_cast<int>(rng.below(13)) - 6);
         const double v = base[static_cast<std::size_t>(c)] * (0.75 + 0.25 * grating) + n * (0.6 + 0.2 * c) + grain;
         rgb[o++] = static_cast<std::uint8_t>(std::clamp(v, 0.0, 255.0));
       }

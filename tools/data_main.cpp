@@ -1,0 +1,120 @@
+// pinfeed-data: make a synthetic ImageNet-like JPEG set, pack an ImageFolder
+// into tar shards, scan a dataset for files that will not decode. Parsing and
+// printing only; the work is in pinfeed::loader (dataset_tools.hpp).
+//
+// Exit codes: 0 done (scan: no bad file); 1 an error (named) or, for scan,
+// bad files were found; 2 bad flags.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/dataset_tools.hpp"
+#include "pinfeed/units.hpp"
+
+namespace {
+
+namespace pl = pinfeed::loader;
+using json = nlohmann::ordered_json;
+
+/// A progress bar on stderr when it is a terminal, a line per 10% otherwise.
+pl::Progress progress_bar(const std::string& what) {
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  return [what, tty, last = std::size_t{0}](std::size_t done, std::size_t total) mutable {
+    const std::size_t pct = total == 0 ? 100 : done * 100 / total;
+    if (tty) {
+      const std::size_t width = 40, filled = pct * width / 100;
+      fmt::print(stderr, "\r{} [{}{}] {:3}% {}/{}", what, std::string(filled, '#'), std::string(width - filled, '.'), pct,
+                 done, total);
+      if (done == total) fmt::print(stderr, "\n");
+    } else if (pct / 10 != last / 10 || done == total) {
+      fmt::print(stderr, "{}: {}% ({}/{})\n", what, pct, done, total);
+    }
+    last = pct;
+  };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pinfeed-data: make, pack and scan image datasets"};
+  app.set_version_flag("--version", "pinfeed-data 0.1.0");
+  app.require_subcommand(1);
+  app.fallthrough();  // -q works after the subcommand too
+  bool quiet = false;
+  app.add_flag("-q,--quiet", quiet, "no progress output");
+
+  pl::SyntheticDatasetConfig make;
+  auto* mk = app.add_subcommand("make", "write a deterministic synthetic ImageNet-like JPEG set (ImageFolder layout)");
+  mk->add_option("--out", make.out, "output folder (train/ and val/ inside)")->required();
+  mk->add_option("--classes", make.classes, "number of classes")->check(CLI::Range(1, 1000));
+  mk->add_option("--per-class", make.per_class, "images per class")->check(CLI::Range(1, 100000));
+  mk->add_option("--val", make.val_fraction, "share of each class written to val/")->check(CLI::Range(0.0, 0.9));
+  mk->add_option("--seed", make.seed, "seed: the same seed writes the same bytes");
+  mk->add_option("--quality", make.quality, "JPEG quality")->check(CLI::Range(1, 100));
+  mk->add_option("--threads", make.threads, "threads (0: every core)");
+
+  std::string pack_from, pack_out;
+  std::size_t per_shard = 1000;
+  auto* pk = app.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards");
+  pk->add_option("--from", pack_from, "ImageFolder root")->required()->check(CLI::ExistingDirectory);
+  pk->add_option("--out", pack_out, "shard prefix: PREFIX-000000.tar, ...")->required();
+  pk->add_option("--per-shard", per_shard, "samples per shard")->check(CLI::Range(std::size_t{1}, std::size_t{10000000}));
+
+  std::string scan_what;
+  bool scan_json = false;
+  unsigned scan_threads = 0;
+  auto* sc = app.add_subcommand("scan", "decode every sample and report the ones that fail");
+  sc->add_option("dataset", scan_what, "folder, file list, or tar shard pattern")->required();
+  sc->add_flag("--json", scan_json, "print JSON");
+  sc->add_option("--threads", scan_threads, "threads (0: every core)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  spdlog::set_level(spdlog::level::warn);
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    if (*mk) {
+      const auto s = pl::write_synthetic_dataset(make, quiet ? pl::Progress{} : progress_bar("make"));
+      const std::size_t files = s.train_files + s.val_files;
+      fmt::print("wrote {} train + {} val JPEGs, {} classes, {} ({:.0f} KB per file on average) to {} in {:.1f} s\n",
+                 s.train_files, s.val_files, make.classes, pinfeed::format_bytes(s.bytes),
+                 static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(), seconds());
+    } else if (*pk) {
+      const pl::ImageFolder folder(pack_from);
+      const std::string pattern = pl::pack_shards(folder, pack_out, per_shard, quiet ? pl::Progress{} : progress_bar("pack"));
+      fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", folder.size(), folder.num_classes(), pattern, seconds());
+    } else if (*sc) {
+      const auto dataset = pl::open_dataset(scan_what);
+      const auto bad = pl::scan_dataset(*dataset, scan_threads, quiet || scan_json ? pl::Progress{} : progress_bar("scan"));
+      if (scan_json) {
+        json j{{"dataset", dataset->summary()}, {"samples", dataset->size()}, {"bad", json::array()}};
+        for (const auto& b : bad) j["bad"].push_back({{"index", b.index}, {"path", b.where}, {"reason", b.reason}});
+        fmt::print("{}\n", j.dump(2));
+      } else {
+        fmt::print("{}\n", dataset->summary());
+        for (const auto& b : bad) fmt::print("  bad: {}: {}\n", b.where, b.reason);
+        fmt::print("{} of {} samples cannot be used ({:.1f} s)\n", bad.size(), dataset->size(), seconds());
+      }
+      return bad.empty() ? 0 : 1;
+    }
+    return 0;
+  } catch (const pinfeed::ConfigError& e) {
+    fmt::print(stderr, "pinfeed-data: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "pinfeed-data: {}\n", e.what());
+    return 1;
+  }
+}
