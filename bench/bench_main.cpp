@@ -1,0 +1,201 @@
+// pinfeed-bench: loader throughput against the machine's own decode ceiling.
+//
+//   pinfeed-bench loader --data DIR [--batch 64] [--crop random] [--json] ...
+//
+// In one run it measures (1) the decode ceiling: a single-thread, full-size
+// TurboJPEG decode of the same files (read into memory first, so it is the
+// decoder alone), times the thread count; and (2) the pinfeed loader over the
+// dataset with the given transforms, per-stage times, peak RSS and the pool's
+// pinned/pageable bytes. Benchmarks, not tests: numbers go to docs/results.md.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <oneapi/tbb/info.h>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/loader.hpp"
+#include "pinfeed/units.hpp"
+
+namespace {
+
+namespace pl = pinfeed::loader;
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+struct Ceiling {
+  std::size_t files = 0;
+  double single_thread_images_per_s = 0;
+  double megapixels_per_image = 0;
+};
+
+/// Full decode of up to `limit` files, one thread, TurboJPEG's defaults.
+Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit) {
+  const std::size_t n = std::min(limit, data.size());
+  std::vector<std::vector<std::byte>> files(n);
+  // Spread over the dataset (every k-th file) so all classes are represented.
+  const std::size_t stride = std::max<std::size_t>(1, data.size() / n);
+  for (std::size_t i = 0; i < n; ++i) data.read(i * stride, files[i]);
+  tjhandle h = tjInitDecompress();
+  if (h == nullptr) throw pinfeed::Error("TurboJPEG: tjInitDecompress failed");
+  std::vector<unsigned char> out;
+  double pixels = 0;
+  const auto decode_all = [&] {
+    for (const auto& f : files) {
+      int w = 0, hgt = 0, ss = 0, cs = 0;
+      const auto* src = reinterpret_cast<const unsigned char*>(f.data());
+      if (tjDecompressHeader3(h, src, f.size(), &w, &hgt, &ss, &cs) != 0) continue;
+      out.resize(static_cast<std::size_t>(w) * static_cast<std::size_t>(hgt) * 3);
+      tjDecompress2(h, src, f.size(), out.data(), w, 0, hgt, TJPF_RGB, 0);
+      pixels += static_cast<double>(w) * hgt;
+    }
+  };
+  decode_all();  // warm caches
+  pixels = 0;
+  const auto t0 = Clock::now();
+  decode_all();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  tjDestroy(h);
+  return Ceiling{n, static_cast<double>(n) / s, pixels / static_cast<double>(n) / 1e6};
+}
+
+int run_loader_bench(pl::LoaderConfig config, std::size_t epochs, std::size_t ceiling_files, bool as_json) {
+  const unsigned threads = config.threads != 0 ? config.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
+  const auto dataset = pl::open_dataset(config.dataset, config.list_root);
+  const Ceiling ceiling = decode_ceiling(*dataset, ceiling_files);
+  const double ceiling_rate = ceiling.single_thread_images_per_s * threads;
+
+  pl::Loader loader(config);
+  // Warm-up: one pass over a few batches (page cache, pool, scratch buffers).
+  loader.begin_epoch(1000);
+  for (int i = 0; i < 3 && loader.next(); ++i) {
+  }
+  std::size_t images = 0, batches = 0, pinned = 0;
+  double seconds = 0, read_s = 0, decode_s = 0, transform_s = 0;
+  std::uint64_t replaced = 0;
+  for (std::size_t e = 0; e < epochs; ++e) {
+    const auto t0 = Clock::now();
+    loader.begin_epoch(e);
+    while (auto b = loader.next()) {
+      images += b->size();
+      ++batches;
+      pinned += b->pinned() ? 1U : 0U;
+    }
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const pl::LoaderStats st = loader.stats();
+    read_s += st.read_seconds;
+    decode_s += st.decode_seconds;
+    transform_s += st.transform_seconds;
+    replaced += st.replaced;
+  }
+  const pl::LoaderStats st = loader.stats();
+  const double rate = static_cast<double>(images) / seconds;
+  const double out_mb_s = rate * static_cast<double>(config.transform.sample_bytes()) / 1e6;
+  const auto per_image_us = [&](double s) { return s / static_cast<double>(images) * 1e6; };
+
+  json j;
+  j["dataset"] = dataset->summary();
+  j["config"] = {{"batch", config.batch_size},       {"threads", threads},
+                 {"prefetch", config.prefetch},      {"crop", pl::to_string(config.transform.crop)},
+                 {"size", config.transform.size},    {"layout", pl::to_string(config.transform.layout)},
+                 {"roi_decode", config.transform.roi_decode}, {"dct_scaling", config.transform.dct_scaling},
+                 {"epochs", epochs}};
+  j["loader"] = {{"images", images},
+                 {"seconds", seconds},
+                 {"images_per_s", rate},
+                 {"output_mb_per_s", out_mb_s},
+                 {"per_image_us", {{"read", per_image_us(read_s)}, {"decode", per_image_us(decode_s)}, {"transform", per_image_us(transform_s)}}},
+                 {"replaced", replaced},
+                 {"pinned_batches", pinned},
+                 {"batches", batches}};
+  j["ceiling"] = {{"files", ceiling.files},
+                  {"megapixels_per_image", ceiling.megapixels_per_image},
+                  {"single_thread_images_per_s", ceiling.single_thread_images_per_s},
+                  {"threads", threads},
+                  {"images_per_s", ceiling_rate}};
+  j["ratio_to_ceiling"] = rate / ceiling_rate;
+  j["memory"] = {{"peak_rss_mib", peak_rss_mib()},
+                 {"pool_pinned_bytes", st.pool.pinned_bytes},
+                 {"pool_pageable_bytes", st.pool.pageable_bytes},
+                 {"pool_slots", st.pool.slots},
+                 {"slot_bytes", st.pool.slot_bytes}};
+  if (as_json) {
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("pinfeed-bench loader: {}\n", dataset->summary());
+  fmt::print("  config: batch {} threads {} prefetch {} crop {} size {} layout {}{}{}\n", config.batch_size, threads,
+             config.prefetch, pl::to_string(config.transform.crop), config.transform.size,
+             pl::to_string(config.transform.layout), config.transform.roi_decode ? "" : " no-roi",
+             config.transform.dct_scaling ? "" : " no-dct-scale");
+  fmt::print("  {:<34} {:>10.1f} images/s  {:>8.1f} MB/s out  ({} images in {:.2f} s)\n", "pinfeed loader", rate, out_mb_s,
+             images, seconds);
+  fmt::print("  {:<34} {:>10.1f} images/s  ({:.1f}/s x {} threads, {} files, {:.2f} MP each)\n",
+             "decode ceiling (full TurboJPEG)", ceiling_rate, ceiling.single_thread_images_per_s, threads, ceiling.files,
+             ceiling.megapixels_per_image);
+  fmt::print("  {:<34} {:>10.2f}x\n", "loader / ceiling", rate / ceiling_rate);
+  fmt::print("  per image, summed over threads: read {:.0f} us, decode {:.0f} us, transform {:.0f} us\n",
+             per_image_us(read_s), per_image_us(decode_s), per_image_us(transform_s));
+  fmt::print("  peak RSS {:.0f} MiB; pool {} slots x {}: {} pinned, {} pageable; {} of {} batches pinned; {} replaced\n",
+             peak_rss_mib(), st.pool.slots, pinfeed::format_bytes(st.pool.slot_bytes), pinfeed::format_bytes(st.pool.pinned_bytes),
+             pinfeed::format_bytes(st.pool.pageable_bytes), pinned, batches, replaced);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pinfeed-bench: loader throughput against the decode ceiling"};
+  app.require_subcommand(1);
+  pl::LoaderConfig config;
+  config.watch_pressure = true;
+  std::size_t epochs = 1, ceiling_files = 200;
+  bool as_json = false, no_roi = false, no_dct = false;
+  std::string crop = "random", layout = "nchw-f32";
+  auto* ld = app.add_subcommand("loader", "images/s of the loader and of a bare full decode, same files, same run");
+  ld->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
+  ld->add_option("--batch", config.batch_size, "batch size")->check(CLI::Range(1, 65536));
+  ld->add_option("--threads", config.threads, "worker threads (0: every core)");
+  ld->add_option("--prefetch", config.prefetch, "batches in flight")->check(CLI::Range(1, 256));
+  ld->add_option("--crop", crop, "random (RandomResizedCrop), center (Resize+CenterCrop), full")
+      ->check(CLI::IsMember({"random", "center", "full"}));
+  ld->add_option("--size", config.transform.size, "output size")->check(CLI::Range(8, 4096));
+  ld->add_option("--layout", layout, "nchw-f32 (normalized) or nhwc-u8")->check(CLI::IsMember({"nchw-f32", "nhwc-u8"}));
+  ld->add_option("--epochs", epochs, "measured epochs")->check(CLI::Range(1, 1000));
+  ld->add_option("--ceiling-files", ceiling_files, "files decoded for the ceiling")->check(CLI::Range(1, 100000));
+  ld->add_flag("--no-roi", no_roi, "decode whole images, crop in memory (to measure ROI decoding)");
+  ld->add_flag("--no-dct-scale", no_dct, "never decode at 1/2, 1/4, 1/8 (to measure DCT scaling)");
+  ld->add_flag("--json", as_json, "print JSON");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  spdlog::set_level(spdlog::level::warn);
+  try {
+    config.transform.crop = pl::parse_crop_mode(crop);
+    config.transform.layout = pl::parse_layout(layout);
+    config.transform.roi_decode = !no_roi;
+    config.transform.dct_scaling = !no_dct;
+    return run_loader_bench(config, epochs, ceiling_files, as_json);
+  } catch (const pinfeed::ConfigError& e) {
+    fmt::print(stderr, "pinfeed-bench: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "pinfeed-bench: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# pinfeed and PyTorch's DataLoader side by side, same files, same transforms,
+# same run:   bench/peers/compare.sh DATASET_DIR [random|center] [batch]
+# Installs Debian's python3-torch and python3-torchvision if missing (large:
+# a few hundred MB), builds the release preset if needed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+data=${1:?usage: bench/peers/compare.sh DATASET_DIR [random|center] [batch]}
+crop=${2:-random}
+batch=${3:-64}
+
+if ! dpkg-query -W -f='${Status}' python3-torchvision 2>/dev/null | grep -q "install ok installed"; then
+  sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-torch python3-torchvision >/dev/null
+fi
+[[ -x build/release/bench/pinfeed-bench ]] || { bash scripts/install-deps.sh; cmake --preset release >/dev/null; cmake --build --preset release; }
+
+build/release/bench/pinfeed-bench loader --data "$data" --crop "$crop" --batch "$batch"
+/usr/bin/python3 bench/peers/torch_dataloader.py --data "$data" --crop "$crop" --batch "$batch"

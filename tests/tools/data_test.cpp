@@ -1,0 +1,101 @@
+// pinfeed-data and pinfeed-bench end to end: the real binaries on data they make.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fixtures.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+Result run(const std::string& binary, const std::string& args) {
+  pinfeed::testing::TempDir tmp;
+  const auto out = tmp.path() / "out", err = tmp.path() / "err";
+  const int status = std::system((binary + " " + args + " >" + out.string() + " 2>" + err.string()).c_str());
+  Result r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream o(out), e(err);
+  std::stringstream so, se;
+  so << o.rdbuf();
+  se << e.rdbuf();
+  r.out = so.str();
+  r.err = se.str();
+  return r;
+}
+
+Result data(const std::string& args) { return run(PINFEED_DATA, args); }
+
+TEST(DataToolTest, MakeScanPackScanAgain) {
+  pinfeed::testing::TempDir dir;
+  const auto root = dir.path() / "set";
+  Result r = data("-q make --out " + root.string() + " --classes 3 --per-class 10 --val 0.2 --seed 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("24 train + 6 val"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(root / "train/class_002/000007.jpg"));
+  EXPECT_TRUE(std::filesystem::exists(root / "val/class_002/000009.jpg"));
+
+  r = data("scan --json " + (root / "train").string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["samples"], 24);
+  EXPECT_TRUE(json::parse(r.out)["bad"].empty());
+
+  r = data("-q pack --from " + (root / "train").string() + " --out " + (dir.path() / "shards/train").string() + " --per-shard 10");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("train-{000000..000002}.tar"), std::string::npos) << r.out;
+  r = data("scan --json '" + (dir.path() / "shards/train-{000000..000002}.tar").string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["samples"], 24);
+}
+
+TEST(DataToolTest, ScanNamesEveryBadFileAndExitsOne) {
+  pinfeed::testing::TempDir dir;
+  const auto root = dir.path() / "set";
+  ASSERT_EQ(data("-q make --out " + root.string() + " --classes 2 --per-class 4").rc, 0);
+  const auto victim = root / "train/class_001/000002.jpg";
+  std::filesystem::resize_file(victim, std::filesystem::file_size(victim) / 2);
+  pinfeed::testing::write_file(root / "train/class_000/fake.jpg", "not a jpeg at all");
+  const Result r = data("scan --json " + (root / "train").string());
+  EXPECT_EQ(r.rc, 1);
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["bad"].size(), 2U);
+  std::string all = j["bad"].dump();
+  EXPECT_NE(all.find("000002.jpg"), std::string::npos);
+  EXPECT_NE(all.find("fake.jpg"), std::string::npos);
+  EXPECT_NE(all.find("not a JPEG"), std::string::npos);
+}
+
+TEST(DataToolTest, BadFlagsExitTwo) {
+  for (const char* args : {"", "make", "make --out /tmp/x --classes 0", "make --out /tmp/x --quality 101", "pack --from /nonexistent --out x",
+                           "frobnicate"}) {
+    const Result r = data(args);
+    EXPECT_EQ(r.rc, 2) << args;
+    EXPECT_FALSE(r.err.empty() && r.out.empty()) << args;
+  }
+  EXPECT_EQ(data("scan /nonexistent-dataset").rc, 1) << "a missing dataset is a named error";
+}
+
+TEST(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
+  pinfeed::testing::TempDir dir;
+  ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
+  const Result r = run(PINFEED_BENCH, "loader --data " + (dir.path() / "set/train").string() +
+                                          " --batch 4 --size 32 --threads 2 --ceiling-files 8 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["loader"]["images"], 16);
+  EXPECT_GT(j["loader"]["images_per_s"].get<double>(), 0);
+  EXPECT_GT(j["ceiling"]["single_thread_images_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["memory"]["pool_slots"], 4);
+  EXPECT_EQ(run(PINFEED_BENCH, "loader --data /nonexistent").rc, 1);
+  EXPECT_EQ(run(PINFEED_BENCH, "loader --data x --crop diagonal").rc, 2);
+}
+
+}  // namespace
