@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job: set up, build, and run pinfeed on this machine.
-# For now (memory module): the host report with a planned pinned pool, a few
-# seconds of live pressure watching with a real pool, and the memory
-# benchmarks. Later modules extend this into the full load-and-train demo.
+# Makes a small synthetic ImageNet-like dataset, checks that the host can pin
+# the loader's pool, loads the dataset through the loader (RandomResizedCrop
+# 224 + flip + normalize, batches of 64 in pinned slots) against the
+# machine's decode ceiling, and runs the memory benchmarks briefly. The
+# trainer (issue 4) will turn the load step into load-and-train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,13 +12,26 @@ bash scripts/install-deps.sh
 cmake --preset release >/dev/null
 cmake --build --preset release
 
-diag=build/release/tools/pinfeed-diag
+data=${PINFEED_DEMO_DATA:-build/demo-data}
+if [[ ! -d $data/train ]]; then
+  echo
+  echo "=== pinfeed-data make: 10 classes x 100 JPEGs (~100 KB each) into $data"
+  build/release/tools/pinfeed-data make --out "$data" --classes 10 --per-class 100 --val 0.1
+fi
+build/release/tools/pinfeed-data -q scan "$data/train"
+
 echo
-echo "=== pinfeed-diag: can this host pin a pool for 1 GPU, batches of 256x3x224x224 uint8, prefetch 4?"
-"$diag" --gpus 1 --batch 256x3x224x224:u8 --prefetch 4
+echo "=== pinfeed-diag: can this host pin the loader's pool (batch 64 x 3 x 224 x 224 float32, prefetch 4)?"
+build/release/tools/pinfeed-diag --gpus 1 --batch 64x3x224x224:f32 --prefetch 4
+
 echo
-echo "=== pinfeed-diag --watch: live pressure, with that pool allocated and following it"
-"$diag" --watch 0.25 --count 8 --with-pool --gpus 1 --batch 256x3x224x224:u8 --prefetch 4
+echo "=== pinfeed-bench loader: the loader against a bare full decode of the same files"
+build/release/bench/pinfeed-bench loader --data "$data/train" --batch 64 --epochs 2
+
 echo
-echo "=== memory benchmarks (short run; see docs/results.md for the recorded figures)"
-build/release/bench/pinfeed-memory-bench --benchmark_min_time=0.1
+echo "=== pinfeed-diag --watch: live pressure, with a pool allocated and following it"
+build/release/tools/pinfeed-diag --watch 0.25 --count 4 --with-pool --gpus 1 --batch 64x3x224x224:f32 --prefetch 4
+
+echo
+echo "=== memory benchmarks (short run; docs/results.md has the recorded figures)"
+build/release/bench/pinfeed-memory-bench --benchmark_min_time=0.05
