@@ -76,6 +76,7 @@ class SampleWriter {
   TransformConfig config_;
   std::array<float, 3> scale_{}, bias_{};  // x * scale + bias == (x / 255 - mean) / std
   std::vector<std::uint8_t> resized_;     // BGRA, size x size
+  std::vector<std::uint8_t> mirrored_;    // BGRA, size x size, when flipped
 };
 
 }  // namespace pinfeed::loader
