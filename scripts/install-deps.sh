@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libcap-dev            # drop CAP_IPC_LOCK in the memlock-denial test
+  clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz preset)
 )
 
 missing=()

@@ -3,7 +3,6 @@
 // pinfeed::Error; callers that react to running out of memory catch
 // OutOfMemory, which carries a short machine-readable reason.
 #include <filesystem>
-#include <source_location>
 #include <stdexcept>
 #include <string>
 
@@ -57,18 +56,4 @@ class Cancelled : public Error {
   using Error::Error;
 };
 
-namespace detail {
-[[noreturn]] void throw_expects(const char* condition, const std::string& message,
-                                std::source_location where);
-}  // namespace detail
-
 }  // namespace pinfeed
-
-/// Precondition check: throws ConfigError naming the condition, the message
-/// and the call site. A macro only to capture the condition's text.
-#define PINFEED_EXPECTS(cond, msg)                                                     \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      ::pinfeed::detail::throw_expects(#cond, (msg), std::source_location::current()); \
-    }                                                                                  \
-  } while (false)
