@@ -9,6 +9,7 @@ preset=${1:-release}
 shift || true
 
 bash scripts/install-deps.sh
+if [[ $preset == tsan ]]; then bash scripts/build-tsan-tbb.sh; fi
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset"
 ctest --preset "$preset" -j "$(nproc)" "$@"
