@@ -149,12 +149,12 @@ void SampleWriter::write(const DecodedImage& image, const Region& crop, bool fli
     if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", c.width, c.height, n, n, rc));
     src = resized_.data();
   }
-  if (flip) {
-    libyuv::ARGBMirror(src, n * 4, mirrored_.data(), n * 4, n, n);
-    src = mirrored_.data();
-  }
   // BGRA in, RGB out.
   if (config_.layout == Layout::nhwc_u8) {
+    if (flip) {
+      libyuv::ARGBMirror(src, n * 4, mirrored_.data(), n * 4, n, n);
+      src = mirrored_.data();
+    }
     // libyuv's "RAW" is R, G, B in memory order.
     libyuv::ARGBToRAW(src, n * 4, reinterpret_cast<std::uint8_t*>(out.data()), n * 3, n, n);
     return;
@@ -163,11 +163,29 @@ void SampleWriter::write(const DecodedImage& image, const Region& crop, bool fli
   float* __restrict g = r + plane;
   float* __restrict b = g + plane;
   const float sr = scale_[0], sg = scale_[1], sb = scale_[2], br = bias_[0], bg = bias_[1], bb = bias_[2];
-  const std::uint8_t* __restrict px = src;
-  for (std::size_t i = 0; i < plane; ++i) {  // a straight loop the compiler vectorizes
-    r[i] = static_cast<float>(px[4 * i + 2]) * sr + br;
-    g[i] = static_cast<float>(px[4 * i + 1]) * sg + bg;
-    b[i] = static_cast<float>(px[4 * i]) * sb + bb;
+  const auto row_bytes = static_cast<std::size_t>(n) * 4;
+  const auto width = static_cast<std::size_t>(n);
+  // Straight loops the compiler vectorizes; the flip reads each row backwards
+  // instead of mirroring the image in a separate pass.
+  for (std::size_t y = 0; y < width; ++y) {
+    const std::uint8_t* __restrict px = src + y * row_bytes;
+    float* __restrict ro = r + y * width;
+    float* __restrict go = g + y * width;
+    float* __restrict bo = b + y * width;
+    if (flip) {
+      for (std::size_t x = 0; x < width; ++x) {
+        const std::size_t k = 4 * (width - 1 - x);
+        ro[x] = static_cast<float>(px[k + 2]) * sr + br;
+        go[x] = static_cast<float>(px[k + 1]) * sg + bg;
+        bo[x] = static_cast<float>(px[k]) * sb + bb;
+      }
+    } else {
+      for (std::size_t x = 0; x < width; ++x) {
+        ro[x] = static_cast<float>(px[4 * x + 2]) * sr + br;
+        go[x] = static_cast<float>(px[4 * x + 1]) * sg + bg;
+        bo[x] = static_cast<float>(px[4 * x]) * sb + bb;
+      }
+    }
   }
 }
 
