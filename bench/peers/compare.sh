@@ -16,5 +16,11 @@ if ! dpkg-query -W -f='${Status}' python3-torchvision 2>/dev/null | grep -q "ins
 fi
 [[ -x build/release/bench/pinfeed-bench ]] || { bash scripts/install-deps.sh; cmake --preset release >/dev/null; cmake --build --preset release; }
 
-build/release/bench/pinfeed-bench loader --data "$data" --crop "$crop" --batch "$batch"
-/usr/bin/python3 bench/peers/torch_dataloader.py --data "$data" --crop "$crop" --batch "$batch"
+out=$(mktemp)
+build/release/bench/pinfeed-bench loader --data "$data" --crop "$crop" --batch "$batch" --repeat 3 | tee "$out"
+torch_line=$(/usr/bin/python3 bench/peers/torch_dataloader.py --data "$data" --crop "$crop" --batch "$batch" --epochs 3)
+echo "$torch_line"
+ours=$(awk '/pinfeed loader/ {print $3}' "$out")
+theirs=$(echo "$torch_line" | awk '{for (i = 1; i <= NF; ++i) if ($i == "images/s") print $(i - 1)}')
+awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "  %-34s %10.2fx\n", "pinfeed / pytorch", a / b }'
+rm -f "$out"

@@ -9,6 +9,7 @@ or JSON with --json. Uses Debian's python3-torch / python3-torchvision.
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -23,7 +24,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--crop", choices=["random", "center"], default="random")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=3, help="measured epochs; the median epoch rate is reported")
     p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
@@ -43,19 +44,23 @@ def main() -> None:
     for i, _ in enumerate(dl):
         if i == 2:
             break
-    images, seconds = 0, 0.0
+    images, seconds, rates = 0, 0.0, []
     for _ in range(a.epochs):
         t0 = time.perf_counter()
+        n = 0
         for x, _ in dl:
-            images += x.shape[0]
-        seconds += time.perf_counter() - t0
-    rate = images / seconds
+            n += x.shape[0]
+        dt = time.perf_counter() - t0
+        images += n
+        seconds += dt
+        rates.append(n / dt)
+    rate = statistics.median(rates)
     if a.json:
         print(json.dumps({"loader": "pytorch", "torch": torch.__version__, "workers": a.workers,
                           "images": images, "seconds": seconds, "images_per_s": rate}))
     else:
         print(f"  {'pytorch DataLoader (' + str(a.workers) + ' workers)':<34} {rate:>10.1f} images/s  "
-              f"({images} images in {seconds:.2f} s, torch {torch.__version__})")
+              f"(median of {a.epochs} epochs; {images} images in {seconds:.2f} s, torch {torch.__version__})")
 
 
 if __name__ == "__main__":

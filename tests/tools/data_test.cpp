@@ -90,13 +90,14 @@ TEST(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
   pinfeed::testing::TempDir dir;
   ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
   const Result r = run(PINFEED_BENCH, "loader --data " + (dir.path() / "set/train").string() +
-                                          " --batch 4 --size 32 --threads 2 --ceiling-files 8 --json");
+                                          " --batch 4 --size 32 --threads 2 --ceiling-files 8 --repeat 1 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["loader"]["images"], 16);
   EXPECT_GT(j["loader"]["images_per_s"].get<double>(), 0);
   EXPECT_GT(j["ceiling"]["single_thread_images_per_s"].get<double>(), 0);
   EXPECT_EQ(j["memory"]["pool_slots"], 4);
+  EXPECT_GT(j["memory"]["loading_rss_mib_max"].get<double>(), 0);
   EXPECT_EQ(run(PINFEED_BENCH, "loader --data /nonexistent").rc, 1);
   EXPECT_EQ(run(PINFEED_BENCH, "loader --data x --crop diagonal").rc, 2);
 #endif
