@@ -145,8 +145,26 @@ void SampleWriter::write(const DecodedImage& image, const Region& crop, bool fli
   const std::uint8_t* src = image.pixels.data() +
                             (static_cast<std::size_t>(c.y) * static_cast<std::size_t>(image.width) + static_cast<std::size_t>(c.x)) * 4;
   if (c.width != n || c.height != n || image.width != n) {
-    const int rc = libyuv::ARGBScale(src, image.width * 4, c.width, c.height, resized_.data(), n * 4, n, n, libyuv::kFilterBox);
-    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", c.width, c.height, n, n, rc));
+    // libyuv scales ARGB bilinearly (its box mode falls back to bilinear for
+    // ARGB): 2x2 taps, which read every source pixel only while the shrink
+    // is under 2x. Larger shrinks first halve the axis with exact 2:1
+    // averaging (a box filter), as often as needed, so downscaling stays
+    // antialiased. After DCT scaling the shrink is nearly always under 2x.
+    int w = c.width, h = c.height, stride = image.width * 4;
+    while (w > 2 * n || h > 2 * n) {
+      const int hw = w > 2 * n ? w / 2 : w, hh = h > 2 * n ? h / 2 : h;
+      halved_.resize(static_cast<std::size_t>(hw) * static_cast<std::size_t>(hh) * 4);
+      if (libyuv::ARGBScale(src, stride, w, h, halved_.data(), hw * 4, hw, hh, libyuv::kFilterBilinear) != 0) {
+        throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed", w, h, hw, hh));
+      }
+      halved_.swap(halved_spare_);
+      src = halved_spare_.data();
+      w = hw;
+      h = hh;
+      stride = hw * 4;
+    }
+    const int rc = libyuv::ARGBScale(src, stride, w, h, resized_.data(), n * 4, n, n, libyuv::kFilterBilinear);
+    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", w, h, n, n, rc));
     src = resized_.data();
   }
   // BGRA in, RGB out.

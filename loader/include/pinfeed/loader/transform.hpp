@@ -9,8 +9,9 @@
 // still covers the output) and the horizontal flip (p = 0.5). Randomness comes
 // from a SampleRng of (seed, epoch, sample index) alone.
 //
-// SampleWriter resizes the decoded region to the output size (libyuv box
-// filter: antialiased when downscaling, bilinear-like when upscaling), flips,
+// SampleWriter resizes the decoded region to the output size (libyuv
+// bilinear, after exact 2:1 box reductions while the shrink exceeds 2x, so
+// downscaling is antialiased), flips,
 // and writes it in the output layout straight into the sample's place in the
 // batch: uint8 NHWC (normalize later on the device) or float32 NCHW with
 // (x / 255 - mean) / std.
@@ -76,7 +77,8 @@ class SampleWriter {
   TransformConfig config_;
   std::array<float, 3> scale_{}, bias_{};  // x * scale + bias == (x / 255 - mean) / std
   std::vector<std::uint8_t> resized_;     // BGRA, size x size
-  std::vector<std::uint8_t> mirrored_;    // BGRA, size x size, when flipped
+  std::vector<std::uint8_t> mirrored_;    // BGRA, size x size, when flipped (uint8 output)
+  std::vector<std::uint8_t> halved_, halved_spare_;  // 2:1 pre-reductions of large shrinks
 };
 
 }  // namespace pinfeed::loader
