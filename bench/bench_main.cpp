@@ -27,6 +27,7 @@
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/transform.hpp"
 #include "pinfeed/units.hpp"
+#include "tool_main.hpp"
 
 namespace {
 
@@ -262,24 +263,12 @@ int main(int argc, char** argv) {
   ld->add_flag("--no-roi", no_roi, "decode whole images, crop in memory (to measure ROI decoding)");
   ld->add_flag("--no-dct-scale", no_dct, "never decode at 1/2, 1/4, 1/8 (to measure DCT scaling)");
   ld->add_flag("--json", as_json, "print JSON");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  spdlog::set_level(spdlog::level::warn);
-  try {
+  return pinfeed::tools::run_tool("pinfeed-bench", app, argc, argv, [&] {
+    spdlog::set_level(spdlog::level::warn);
     config.transform.crop = pl::parse_crop_mode(crop);
     config.transform.layout = pl::parse_layout(layout);
     config.transform.roi_decode = !no_roi;
     config.transform.dct_scaling = !no_dct;
     return run_loader_bench(config, epochs, repeat, ceiling_files, as_json);
-  } catch (const pinfeed::ConfigError& e) {
-    fmt::print(stderr, "pinfeed-bench: {}\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "pinfeed-bench: {}\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -17,6 +17,7 @@
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/dataset_tools.hpp"
 #include "pinfeed/units.hpp"
+#include "tool_main.hpp"
 
 namespace {
 
@@ -75,14 +76,8 @@ int main(int argc, char** argv) {
   sc->add_flag("--json", scan_json, "print JSON");
   sc->add_option("--threads", scan_threads, "threads (0: every core)");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  spdlog::set_level(spdlog::level::warn);
-  try {
+  return pinfeed::tools::run_tool("pinfeed-data", app, argc, argv, [&]() -> int {
+    spdlog::set_level(spdlog::level::warn);
     const auto t0 = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
     if (*mk) {
@@ -110,11 +105,5 @@ int main(int argc, char** argv) {
       return bad.empty() ? 0 : 1;
     }
     return 0;
-  } catch (const pinfeed::ConfigError& e) {
-    fmt::print(stderr, "pinfeed-data: {}\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "pinfeed-data: {}\n", e.what());
-    return 1;
-  }
+  });
 }

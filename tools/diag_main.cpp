@@ -27,6 +27,7 @@
 #include "pinfeed/memory/pool_plan.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
 #include "pinfeed/units.hpp"
+#include "tool_main.hpp"
 
 namespace {
 
@@ -400,22 +401,10 @@ int main(int argc, char** argv) {
   app.add_flag("--with-pool", o.with_pool, "with --watch: run a buffer pool sized by the plan and show its slots")->needs(w);
   app.add_option("--sample-ms", o.sample_ms, "window to measure swap rates over in the report")->check(CLI::Range(0U, 10000U));
   app.add_flag("-v,--verbose", o.verbose, "log pool and pressure events to stderr");
-  try {
-    app.parse(argc, argv);
+  return pinfeed::tools::run_tool("pinfeed-diag", app, argc, argv, [&] {
     if (w->count() > 0 && !o.watch_seconds) o.watch_seconds = 1.0;
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  spdlog::set_level(o.verbose ? spdlog::level::info : spdlog::level::warn);
-  std::signal(SIGINT, [](int) { g_interrupted = true; });
-  try {
+    spdlog::set_level(o.verbose ? spdlog::level::info : spdlog::level::warn);
+    std::signal(SIGINT, [](int) { g_interrupted = true; });
     return run(o);
-  } catch (const pinfeed::ConfigError& e) {
-    fmt::print(stderr, "pinfeed-diag: {}\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "pinfeed-diag: {}\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -1,0 +1,35 @@
+#pragma once
+// The shape every pinfeed command line shares: parse with CLI11, run, and
+// turn errors into messages and exit codes: 0 done, 1 a runtime error (the
+// message names the file or the reason), 2 bad flags or an absurd request
+// (ConfigError names the field). Used by tools/ and bench/.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::tools {
+
+template <typename Body>
+int run_tool(const char* name, CLI::App& app, int argc, char** argv, Body&& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help, version, or the parse error
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    fmt::print(stderr, "{}: {}\n", name, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}: {}\n", name, e.what());
+    return 1;
+  }
+}
+
+}  // namespace pinfeed::tools
