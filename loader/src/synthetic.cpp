@@ -61,9 +61,9 @@ std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, st
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) {
       const double grating = std::sin(fx * x + fy * y + phase);
-      const double n = 45 * coarse.at(x, y) + 30 * medium.at(x, y) + 30 * fine.at(x, y);
+      const double n = 45 * coarse.at(x, y) + 30 * medium.at(x, y) + 42 * fine.at(x, y);
       // Film-like grain, mostly in luma (what 4:2:0 keeps), a little in chroma.
-      const double luma_grain = static_cast<double>(static_cast<int>(rng.below(61)) - 30);
+      const double luma_grain = static_cast<double>(static_cast<int>(rng.below(77)) - 38);
       for (int c = 0; c < 3; ++c) {
         const double grain = luma_grain + static_cast<double>(static_cast<int>(rng.below(13)) - 6);
         const double v = base[static_cast<std::size_t>(c)] * (0.75 + 0.25 * grating) + n * (0.6 + 0.2 * c) + grain;

@@ -9,6 +9,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "pinfeed/error.hpp"
 
 namespace pinfeed::loader {
@@ -124,6 +128,28 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRn
 
 namespace {
 
+/// Copies `count` floats with non-temporal stores where the target allows
+/// (16-byte aligned, x86), plainly otherwise.
+void stream_floats(float* dst, const float* src, std::size_t count) {
+#if defined(__SSE2__)
+  if (reinterpret_cast<std::uintptr_t>(dst) % 16 == 0) {
+    std::size_t i = 0;
+    for (; i + 4 <= count; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    for (; i < count; ++i) dst[i] = src[i];
+    return;
+  }
+#endif
+  std::memcpy(dst, src, count * sizeof(float));
+}
+
+/// Orders the streamed stores before anything that follows (the batch is
+/// handed to another thread after this).
+void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
 /// Averages 2:1 along the axes asked (an odd last row or column is
 /// dropped): out is out_w x out_h BGRA. Each case takes a SIMD path: libyuv's
 /// 2x2 box for both axes, its row interpolation for rows only, and a loop the
@@ -161,6 +187,7 @@ SampleWriter::SampleWriter(const TransformConfig& config) : config_(config) {
   }
   resized_.resize(static_cast<std::size_t>(config_.size) * static_cast<std::size_t>(config_.size) * 4);
   mirrored_.resize(resized_.size());
+  row_.resize(static_cast<std::size_t>(config_.size) * 3);
 }
 
 void SampleWriter::write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out) {
@@ -206,19 +233,21 @@ void SampleWriter::write(const DecodedImage& image, const Region& crop, bool fli
     libyuv::ARGBToRAW(src, n * 4, reinterpret_cast<std::uint8_t*>(out.data()), n * 3, n, n);
     return;
   }
-  float* __restrict r = reinterpret_cast<float*>(out.data());
-  float* __restrict g = r + plane;
-  float* __restrict b = g + plane;
+  float* r = reinterpret_cast<float*>(out.data());
+  float* g = r + plane;
+  float* b = g + plane;
   const float sr = scale_[0], sg = scale_[1], sb = scale_[2], br = bias_[0], bg = bias_[1], bb = bias_[2];
   const auto row_bytes = static_cast<std::size_t>(n) * 4;
   const auto width = static_cast<std::size_t>(n);
-  // Straight loops the compiler vectorizes; the flip reads each row backwards
-  // instead of mirroring the image in a separate pass.
+  float* __restrict ro = row_.data();
+  float* __restrict go = ro + width;
+  float* __restrict bo = go + width;
+  // Each row is computed in a small buffer that stays in L1 (straight loops
+  // the compiler vectorizes; the flip reads the row backwards), then streamed
+  // to the batch slot: the slot is written once and never read here, so
+  // non-temporal stores skip the read-for-ownership of every cache line.
   for (std::size_t y = 0; y < width; ++y) {
     const std::uint8_t* __restrict px = src + y * row_bytes;
-    float* __restrict ro = r + y * width;
-    float* __restrict go = g + y * width;
-    float* __restrict bo = b + y * width;
     if (flip) {
       for (std::size_t x = 0; x < width; ++x) {
         const std::size_t k = 4 * (width - 1 - x);
@@ -233,7 +262,11 @@ void SampleWriter::write(const DecodedImage& image, const Region& crop, bool fli
         bo[x] = static_cast<float>(px[4 * x]) * sb + bb;
       }
     }
+    stream_floats(r + y * width, ro, width);
+    stream_floats(g + y * width, go, width);
+    stream_floats(b + y * width, bo, width);
   }
+  stream_fence();
 }
 
 }  // namespace pinfeed::loader

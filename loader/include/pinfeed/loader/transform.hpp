@@ -79,6 +79,7 @@ class SampleWriter {
   std::vector<std::uint8_t> resized_;     // BGRA, size x size
   std::vector<std::uint8_t> mirrored_;    // BGRA, size x size, when flipped (uint8 output)
   std::vector<std::uint8_t> halved_, halved_spare_;  // 2:1 pre-reductions of large shrinks
+  std::vector<float> row_;                // one output row, R G B planes, before streaming it out
 };
 
 }  // namespace pinfeed::loader
