@@ -111,6 +111,7 @@ TEST(PressureScenarioTest, PoolFollowsRewrittenPressureFilesWithoutLosingASlot) 
   stop = true;
   for (auto& t : workers) t.join();
   monitor.stop();
+  ASSERT_TRUE(pool.wait_idle(10s)) << "memory swapped out is freed by the maintenance thread, asynchronously";
 
   EXPECT_EQ(duplicated.load(), 0U) << "a slot was handed to two users";
   EXPECT_EQ(corrupted.load(), 0U) << "a slot changed under its user";
