@@ -15,7 +15,7 @@ cmake --build --preset release
 data=${PINFEED_DEMO_DATA:-build/demo-data}
 if [[ ! -d $data/train ]]; then
   echo
-  echo "=== pinfeed-data make: 10 classes x 100 JPEGs (~100 KB each) into $data"
+  echo "=== pinfeed-data make: 10 classes x 100 JPEGs (~110 KB each) into $data"
   build/release/tools/pinfeed-data make --out "$data" --classes 10 --per-class 100 --val 0.1
 fi
 build/release/tools/pinfeed-data -q scan "$data/train"
