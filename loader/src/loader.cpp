@@ -62,7 +62,7 @@ struct Build {
   memory::SlotLease lease;
   std::vector<std::int64_t> labels;
   std::vector<std::size_t> indices;
-  std::size_t replaced = 0;
+  std::atomic<std::size_t> replaced{0};  // samples of this batch filled by substitutes (parallel_for bodies add)
   bool skipped = false;  // stopped before it was assembled
 };
 using BuildPtr = std::shared_ptr<Build>;
@@ -422,7 +422,7 @@ std::optional<Batch> Loader::next() {
                                                    : std::array<std::size_t, 4>{n, 3, s, s};
   batch.labels_ = std::move(b->labels);
   batch.indices_ = std::move(b->indices);
-  batch.replaced_ = b->replaced;
+  batch.replaced_ = b->replaced.load();
   batch.epoch_ = run.epoch;
   batch.index_ = b->job.seq;
   batch.position_ = b->job.position;
