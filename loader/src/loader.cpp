@@ -261,20 +261,11 @@ struct EpochRun {
 Batch::Batch(Batch&& o) noexcept = default;
 Batch& Batch::operator=(Batch&& o) noexcept {
   if (this != &o) {
-    lease_.release();
+    lease_.release();  // our slot and token go back first, as in the destructor
     if (run_) run_->return_token();
     run_ = std::move(o.run_);
     lease_ = std::move(o.lease_);
-    capacity_ = o.capacity_;
-    sample_bytes_ = o.sample_bytes_;
-    shape_ = o.shape_;
-    layout_ = o.layout_;
-    labels_ = std::move(o.labels_);
-    indices_ = std::move(o.indices_);
-    replaced_ = o.replaced_;
-    epoch_ = o.epoch_;
-    index_ = o.index_;
-    position_ = o.position_;
+    p_ = std::move(o.p_);
   }
   return *this;
 }
@@ -285,9 +276,9 @@ Batch::~Batch() {
 }
 
 std::span<const std::byte> Batch::data() const noexcept {
-  return lease_.bytes().subspan(0, labels_.size() * sample_bytes_);
+  return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes);
 }
-std::span<std::byte> Batch::mutable_data() noexcept { return lease_.bytes().subspan(0, labels_.size() * sample_bytes_); }
+std::span<std::byte> Batch::mutable_data() noexcept { return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes); }
 
 // ---------------------------------------------------------------- Loader
 
@@ -414,18 +405,18 @@ std::optional<Batch> Loader::next() {
   Batch batch;
   batch.run_ = run_;
   batch.lease_ = std::move(b->lease);
-  batch.capacity_ = config_.batch_size;
-  batch.sample_bytes_ = config_.transform.sample_bytes();
-  batch.layout_ = config_.transform.layout;
+  Batch::Payload& p = batch.p_;
+  p.capacity = config_.batch_size;
+  p.sample_bytes = config_.transform.sample_bytes();
+  p.layout = config_.transform.layout;
   const auto n = b->labels.size(), s = static_cast<std::size_t>(config_.transform.size);
-  batch.shape_ = batch.layout_ == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, s, s, 3}
-                                                   : std::array<std::size_t, 4>{n, 3, s, s};
-  batch.labels_ = std::move(b->labels);
-  batch.indices_ = std::move(b->indices);
-  batch.replaced_ = b->replaced.load();
-  batch.epoch_ = run.epoch;
-  batch.index_ = b->job.seq;
-  batch.position_ = b->job.position;
+  p.shape = p.layout == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, s, s, 3} : std::array<std::size_t, 4>{n, 3, s, s};
+  p.labels = std::move(b->labels);
+  p.indices = std::move(b->indices);
+  p.replaced = b->replaced.load();
+  p.epoch = run.epoch;
+  p.index = b->job.seq;
+  p.position = b->job.position;
   return batch;
 }
 

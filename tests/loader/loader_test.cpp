@@ -229,6 +229,26 @@ TEST_F(LoaderTest, PressureMidEpochSwitchesSlotsWithoutLosingASample) {
   EXPECT_GE(loader.pool().stats().to_pageable, 1U);
 }
 
+TEST_F(LoaderTest, MovingABatchOverAnotherReturnsTheOverwrittenSlot) {
+  Loader loader(config(data_.folder.string()));
+  loader.begin_epoch(0);
+  std::optional<Batch> a = loader.next(), b = loader.next();
+  ASSERT_TRUE(a && b);
+  const std::size_t second = b->index();
+  const std::vector<std::int64_t> labels(b->labels().begin(), b->labels().end());
+  *a = std::move(*b);  // a's slot and token go back; a now holds b's batch
+  EXPECT_EQ(a->index(), second);
+  EXPECT_EQ(std::vector<std::int64_t>(a->labels().begin(), a->labels().end()), labels);
+  EXPECT_EQ(b->size(), 0U) << "moved-from";
+  std::size_t rest = 0;
+  while (auto c = loader.next()) rest += 1;  // the epoch can finish: no slot was lost
+  EXPECT_EQ(rest, 2U);
+  a.reset();
+  b.reset();
+  EXPECT_TRUE(loader.pool().wait_idle(std::chrono::seconds(5)));
+  EXPECT_EQ(loader.pool().stats().free_slots, 2U);
+}
+
 TEST_F(LoaderTest, RejectsBadConfigAndMissingData) {
   auto cfg = config(data_.folder.string());
   cfg.batch_size = 0;

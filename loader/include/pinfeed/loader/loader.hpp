@@ -101,24 +101,24 @@ class Batch {
   ~Batch();
 
   /// Valid samples (batch_size, or fewer in a final partial batch).
-  [[nodiscard]] std::size_t size() const noexcept { return labels_.size(); }
-  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::size_t size() const noexcept { return p_.labels.size(); }
+  [[nodiscard]] std::size_t capacity() const noexcept { return p_.capacity; }
   /// Samples' bytes: size() * sample_bytes, in `layout`.
   [[nodiscard]] std::span<const std::byte> data() const noexcept;
   [[nodiscard]] std::span<std::byte> mutable_data() noexcept;
-  [[nodiscard]] std::size_t sample_bytes() const noexcept { return sample_bytes_; }
+  [[nodiscard]] std::size_t sample_bytes() const noexcept { return p_.sample_bytes; }
   /// {N, H, W, C} for nhwc-u8, {N, C, H, W} for nchw-f32.
-  [[nodiscard]] std::array<std::size_t, 4> shape() const noexcept { return shape_; }
-  [[nodiscard]] Layout layout() const noexcept { return layout_; }
-  [[nodiscard]] std::string_view dtype() const noexcept { return layout_ == Layout::nhwc_u8 ? "uint8" : "float32"; }
-  [[nodiscard]] std::span<const std::int64_t> labels() const noexcept { return labels_; }
+  [[nodiscard]] std::array<std::size_t, 4> shape() const noexcept { return p_.shape; }
+  [[nodiscard]] Layout layout() const noexcept { return p_.layout; }
+  [[nodiscard]] std::string_view dtype() const noexcept { return p_.layout == Layout::nhwc_u8 ? "uint8" : "float32"; }
+  [[nodiscard]] std::span<const std::int64_t> labels() const noexcept { return p_.labels; }
   /// Dataset index of each sample (a substitute's index where one was replaced).
-  [[nodiscard]] std::span<const std::size_t> indices() const noexcept { return indices_; }
-  [[nodiscard]] std::size_t replaced() const noexcept { return replaced_; }
+  [[nodiscard]] std::span<const std::size_t> indices() const noexcept { return p_.indices; }
+  [[nodiscard]] std::size_t replaced() const noexcept { return p_.replaced; }
   [[nodiscard]] bool pinned() const noexcept { return lease_.pinned(); }
-  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
-  [[nodiscard]] std::size_t index() const noexcept { return index_; }        ///< batch number in this run of the epoch
-  [[nodiscard]] std::size_t position() const noexcept { return position_; }  ///< epoch position of the first sample
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return p_.epoch; }
+  [[nodiscard]] std::size_t index() const noexcept { return p_.index; }        ///< batch number in this run of the epoch
+  [[nodiscard]] std::size_t position() const noexcept { return p_.position; }  ///< epoch position of the first sample
   /// The slot, for the trainer: release_after(fence) once a copy reads it.
   [[nodiscard]] memory::SlotLease& lease() noexcept { return lease_; }
 
@@ -126,16 +126,19 @@ class Batch {
   friend class Loader;
   friend struct detail::EpochRun;
   Batch() = default;
+  struct Payload {  // everything but the run and the slot; plain values, moved as one
+    std::size_t capacity = 0, sample_bytes = 0;
+    std::array<std::size_t, 4> shape{};
+    Layout layout = Layout::nchw_f32;
+    std::vector<std::int64_t> labels;
+    std::vector<std::size_t> indices;
+    std::size_t replaced = 0;
+    std::uint64_t epoch = 0;
+    std::size_t index = 0, position = 0;
+  };
   std::shared_ptr<detail::EpochRun> run_;
   memory::SlotLease lease_;
-  std::size_t capacity_ = 0, sample_bytes_ = 0;
-  std::array<std::size_t, 4> shape_{};
-  Layout layout_ = Layout::nchw_f32;
-  std::vector<std::int64_t> labels_;
-  std::vector<std::size_t> indices_;
-  std::size_t replaced_ = 0;
-  std::uint64_t epoch_ = 0;
-  std::size_t index_ = 0, position_ = 0;
+  Payload p_;
 };
 
 class Loader {
