@@ -33,14 +33,26 @@ bool is_image_name(const fs::path& p) {
   return kExt.contains(lower(p.extension().string()));
 }
 
+/// A read-only descriptor closed on scope exit; opening failures are a
+/// DataError naming the file and `what` it is.
+class ReadOnlyFile {
+ public:
+  ReadOnlyFile(const fs::path& path, std::string_view what) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_ < 0) throw DataError(path, fmt::format("cannot open {}: {}", what, std::strerror(errno)));
+  }
+  ~ReadOnlyFile() { ::close(fd_); }
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+
+ private:
+  int fd_;
+};
+
 /// Reads a whole file, refusing directories and absurd sizes.
 void read_whole_file(const fs::path& path, std::vector<std::byte>& out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(path, fmt::format("cannot open: {}", std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const ReadOnlyFile file(path, "file");
+  const int fd = file.fd();
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw DataError(path, fmt::format("cannot stat: {}", std::strerror(errno)));
   if (S_ISDIR(st.st_mode)) throw DataError(path, "is a directory, not an image file");
@@ -239,13 +251,8 @@ std::vector<TarShards::Member> scan_fd(int fd, const fs::path& path) {
 }  // namespace
 
 std::vector<TarShards::Member> TarShards::scan(const fs::path& tar) {
-  const int fd = ::open(tar.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(tar, fmt::format("cannot open shard: {}", std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  return scan_fd(fd, tar);
+  const ReadOnlyFile file(tar, "shard");
+  return scan_fd(file.fd(), tar);
 }
 
 TarShards::TarShards(std::vector<fs::path> shards) : shards_(std::move(shards)) {
