@@ -111,30 +111,28 @@ bool JpegDecoder::Impl::run_decode(std::span<const std::byte> data, const Region
   const int y1 = std::clamp((region.y + region.height + scale - 1) / scale, y0 + 1, oh);
   out.width = x1 - x0;
   out.height = y1 - y0;
-  out.pixels.resize(static_cast<std::size_t>(out.width) * static_cast<std::size_t>(out.height) * 4);
 
   JDIMENSION xoff = static_cast<JDIMENSION>(x0), cw = static_cast<JDIMENSION>(x1 - x0);
   if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // widens to whole iMCU columns
   const std::size_t skip_left = static_cast<std::size_t>(x0) - xoff;
   if (y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0));
 
-  const std::size_t row_bytes = static_cast<std::size_t>(cw) * 4;
-  const bool direct = !cmyk && skip_left == 0 && cw == static_cast<JDIMENSION>(out.width);
-  if (!direct) row.resize(row_bytes);
+  // Rows are decoded in place at libjpeg's (iMCU-widened) width; the image
+  // then starts skip_left pixels into each row. CMYK goes through one row of
+  // 4-channel CMYK and is converted into the same place.
+  out.stride = static_cast<std::size_t>(cw) * 4;
+  out.offset = skip_left * 4;
+  out.pixels.resize(out.stride * static_cast<std::size_t>(out.height));
+  if (cmyk) row.resize(out.stride);
   for (int y = 0; y < out.height; ++y) {
-    std::uint8_t* dst = out.pixels.data() + static_cast<std::size_t>(y) * static_cast<std::size_t>(out.width) * 4;
-    JSAMPROW target = direct ? dst : row.data();
+    std::uint8_t* dst = out.pixels.data() + static_cast<std::size_t>(y) * out.stride;
+    JSAMPROW target = cmyk ? row.data() : dst;
     if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
       std::snprintf(err.message, sizeof err.message, "image data ends early at row %d", y0 + y);
       jpeg_abort_decompress(&cinfo);
       return false;
     }
-    if (direct) continue;
-    if (cmyk) {
-      cmyk_row_to_bgra(row.data() + skip_left * 4, dst, out.width, inverted);
-    } else {
-      std::memcpy(dst, row.data() + skip_left * 4, static_cast<std::size_t>(out.width) * 4);
-    }
+    if (cmyk) cmyk_row_to_bgra(row.data() + skip_left * 4, dst + skip_left * 4, out.width, inverted);
   }
   // Stop here: the rows below the region are never entropy-decoded.
   jpeg_abort_decompress(&cinfo);

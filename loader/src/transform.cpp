@@ -187,7 +187,8 @@ SampleWriter::SampleWriter(const TransformConfig& config) : config_(config) {
   }
   resized_.resize(static_cast<std::size_t>(config_.size) * static_cast<std::size_t>(config_.size) * 4);
   mirrored_.resize(resized_.size());
-  row_.resize(static_cast<std::size_t>(config_.size) * 3);
+  row_.resize(static_cast<std::size_t>(config_.size));
+  planes_.resize(static_cast<std::size_t>(config_.size) * static_cast<std::size_t>(config_.size) * 3);
 }
 
 void SampleWriter::write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out) {
@@ -200,15 +201,15 @@ void SampleWriter::write(const DecodedImage& image, const Region& crop, bool fli
   c.y = std::clamp(c.y, 0, image.height - 1);
   c.width = std::min(c.width, image.width - c.x);
   c.height = std::min(c.height, image.height - c.y);
-  const std::uint8_t* src = image.pixels.data() +
-                            (static_cast<std::size_t>(c.y) * static_cast<std::size_t>(image.width) + static_cast<std::size_t>(c.x)) * 4;
-  if (c.width != n || c.height != n || image.width != n) {
+  const std::uint8_t* src = image.row(c.y) + static_cast<std::size_t>(c.x) * 4;
+  const auto in_stride = static_cast<int>(image.stride_bytes());
+  if (c.width != n || c.height != n || in_stride != n * 4) {
     // libyuv scales ARGB bilinearly (its box mode falls back to bilinear for
     // ARGB): 2x2 taps, which read every source pixel only while the shrink
     // is under 2x. Larger shrinks first halve the axis with exact 2:1
     // averaging (a box filter), as often as needed, so downscaling stays
     // antialiased. After DCT scaling the shrink is nearly always under 2x.
-    int w = c.width, h = c.height, stride = image.width * 4;
+    int w = c.width, h = c.height, stride = in_stride;
     while (w > 2 * n || h > 2 * n) {
       const int hw = w > 2 * n ? w / 2 : w, hh = h > 2 * n ? h / 2 : h;
       halved_.resize(static_cast<std::size_t>(hw) * static_cast<std::size_t>(hh) * 4);
@@ -223,48 +224,38 @@ void SampleWriter::write(const DecodedImage& image, const Region& crop, bool fli
     if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", w, h, n, n, rc));
     src = resized_.data();
   }
-  // BGRA in, RGB out.
+  // BGRA in, RGB out. The flip mirrors the resized BGRA (libyuv, SIMD).
+  if (flip) {
+    libyuv::ARGBMirror(src, n * 4, mirrored_.data(), n * 4, n, n);
+    src = mirrored_.data();
+  }
   if (config_.layout == Layout::nhwc_u8) {
-    if (flip) {
-      libyuv::ARGBMirror(src, n * 4, mirrored_.data(), n * 4, n, n);
-      src = mirrored_.data();
-    }
     // libyuv's "RAW" is R, G, B in memory order.
     libyuv::ARGBToRAW(src, n * 4, reinterpret_cast<std::uint8_t*>(out.data()), n * 3, n, n);
     return;
   }
-  float* r = reinterpret_cast<float*>(out.data());
-  float* g = r + plane;
-  float* b = g + plane;
-  const float sr = scale_[0], sg = scale_[1], sb = scale_[2], br = bias_[0], bg = bias_[1], bb = bias_[2];
-  const auto row_bytes = static_cast<std::size_t>(n) * 4;
-  const auto width = static_cast<std::size_t>(n);
-  float* __restrict ro = row_.data();
-  float* __restrict go = ro + width;
-  float* __restrict bo = go + width;
-  // Each row is computed in a small buffer that stays in L1 (straight loops
-  // the compiler vectorizes; the flip reads the row backwards), then streamed
-  // to the batch slot: the slot is written once and never read here, so
+  // float32 NCHW: split into R, G, B byte planes (libyuv, SIMD), then each
+  // plane is one contiguous u8 -> float multiply-add the compiler vectorizes,
+  // computed a row at a time in a buffer that stays in L1 and streamed to the
+  // batch slot: the slot is written once and never read here, so
   // non-temporal stores skip the read-for-ownership of every cache line.
-  for (std::size_t y = 0; y < width; ++y) {
-    const std::uint8_t* __restrict px = src + y * row_bytes;
-    if (flip) {
-      for (std::size_t x = 0; x < width; ++x) {
-        const std::size_t k = 4 * (width - 1 - x);
-        ro[x] = static_cast<float>(px[k + 2]) * sr + br;
-        go[x] = static_cast<float>(px[k + 1]) * sg + bg;
-        bo[x] = static_cast<float>(px[k]) * sb + bb;
-      }
-    } else {
-      for (std::size_t x = 0; x < width; ++x) {
-        ro[x] = static_cast<float>(px[4 * x + 2]) * sr + br;
-        go[x] = static_cast<float>(px[4 * x + 1]) * sg + bg;
-        bo[x] = static_cast<float>(px[4 * x]) * sb + bb;
-      }
+  std::uint8_t* pr = planes_.data();
+  std::uint8_t* pg = pr + plane;
+  std::uint8_t* pb = pg + plane;
+  libyuv::SplitARGBPlane(src, n * 4, pr, n, pg, n, pb, n, nullptr, 0, n, n);
+  float* dst = reinterpret_cast<float*>(out.data());
+  const auto width = static_cast<std::size_t>(n);
+  float* __restrict buf = row_.data();
+  const std::uint8_t* const in_planes[3] = {pr, pg, pb};
+  for (std::size_t ch = 0; ch < 3; ++ch) {
+    const float sc = scale_[ch], bi = bias_[ch];
+    const std::uint8_t* __restrict in = in_planes[ch];
+    float* plane_out = dst + ch * plane;
+    for (std::size_t y = 0; y < width; ++y) {
+      const std::uint8_t* __restrict px = in + y * width;
+      for (std::size_t x = 0; x < width; ++x) buf[x] = static_cast<float>(px[x]) * sc + bi;
+      stream_floats(plane_out + y * width, buf, width);
     }
-    stream_floats(r + y * width, ro, width);
-    stream_floats(g + y * width, go, width);
-    stream_floats(b + y * width, bo, width);
   }
   stream_fence();
 }

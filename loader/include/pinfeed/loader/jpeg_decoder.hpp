@@ -33,10 +33,24 @@ struct Region {
   int x = 0, y = 0, width = 0, height = 0;
 };
 
-/// Decoded pixels, BGRA, rows of width * 4 bytes. Buffers are reused.
+/// Decoded pixels, BGRA. Row y starts at pixels.data() + offset + y * stride:
+/// the decoder writes libjpeg's whole-iMCU-column rows in place and points
+/// `offset` at the region's first pixel, so no row is copied after decoding.
+/// stride == 0 means tightly packed rows (width * 4). Buffers are reused.
 struct DecodedImage {
   int width = 0, height = 0;
+  std::size_t stride = 0, offset = 0;
   std::vector<std::uint8_t> pixels;
+
+  [[nodiscard]] std::size_t stride_bytes() const noexcept {
+    return stride != 0 ? stride : static_cast<std::size_t>(width) * 4;
+  }
+  [[nodiscard]] const std::uint8_t* row(int y) const noexcept {
+    return pixels.data() + offset + static_cast<std::size_t>(y) * stride_bytes();
+  }
+  [[nodiscard]] std::uint8_t* row(int y) noexcept {
+    return pixels.data() + offset + static_cast<std::size_t>(y) * stride_bytes();
+  }
 };
 
 class JpegDecoder {
