@@ -18,14 +18,39 @@ add_library(pinfeed_libyuv INTERFACE)
 target_include_directories(pinfeed_libyuv SYSTEM INTERFACE ${LIBYUV_INCLUDE_DIR})
 target_link_libraries(pinfeed_libyuv INTERFACE ${LIBYUV_LIBRARY})
 
+# The trainer's CPU matrix products.
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+
+# MPI: optional at build time (multi-process launches under mpirun).
+set(PINFEED_HAVE_MPI OFF)
+if(NOT PINFEED_MPI STREQUAL "OFF")
+  find_package(MPI QUIET COMPONENTS C)
+  if(MPI_C_FOUND)
+    set(PINFEED_HAVE_MPI ON)
+  elseif(PINFEED_MPI STREQUAL "ON")
+    message(FATAL_ERROR "PINFEED_MPI=ON but no MPI was found (install libopenmpi-dev)")
+  endif()
+endif()
+
 # CUDA: optional at build time, detected at run time. We call only the
 # runtime API from C++ translation units, linked statically, so binaries
 # start on machines with no toolkit and report "no driver" there.
 set(PINFEED_HAVE_CUDA OFF)
 if(NOT PINFEED_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
-  if(CUDAToolkit_FOUND)
+  if(CUDAToolkit_FOUND AND NOT CMAKE_CUDA_COMPILER AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
+    set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CUDAToolkit_FOUND AND CMAKE_CUDA_COMPILER)
     set(PINFEED_HAVE_CUDA ON)
+    # The trainer's kernels: Hopper (H100/H200) and Ampere (A100), plus PTX
+    # for newer GPUs to JIT.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
+    endif()
+    enable_language(CUDA)
   elseif(PINFEED_CUDA STREQUAL "ON")
     message(FATAL_ERROR "PINFEED_CUDA=ON but no CUDA toolkit was found "
                         "(set CUDAToolkit_ROOT, e.g. /usr/local/cuda)")

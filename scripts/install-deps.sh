@@ -14,6 +14,9 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libcap-dev            # drop CAP_IPC_LOCK in the memlock-denial test
   clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz preset)
+  libopenblas-dev       # trainer: the CPU backend's matrix products (cblas_sgemm)
+  libopenmpi-dev openmpi-bin  # trainer: multi-process launch (mpirun), MPI all-reduce on CPU
+  gnuplot-nox           # pinfeed-train --compare: the loss-curve plot (PNG)
 )
 
 missing=()

@@ -1,0 +1,220 @@
+// Data-parallel training on the CPU backend, through train() on real JPEGs:
+// N workers with B/N each reach the weights of 1 worker with B; bucketing and
+// no_sync do not change the result; slots outlive their copies; checkpoints
+// resume exactly and survive a writer killed before the rename.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "fixtures.hpp"
+#include "image_fixtures.hpp"
+#include "pinfeed/trainer/checkpoint.hpp"
+#include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/trainer.hpp"
+
+namespace pinfeed::trainer {
+namespace {
+
+class DdpTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    data_ = new testing::SmallDataset(testing::make_small_dataset(dir_->path(), 4, 16));
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    delete dir_;
+  }
+
+  static TrainConfig config(int workers) {
+    TrainConfig c;
+    c.loader.dataset = data_->folder.string();
+    c.loader.threads = 2;
+    c.loader.prefetch = 3;
+    c.loader.seed = 11;
+    c.loader.transform.size = 16;
+    c.loader.watch_pressure = false;
+    c.devices = parse_devices(fmt::format("cpu:{}", workers));
+    c.global_batch = 16;
+    c.epochs = 2;
+    c.lr = 0.8;
+    c.warmup_epochs = 0.5;
+    c.model.pool = 2;
+    c.model.hidden = {32, 16};
+    c.launch = LaunchEnv{};  // one process, whatever the environment says
+    return c;
+  }
+
+  static double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      norm += static_cast<double>(a[i]) * a[i];
+    }
+    return std::sqrt(diff / norm);
+  }
+
+  static testing::TempDir* dir_;
+  static testing::SmallDataset* data_;
+};
+testing::TempDir* DdpTest::dir_ = nullptr;
+testing::SmallDataset* DdpTest::data_ = nullptr;
+
+TEST_F(DdpTest, NWorkersWithBOverNEachReachTheWeightsOfOneWorkerWithB) {
+  const TrainResult one = train(config(1));
+  ASSERT_EQ(one.epochs.size(), 2U);
+  EXPECT_EQ(one.steps, 8U);
+  EXPECT_EQ(one.communicator, "threads");
+  for (const int n : {2, 4}) {
+    const TrainResult many = train(config(n));
+    EXPECT_EQ(many.world_size, n);
+    EXPECT_LE(relative_difference(one.weights, many.weights), 1e-5) << n << " workers";
+    for (std::size_t e = 0; e < 2; ++e) {
+      EXPECT_NEAR(one.epochs[e].loss, many.epochs[e].loss, 1e-4) << n << " workers, epoch " << e;
+      EXPECT_EQ(one.epochs[e].samples, many.epochs[e].samples);
+    }
+  }
+}
+
+TEST_F(DdpTest, TheModelLearnsTheSyntheticClasses) {
+  TrainConfig c = config(2);
+  c.epochs = 6;
+  const TrainResult r = train(c);
+  ASSERT_EQ(r.epochs.size(), 6U);
+  EXPECT_LT(r.epochs.back().loss, 0.6 * r.epochs.front().loss);
+  EXPECT_GT(r.epochs.back().accuracy, 0.7);
+  EXPECT_EQ(r.epochs.back().pinned_batches + r.epochs.back().pageable_batches, 8U) << "4 steps x 2 workers";
+  EXPECT_GE(r.epochs.back().data_wait_fraction, 0.0);
+  EXPECT_LE(r.epochs.back().data_wait_fraction, 1.0);
+}
+
+TEST_F(DdpTest, BucketCapsDoNotChangeTheResult) {
+  TrainConfig c = config(2);
+  c.epochs = 1;
+  const TrainResult base = train(c);
+  for (const std::size_t cap : {std::size_t{4}, std::size_t{256}, std::size_t{1} << 30U}) {
+    c.ddp.bucket_cap_bytes = cap;
+    c.ddp.first_bucket_bytes = cap;
+    EXPECT_EQ(train(c).weights, base.weights) << "bucket cap " << cap;
+  }
+}
+
+TEST_F(DdpTest, NoSyncAccumulationEqualsOneLargeBatch) {
+  TrainConfig c = config(2);
+  c.epochs = 1;
+  const TrainResult large = train(c);
+  c.accumulation = 2;
+  const TrainResult accumulated = train(c);
+  EXPECT_EQ(accumulated.steps, large.steps);
+  EXPECT_LE(relative_difference(large.weights, accumulated.weights), 1e-5);
+}
+
+TEST_F(DdpTest, NoSlotIsReusedBeforeItsCopyCompletes) {
+  // A slow copy reads each slot long after the loader handed it over; a slot
+  // reused early would be overwritten by a later batch mid-copy, and the
+  // weights would differ from the run with instant copies.
+  TrainConfig c = config(1);
+  c.epochs = 1;
+  c.loader.prefetch = 2;
+  const TrainResult fast = train(c);
+  c.copy_delay = std::chrono::milliseconds(30);
+  const TrainResult slow = train(c);
+  EXPECT_EQ(slow.weights, fast.weights);
+}
+
+TEST_F(DdpTest, ResumingFromACheckpointReproducesTheUninterruptedRun) {
+  testing::TempDir tmp;
+  TrainConfig c = config(2);
+  c.epochs = 3;
+  const TrainResult straight = train(c);
+
+  c.checkpoint = tmp.path() / "run.ckpt";
+  c.max_steps = 6;  // stops in the middle of epoch 1
+  const TrainResult first = train(c);
+  EXPECT_EQ(first.steps, 6U);
+  const Checkpoint saved = load_checkpoint(c.checkpoint);
+  EXPECT_EQ(saved.epoch, 1U);
+  EXPECT_EQ(saved.position, 2U * 8U) << "two steps of 8 samples per rank into epoch 1";
+
+  c.max_steps = 0;
+  c.resume = true;
+  const TrainResult resumed = train(c);
+  EXPECT_EQ(resumed.steps, 12U);
+  EXPECT_EQ(resumed.weights, straight.weights) << "bit-for-bit on the CPU backend";
+
+  c.global_batch = 32;
+  EXPECT_THROW(train(c), ConfigError) << "a checkpoint of another configuration is refused";
+}
+
+TEST_F(DdpTest, AWriterKilledBeforeTheRenameLeavesTheOldCheckpoint) {
+  testing::TempDir tmp;
+  const auto path = tmp.path() / "model.ckpt";
+  Checkpoint old;
+  old.step = 5;
+  old.weights = {1, 2, 3};
+  old.momentum = {0, 0, 0};
+  save_checkpoint(path, old);
+  Checkpoint next = old;
+  next.step = 6;
+  next.weights = {4, 5, 6};
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    save_checkpoint(path, next, SaveHooks{[] { ::kill(::getpid(), SIGKILL); }});
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  const Checkpoint read = load_checkpoint(path);
+  EXPECT_EQ(read.step, 5U);
+  EXPECT_EQ(read.weights, old.weights);
+  // And a damaged file is refused with its name.
+  {
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 40, SEEK_SET);
+    std::fputc('x', f);
+    std::fclose(f);
+  }
+  try {
+    (void)load_checkpoint(path);
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.ckpt"), std::string::npos);
+  }
+}
+
+TEST_F(DdpTest, BadConfigurationsAreClearErrors) {
+  TrainConfig c = config(3);
+  try {
+    (void)train(c);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible by the 3 workers"), std::string::npos) << e.what();
+  }
+  c = config(4);
+  c.global_batch = 256;  // 64 per worker, 16 samples per worker
+  try {
+    (void)train(c);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("make no step"), std::string::npos) << e.what();
+  }
+  c = config(1);
+  c.devices = parse_devices("cuda:0");
+  if (cuda_device_count() == 0) {
+    EXPECT_THROW(train(c), ConfigError);
+  }
+  EXPECT_THROW(parse_devices("tpu:1"), ConfigError);
+  EXPECT_THROW(parse_devices("cpu:0"), ConfigError);
+  EXPECT_THROW(parse_devices("cuda:0,0"), ConfigError);
+  EXPECT_EQ(parse_devices("cuda:1,3").devices, (std::vector<int>{1, 3}));
+}
+
+}  // namespace
+}  // namespace pinfeed::trainer

@@ -1,0 +1,40 @@
+#pragma once
+// Checkpoints: weights, optimizer state (momentum), and where training
+// stands (optimizer step, epoch, the loader's position), enough to resume and
+// reproduce the uninterrupted run exactly on the CPU backend.
+//
+// Format: "PFCKPT01", a little-endian u64 header length, a JSON header, the
+// weights and momentum as raw float32, and an FNV-1a 64 checksum of all that.
+// Written atomically: a temporary file in the same folder, fsync, rename over
+// the old checkpoint, fsync of the folder. A writer killed at any point leaves
+// the previous checkpoint intact.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <vector>
+
+#include "pinfeed/trainer/model.hpp"
+
+namespace pinfeed::trainer {
+
+struct Checkpoint {
+  std::uint64_t step = 0;       ///< optimizer steps done
+  std::uint64_t epoch = 0;      ///< the epoch to continue
+  std::uint64_t position = 0;   ///< samples of that epoch each rank has consumed
+  std::uint64_t seed = 0;
+  std::uint64_t world_size = 1;
+  std::uint64_t global_batch = 0;
+  ModelConfig model;
+  std::vector<float> weights, momentum;
+};
+
+struct SaveHooks {
+  std::function<void()> before_rename;  ///< runs after the temporary file is complete (tests kill here)
+};
+
+/// Throws DataError(path, reason) when the file cannot be written.
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt, const SaveHooks& hooks = {});
+/// Throws DataError(path, reason): missing, truncated, not a checkpoint, checksum mismatch.
+Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+}  // namespace pinfeed::trainer

@@ -1,0 +1,100 @@
+#pragma once
+// Communicator: the collectives data-parallel training needs, run in place on
+// a stream of the rank's backend, so they overlap with compute exactly as the
+// backend's streams do.
+//
+//   ThreadCommunicator  CPU ranks as threads of one process (create_group).
+//                       Reduces in rank order: results do not depend on the
+//                       chunking or on which thread finished first.
+//   MpiCommunicator     one CPU rank per process under mpirun (MPI_Allreduce).
+//   NcclCommunicator    GPUs: one communicator per device, made together in
+//                       one process (ncclCommInitAll) or one per process with
+//                       the unique id broadcast over MPI (nccl_communicator.hpp).
+//
+// Every rank must issue the same collectives, in the same order, with the
+// same sizes; the thread communicator checks this and fails loudly. A
+// collective that does not complete within the configured timeout is
+// reported as a CommError naming the ranks that did not arrive, and the
+// group is aborted, so no rank hangs forever.
+#include <chrono>
+#include <functional>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/trainer/device_backend.hpp"
+
+namespace pinfeed::trainer {
+
+class CpuBackend;
+
+enum class ReduceOp { sum, average };
+
+/// A collective failed: which rank, which operation, how many bytes.
+class CommError : public Error {
+ public:
+  CommError(int rank, std::string op, std::size_t bytes, const std::string& reason);
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] const std::string& op() const noexcept { return op_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  int rank_;
+  std::string op_;
+  std::size_t bytes_;
+};
+
+struct CommConfig {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< a collective not done by then is an error
+};
+
+class Communicator {
+ public:
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
+
+  [[nodiscard]] virtual int rank() const noexcept = 0;
+  [[nodiscard]] virtual int size() const noexcept = 0;
+  [[nodiscard]] virtual std::string name() const = 0;  ///< "threads", "mpi", "nccl"
+
+  /// In place over `count` floats of device memory, enqueued on `s`.
+  virtual void all_reduce(Stream& s, float* data, std::size_t count, ReduceOp op) = 0;
+  /// Root's `count` floats to every rank, enqueued on `s`.
+  virtual void broadcast(Stream& s, float* data, std::size_t count, int root) = 0;
+  /// Blocks the calling host thread until every rank has called it.
+  virtual void barrier() = 0;
+  /// A rank failed: makes every pending and later collective of the group
+  /// fail instead of waiting. Idempotent; never throws.
+  virtual void abort(const std::string& why) noexcept = 0;
+};
+
+/// `backends.size()` communicators, rank i driving backends[i]: one per CPU
+/// rank thread of this process.
+std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<CpuBackend*>& backends,
+                                                             CommConfig config = {});
+
+/// Where this process sits in a multi-process launch.
+struct LaunchEnv {
+  int rank = 0, world_size = 1;        ///< processes
+  int local_rank = 0, local_size = 1;  ///< processes on this machine (device selection)
+  std::string launcher = "single";     ///< "single", "mpi" (OMPI_/PMI_ variables), "torchrun" (RANK, WORLD_SIZE, LOCAL_RANK)
+};
+
+/// Reads the launcher's variables once (OpenMPI's OMPI_COMM_WORLD_*, then
+/// PMI_*, then torchrun's RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE).
+/// `getenv` is injectable for tests. Throws ConfigError on malformed values.
+LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv);
+LaunchEnv read_launch_env();
+
+/// True when pinfeed was built with MPI.
+bool mpi_compiled() noexcept;
+/// The CPU communicator of a process launched by mpirun: initializes MPI
+/// (once; finalized at exit), rank and size from MPI_COMM_WORLD. Throws
+/// ConfigError when built without MPI.
+std::unique_ptr<Communicator> make_mpi_communicator(CpuBackend& backend, CommConfig config = {});
+
+}  // namespace pinfeed::trainer

@@ -1,0 +1,64 @@
+#pragma once
+// CpuBackend: the DeviceBackend of machines without a GPU. "Device" memory is
+// host memory; each Stream is a worker thread that runs its queue in order,
+// so copies and math really run asynchronously to the thread that enqueues
+// them, and events complete when the worker reaches them. Math is plain C++
+// loops and OpenBLAS's cblas_sgemm (single-threaded: one rank is one thread).
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include "pinfeed/trainer/device_backend.hpp"
+
+namespace pinfeed::trainer {
+
+struct CpuBackendConfig {
+  int index = 0;                              ///< shown as "cpu:<index>"
+  std::chrono::microseconds copy_delay{0};    ///< added to every copy: simulates a slow link (tests, demos)
+  std::size_t max_queued = 4096;              ///< tasks a stream holds before enqueueing blocks
+};
+
+class CpuBackend final : public DeviceBackend {
+ public:
+  explicit CpuBackend(CpuBackendConfig config = {});
+  ~CpuBackend() override;
+
+  [[nodiscard]] BackendKind kind() const noexcept override { return BackendKind::cpu; }
+  [[nodiscard]] std::string name() const override;
+
+  DeviceBuffer allocate(std::size_t bytes) override;
+  std::unique_ptr<Stream> create_stream() override;
+  std::shared_ptr<Event> create_event() override;
+  void copy_h2d(Stream& s, void* dst, const void* src, std::size_t bytes) override;
+  void copy_d2h(Stream& s, void* dst, const void* src, std::size_t bytes) override;
+  void copy_d2d(Stream& s, void* dst, const void* src, std::size_t bytes) override;
+  void record(Event& e, Stream& s) override;
+  void stream_wait(Stream& s, Event& e) override;
+  void synchronize(Stream& s) override;
+
+  void gemm(Stream& s, const Gemm& g) override;
+  void normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
+                    const Normalization& norm) override;
+  void avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) override;
+  void bias_activation(Stream& s, float* z, const float* bias, float* a, int n, int d, bool relu) override;
+  void relu_backward(Stream& s, float* grad, const float* z, std::size_t count) override;
+  void bias_grad(Stream& s, const float* dz, float* db, int n, int d) override;
+  void softmax_cross_entropy(Stream& s, const float* logits, const std::int32_t* labels, int n, int k, float scale,
+                             float* dlogits, float* stats) override;
+  void sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) override;
+  void scale(Stream& s, float* x, std::size_t count, float factor) override;
+  void fill(Stream& s, float* x, std::size_t count, float value) override;
+
+  /// Runs `task` on the stream's worker, in order with the rest of its work
+  /// (the CPU communicators run their collectives this way, on a comm stream).
+  /// An exception from `task` becomes the stream's sticky error.
+  void enqueue(Stream& s, std::function<void()> task);
+
+ protected:
+  void free(void* ptr, std::size_t bytes) noexcept override;
+
+ private:
+  CpuBackendConfig config_;
+};
+
+}  // namespace pinfeed::trainer

@@ -1,0 +1,173 @@
+#pragma once
+// DeviceBackend: the seam between the trainer and a device. Device memory,
+// streams (ordered queues of work), events (completion markers), async
+// host-to-device copies, and the handful of math operations the reference
+// model needs, all enqueued on a stream.
+//
+//   CudaBackend  the CUDA runtime: cudaMallocAsync-free plain cudaMalloc,
+//                cudaMemcpyAsync, events, cuBLAS (loaded at run time) and
+//                our kernels (kernels.cu).
+//   CpuBackend   real memory and one worker thread per stream, so ordering,
+//                asynchrony and completion are exercised in every test run.
+//                Its math is plain C++ and OpenBLAS (cblas_sgemm).
+//
+// Note [Slot lifetime] (see buffer_pool.hpp): a pool slot that a copy reads
+// goes back to the pool only after that copy has completed. An Event is a
+// memory::Fence, so the trainer releases a batch's lease with
+// `lease.release_after(event)` right after recording the copy's event.
+//
+// Errors: work that fails on a stream (a CUDA error, an exception in a CPU
+// stream's task, a collective that timed out) is sticky on that stream:
+// synchronize() and Event::wait_for() rethrow it, and later work on the
+// stream is skipped. Thread-safety: a backend may be used from several host
+// threads; one Stream must be fed by one host thread at a time.
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pinfeed/memory/fence.hpp"
+
+namespace pinfeed::trainer {
+
+enum class BackendKind { cpu, cuda };
+
+class DeviceBackend;
+
+/// Device memory, freed by its backend when dropped. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBackend* backend, void* ptr, std::size_t bytes) noexcept : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    DeviceBuffer tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  [[nodiscard]] void* get() const noexcept { return ptr_; }
+  template <class T>
+  [[nodiscard]] T* as() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  void swap(DeviceBuffer& o) noexcept {
+    std::swap(backend_, o.backend_);
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+  }
+  DeviceBackend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// An ordered queue of device work. Opaque; made by a backend.
+class Stream {
+ public:
+  Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  virtual ~Stream() = default;
+};
+
+/// Completion of the work recorded before it on a stream. A Fence, so a pool
+/// slot can be released after it (Note [Slot lifetime]). wait_for() rethrows
+/// the stream's error, if the work failed.
+class Event : public memory::Fence {};
+
+/// Mean and standard deviation per channel (R, G, B), as in the loader.
+struct Normalization {
+  std::array<float, 3> mean{0.485F, 0.456F, 0.406F};
+  std::array<float, 3> std{0.229F, 0.224F, 0.225F};
+};
+
+/// Row-major matrix product operands: C (m x n) = alpha * op(A) * op(B) + beta * C,
+/// op(A) m x k, op(B) k x n; ld* are row strides in elements.
+struct Gemm {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  float alpha = 1, beta = 0;
+  const float* a = nullptr;
+  int lda = 0;
+  const float* b = nullptr;
+  int ldb = 0;
+  float* c = nullptr;
+  int ldc = 0;
+};
+
+/// SGD with momentum and weight decay, PyTorch's rule:
+/// g += weight_decay * w; m = momentum * m + g; w -= lr * m.
+struct SgdStep {
+  float lr = 0, momentum = 0.9F, weight_decay = 0;
+};
+
+class DeviceBackend {
+ public:
+  DeviceBackend() = default;
+  DeviceBackend(const DeviceBackend&) = delete;
+  DeviceBackend& operator=(const DeviceBackend&) = delete;
+  virtual ~DeviceBackend() = default;
+
+  [[nodiscard]] virtual BackendKind kind() const noexcept = 0;
+  /// "cpu:0", "cuda:1 (NVIDIA H200)".
+  [[nodiscard]] virtual std::string name() const = 0;
+
+  /// Device memory (zeroed). Throws OutOfMemory / CudaError.
+  virtual DeviceBuffer allocate(std::size_t bytes) = 0;
+  virtual std::unique_ptr<Stream> create_stream() = 0;
+  virtual std::shared_ptr<Event> create_event() = 0;
+
+  /// Asynchronous copies: `src` must stay valid and unchanged until an event
+  /// recorded after the copy is ready (pinned host memory on CUDA makes the
+  /// copy truly asynchronous; pageable memory is staged by the driver).
+  virtual void copy_h2d(Stream& s, void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy_d2h(Stream& s, void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy_d2d(Stream& s, void* dst, const void* src, std::size_t bytes) = 0;
+  /// Marks the point in `s` that `e` completes at (re-recording resets it).
+  virtual void record(Event& e, Stream& s) = 0;
+  /// Work enqueued on `s` after this waits until `e` is complete.
+  virtual void stream_wait(Stream& s, Event& e) = 0;
+  /// Blocks until everything enqueued on `s` has run; rethrows its error.
+  virtual void synchronize(Stream& s) = 0;
+
+  // Math, enqueued on a stream. Pointers are device pointers.
+  virtual void gemm(Stream& s, const Gemm& g) = 0;
+  /// uint8 NHWC (RGB) -> float32 NCHW, (x / 255 - mean) / std.
+  virtual void normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
+                            const Normalization& norm) = 0;
+  /// Average pooling by `factor` in both axes, NCHW in, n x (c*h/f*w/f) out.
+  virtual void avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) = 0;
+  /// z (n x d) += bias per column; a = relu(z) when `relu`, else a = z.
+  virtual void bias_activation(Stream& s, float* z, const float* bias, float* a, int n, int d, bool relu) = 0;
+  /// grad *= (z > 0).
+  virtual void relu_backward(Stream& s, float* grad, const float* z, std::size_t count) = 0;
+  /// db (d) += column sums of dz (n x d).
+  virtual void bias_grad(Stream& s, const float* dz, float* db, int n, int d) = 0;
+  /// Softmax cross-entropy over logits (n x k), labels in [0, k): adds the
+  /// summed loss and the count of correct predictions to stats[0], stats[1],
+  /// and, unless dlogits is null (validation), writes
+  /// dlogits = scale * (softmax - onehot) / n.
+  virtual void softmax_cross_entropy(Stream& s, const float* logits, const std::int32_t* labels, int n, int k,
+                                     float scale, float* dlogits, float* stats) = 0;
+  virtual void sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) = 0;
+  virtual void scale(Stream& s, float* x, std::size_t count, float factor) = 0;
+  virtual void fill(Stream& s, float* x, std::size_t count, float value) = 0;
+
+ protected:
+  friend class DeviceBuffer;
+  virtual void free(void* ptr, std::size_t bytes) noexcept = 0;
+};
+
+inline DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr && backend_ != nullptr) backend_->free(ptr_, bytes_);
+}
+
+}  // namespace pinfeed::trainer

@@ -1,0 +1,144 @@
+#include "pinfeed/trainer/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::trainer {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'F', 'C', 'K', 'P', 'T', '0', '1'};
+
+std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ULL) {
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= static_cast<std::uint64_t>(p[i]);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+template <class T>
+void put(std::vector<std::byte>& out, const T* p, std::size_t count) {
+  const auto* b = reinterpret_cast<const std::byte*>(p);
+  out.insert(out.end(), b, b + count * sizeof(T));
+}
+
+/// An fd closed on every path.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void write_all(int fd, const std::byte* p, std::size_t n, const std::filesystem::path& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw DataError(path, fmt::format("write failed: {}", std::strerror(errno)));
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, const SaveHooks& hooks) {
+  if (c.weights.size() != c.momentum.size()) throw ConfigError("checkpoint: weights and momentum differ in size");
+  nlohmann::json h;
+  h["format"] = 1;
+  h["step"] = c.step;
+  h["epoch"] = c.epoch;
+  h["position"] = c.position;
+  h["seed"] = c.seed;
+  h["world_size"] = c.world_size;
+  h["global_batch"] = c.global_batch;
+  h["model"] = {{"image_size", c.model.image_size}, {"pool", c.model.pool}, {"hidden", c.model.hidden},
+                {"classes", c.model.classes}};
+  h["params"] = c.weights.size();
+  const std::string header = h.dump();
+  std::vector<std::byte> out;
+  out.reserve(32 + header.size() + 2 * c.weights.size() * sizeof(float));
+  put(out, kMagic, sizeof kMagic);
+  const std::uint64_t len = header.size();
+  put(out, &len, 1);
+  put(out, header.data(), header.size());
+  put(out, c.weights.data(), c.weights.size());
+  put(out, c.momentum.data(), c.momentum.size());
+  const std::uint64_t sum = fnv1a(out.data(), out.size());
+  put(out, &sum, 1);
+
+  const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  const std::filesystem::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
+  {
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (f.fd < 0) throw DataError(tmp, fmt::format("cannot create: {}", std::strerror(errno)));
+    write_all(f.fd, out.data(), out.size(), tmp);
+    if (::fsync(f.fd) != 0) throw DataError(tmp, fmt::format("fsync failed: {}", std::strerror(errno)));
+  }
+  if (hooks.before_rename) hooks.before_rename();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw DataError(path, fmt::format("cannot rename {} over it: {}", tmp.string(), std::strerror(e)));
+  }
+  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd >= 0) (void)::fsync(d.fd);  // the rename itself durable; best effort
+}
+
+Checkpoint load_checkpoint(const std::filesystem::path& path) {
+  std::vector<std::byte> in;
+  {
+    Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (f.fd < 0) throw DataError(path, fmt::format("cannot open checkpoint: {}", std::strerror(errno)));
+    std::byte buf[1 << 16];
+    for (;;) {
+      const ssize_t r = ::read(f.fd, buf, sizeof buf);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw DataError(path, fmt::format("read failed: {}", std::strerror(errno)));
+      if (r == 0) break;
+      in.insert(in.end(), buf, buf + r);
+    }
+  }
+  if (in.size() < sizeof kMagic + 16 || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0) {
+    throw DataError(path, "not a pinfeed checkpoint (bad magic or too short)");
+  }
+  std::uint64_t stored = 0;
+  std::memcpy(&stored, in.data() + in.size() - 8, 8);
+  if (fnv1a(in.data(), in.size() - 8) != stored) throw DataError(path, "checksum mismatch (truncated or corrupt)");
+  std::uint64_t len = 0;
+  std::memcpy(&len, in.data() + 8, 8);
+  if (len > in.size() - 24) throw DataError(path, "header length past the end of the file");
+  Checkpoint c;
+  try {
+    const auto h = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(in.data() + 16), len));
+    if (h.at("format").get<int>() != 1) throw DataError(path, "unknown checkpoint format");
+    c.step = h.at("step");
+    c.epoch = h.at("epoch");
+    c.position = h.at("position");
+    c.seed = h.at("seed");
+    c.world_size = h.at("world_size");
+    c.global_batch = h.at("global_batch");
+    c.model.image_size = h.at("model").at("image_size");
+    c.model.pool = h.at("model").at("pool");
+    c.model.hidden = h.at("model").at("hidden").get<std::vector<int>>();
+    c.model.classes = h.at("model").at("classes");
+    const std::size_t n = h.at("params");
+    if (24 + len + 2 * n * sizeof(float) != in.size()) throw DataError(path, "parameter data does not match the header");
+    c.weights.resize(n);
+    c.momentum.resize(n);
+    std::memcpy(c.weights.data(), in.data() + 16 + len, n * sizeof(float));
+    std::memcpy(c.momentum.data(), in.data() + 16 + len + n * sizeof(float), n * sizeof(float));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(path, fmt::format("bad checkpoint header: {}", e.what()));
+  }
+  return c;
+}
+
+}  // namespace pinfeed::trainer

@@ -1,0 +1,333 @@
+#include "pinfeed/trainer/cpu_backend.hpp"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::trainer {
+namespace {
+
+/// An event's state: how many times it was recorded, and how far the
+/// recordings have completed. Waiters wait for the target they saw.
+class CpuEvent final : public Event {
+ public:
+  std::uint64_t arm() {
+    const std::scoped_lock lock(mutex_);
+    return ++recorded_;
+  }
+  std::uint64_t target() {
+    const std::scoped_lock lock(mutex_);
+    return recorded_;
+  }
+  void complete(std::uint64_t target, const std::exception_ptr& error) {
+    {
+      const std::scoped_lock lock(mutex_);
+      completed_ = std::max(completed_, target);
+      if (error && !error_) error_ = error;
+    }
+    cv_.notify_all();
+  }
+  [[nodiscard]] bool ready() noexcept override {
+    const std::scoped_lock lock(mutex_);
+    return completed_ >= recorded_;
+  }
+  bool wait_for(std::chrono::microseconds timeout) override {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t want = recorded_;
+    if (!cv_.wait_for(lock, timeout, [&] { return completed_ >= want; })) return false;
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+  /// Waits for `want` from a stream worker, giving up when the stream stops.
+  void wait_from_worker(std::uint64_t want, const std::stop_token& stop) {
+    std::unique_lock lock(mutex_);
+    while (completed_ < want) {
+      if (stop.stop_requested()) throw Cancelled("cpu stream: stopped while waiting for an event");
+      cv_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex mutex_;  // guards the three fields below
+  std::condition_variable cv_;
+  std::uint64_t recorded_ = 0, completed_ = 0;
+  std::exception_ptr error_;
+};
+
+/// One worker thread running tasks in order. After a task throws, the
+/// stream is in error: later tasks are skipped except those marked
+/// `always` (event completions and synchronize), which see the error.
+class CpuStream final : public Stream {
+ public:
+  using Task = std::function<void(const std::exception_ptr& stream_error, const std::stop_token&)>;
+
+  explicit CpuStream(std::size_t max_queued)
+      : max_queued_(max_queued), worker_([this](const std::stop_token& st) { run(st); }) {}
+  ~CpuStream() override {
+    worker_.request_stop();
+    { const std::scoped_lock lock(mutex_); }  // the worker is either before its check or waiting: no lost wake-up
+    cv_work_.notify_all();
+    cv_space_.notify_all();
+  }
+
+  void push(Task task, bool always) {
+    std::unique_lock lock(mutex_);
+    cv_space_.wait(lock, [&] { return queue_.size() < max_queued_; });
+    queue_.push_back(Item{std::move(task), always});
+    cv_work_.notify_one();
+  }
+
+ private:
+  struct Item {
+    Task task;
+    bool always = false;
+  };
+
+  void run(const std::stop_token& stop) {
+    for (;;) {
+      Item item;
+      std::exception_ptr error;
+      {
+        std::unique_lock lock(mutex_);
+        cv_work_.wait(lock, [&] { return !queue_.empty() || stop.stop_requested(); });
+        if (queue_.empty()) return;  // stopping, and nothing left to run
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        error = error_;
+      }
+      cv_space_.notify_one();
+      if (error && !item.always) continue;
+      try {
+        item.task(error, stop);
+      } catch (...) {
+        const std::scoped_lock lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+    }
+  }
+
+  std::size_t max_queued_;
+  std::mutex mutex_;  // guards queue_ and error_
+  std::condition_variable cv_work_, cv_space_;
+  std::deque<Item> queue_;
+  std::exception_ptr error_;
+  std::jthread worker_;  // last: starts after the fields it uses
+};
+
+CpuStream& cpu(Stream& s) { return dynamic_cast<CpuStream&>(s); }
+CpuEvent& cpu(Event& e) { return dynamic_cast<CpuEvent&>(e); }
+
+/// Enqueues a plain task (skipped once the stream is in error).
+template <class F>
+void post(Stream& s, F&& f) {
+  cpu(s).push([fn = std::forward<F>(f)](const std::exception_ptr&, const std::stop_token&) { fn(); }, false);
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(CpuBackendConfig config) : config_(config) {
+  // One rank is one thread here; OpenBLAS's own threads would fight them.
+  openblas_set_num_threads(1);
+}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::name() const { return fmt::format("cpu:{}", config_.index); }
+
+DeviceBuffer CpuBackend::allocate(std::size_t bytes) {
+  if (bytes == 0) return DeviceBuffer(this, nullptr, 0);
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) throw OutOfMemory("device", fmt::format("{}: cannot allocate {} bytes", name(), bytes));
+  std::memset(p, 0, rounded);  // zeroed, and every page touched now rather than in a step
+  return DeviceBuffer(this, p, bytes);
+}
+
+void CpuBackend::free(void* ptr, std::size_t /*bytes*/) noexcept { std::free(ptr); }
+
+std::unique_ptr<Stream> CpuBackend::create_stream() { return std::make_unique<CpuStream>(config_.max_queued); }
+
+std::shared_ptr<Event> CpuBackend::create_event() { return std::make_shared<CpuEvent>(); }
+
+void CpuBackend::enqueue(Stream& s, std::function<void()> task) { post(s, std::move(task)); }
+
+void CpuBackend::copy_h2d(Stream& s, void* dst, const void* src, std::size_t bytes) {
+  const auto delay = config_.copy_delay;
+  post(s, [=] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    std::memcpy(dst, src, bytes);
+  });
+}
+
+void CpuBackend::copy_d2h(Stream& s, void* dst, const void* src, std::size_t bytes) {
+  post(s, [=] { std::memcpy(dst, src, bytes); });
+}
+
+void CpuBackend::copy_d2d(Stream& s, void* dst, const void* src, std::size_t bytes) {
+  post(s, [=] { std::memmove(dst, src, bytes); });
+}
+
+void CpuBackend::record(Event& e, Stream& s) {
+  auto& ev = cpu(e);
+  const std::uint64_t target = ev.arm();
+  cpu(s).push([&ev, target](const std::exception_ptr& err, const std::stop_token&) { ev.complete(target, err); }, true);
+}
+
+void CpuBackend::stream_wait(Stream& s, Event& e) {
+  auto& ev = cpu(e);
+  const std::uint64_t target = ev.target();
+  cpu(s).push([&ev, target](const std::exception_ptr&, const std::stop_token& stop) { ev.wait_from_worker(target, stop); },
+              false);
+}
+
+void CpuBackend::synchronize(Stream& s) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  cpu(s).push(
+      [done](const std::exception_ptr& err, const std::stop_token&) {
+        if (err) {
+          done->set_exception(err);
+        } else {
+          done->set_value();
+        }
+      },
+      true);
+  fut.get();
+}
+
+void CpuBackend::gemm(Stream& s, const Gemm& g) {
+  post(s, [g] {
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n,
+                g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.ldc);
+  });
+}
+
+void CpuBackend::normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
+                              const Normalization& norm) {
+  post(s, [=] {
+    const auto plane = static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
+    for (int c = 0; c < 3; ++c) {
+      // The loader's float path computes x * (1 / (255 std)) - mean / std; so does this.
+      const float sc = 1.0F / (255.0F * norm.std[static_cast<std::size_t>(c)]);
+      const float bi = -norm.mean[static_cast<std::size_t>(c)] / norm.std[static_cast<std::size_t>(c)];
+      for (int i = 0; i < n; ++i) {
+        const std::uint8_t* in = nhwc + static_cast<std::size_t>(i) * plane * 3 + static_cast<std::size_t>(c);
+        float* out = nchw + (static_cast<std::size_t>(i) * 3 + static_cast<std::size_t>(c)) * plane;
+        for (std::size_t p = 0; p < plane; ++p) out[p] = static_cast<float>(in[3 * p]) * sc + bi;
+      }
+    }
+  });
+}
+
+void CpuBackend::avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) {
+  post(s, [=] {
+    const int oh = h / factor, ow = w / factor;
+    const float inv = 1.0F / static_cast<float>(factor * factor);
+    std::size_t o = 0;
+    for (int plane = 0; plane < n * c; ++plane) {
+      const float* in = nchw + static_cast<std::size_t>(plane) * static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
+      for (int y = 0; y < oh; ++y) {
+        for (int x = 0; x < ow; ++x) {
+          float sum = 0;
+          for (int dy = 0; dy < factor; ++dy) {
+            const float* row = in + static_cast<std::size_t>(y * factor + dy) * static_cast<std::size_t>(w) +
+                               static_cast<std::size_t>(x * factor);
+            for (int dx = 0; dx < factor; ++dx) sum += row[dx];
+          }
+          out[o++] = sum * inv;
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::bias_activation(Stream& s, float* z, const float* bias, float* a, int n, int d, bool relu) {
+  post(s, [=] {
+    for (int i = 0; i < n; ++i) {
+      float* zr = z + static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
+      float* ar = a + static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
+      for (int j = 0; j < d; ++j) {
+        zr[j] += bias[j];
+        ar[j] = relu ? std::max(zr[j], 0.0F) : zr[j];
+      }
+    }
+  });
+}
+
+void CpuBackend::relu_backward(Stream& s, float* grad, const float* z, std::size_t count) {
+  post(s, [=] {
+    for (std::size_t i = 0; i < count; ++i) grad[i] = z[i] > 0 ? grad[i] : 0.0F;
+  });
+}
+
+void CpuBackend::bias_grad(Stream& s, const float* dz, float* db, int n, int d) {
+  post(s, [=] {
+    for (int i = 0; i < n; ++i) {
+      const float* row = dz + static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
+      for (int j = 0; j < d; ++j) db[j] += row[j];
+    }
+  });
+}
+
+void CpuBackend::softmax_cross_entropy(Stream& s, const float* logits, const std::int32_t* labels, int n, int k,
+                                       float scale, float* dlogits, float* stats) {
+  post(s, [=] {
+    double loss = 0;
+    int correct = 0;
+    for (int i = 0; i < n; ++i) {
+      const float* z = logits + static_cast<std::size_t>(i) * static_cast<std::size_t>(k);
+      const int label = labels[i];
+      int best = 0;
+      for (int j = 1; j < k; ++j) best = z[j] > z[best] ? j : best;
+      const float zmax = z[best];
+      double sum = 0;
+      for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
+      loss += std::log(sum) - static_cast<double>(z[label] - zmax);
+      correct += best == label ? 1 : 0;
+      if (dlogits != nullptr) {
+        float* g = dlogits + static_cast<std::size_t>(i) * static_cast<std::size_t>(k);
+        const float f = scale / static_cast<float>(n);
+        for (int j = 0; j < k; ++j) {
+          const auto p = static_cast<float>(std::exp(static_cast<double>(z[j] - zmax)) / sum);
+          g[j] = f * (p - (j == label ? 1.0F : 0.0F));
+        }
+      }
+    }
+    stats[0] += static_cast<float>(loss);
+    stats[1] += static_cast<float>(correct);
+  });
+}
+
+void CpuBackend::sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) {
+  post(s, [=] {
+    for (std::size_t i = 0; i < count; ++i) {
+      const float g = grad[i] + step.weight_decay * w[i];
+      momentum[i] = step.momentum * momentum[i] + g;
+      w[i] -= step.lr * momentum[i];
+    }
+  });
+}
+
+void CpuBackend::scale(Stream& s, float* x, std::size_t count, float factor) {
+  post(s, [=] {
+    for (std::size_t i = 0; i < count; ++i) x[i] *= factor;
+  });
+}
+
+void CpuBackend::fill(Stream& s, float* x, std::size_t count, float value) {
+  post(s, [=] { std::fill(x, x + count, value); });
+}
+
+}  // namespace pinfeed::trainer

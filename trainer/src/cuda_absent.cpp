@@ -1,0 +1,24 @@
+// Built without the CUDA toolkit: the factories say so at run time.
+#include <fmt/format.h>
+
+#include "pinfeed/trainer/cuda_backend.hpp"
+
+namespace pinfeed::trainer {
+
+int cuda_device_count() noexcept { return 0; }
+
+std::unique_ptr<DeviceBackend> make_cuda_backend(int device) {
+  throw CudaError(fmt::format("cuda:{}: this pinfeed was built without CUDA (rebuild with the toolkit installed)", device));
+}
+
+bool nccl_available() noexcept { return false; }
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<DeviceBackend*>& /*backends*/, CommConfig) {
+  throw CudaError("NCCL: this pinfeed was built without CUDA");
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator_mpi(DeviceBackend& /*backend*/, CommConfig) {
+  throw CudaError("NCCL: this pinfeed was built without CUDA");
+}
+
+}  // namespace pinfeed::trainer

@@ -1,0 +1,553 @@
+#include "pinfeed/trainer/trainer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <mutex>
+#include <thread>
+
+#include "pinfeed/log.hpp"
+#include "pinfeed/trainer/checkpoint.hpp"
+#include "pinfeed/trainer/cpu_backend.hpp"
+#include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/schedule.hpp"
+
+namespace pinfeed::trainer {
+
+DeviceSpec parse_devices(std::string_view text) {
+  DeviceSpec spec;
+  const auto colon = text.find(':');
+  const std::string_view kind = text.substr(0, colon);
+  const std::string_view rest = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
+  const auto number = [&](std::string_view s) {
+    int v = -1;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size() || v < 0) {
+      throw ConfigError(fmt::format("devices '{}': '{}' is not a number", text, s));
+    }
+    return v;
+  };
+  if (kind == "cpu") {
+    spec.kind = BackendKind::cpu;
+    spec.count = rest.empty() ? 1 : number(rest);
+    if (spec.count < 1 || spec.count > 256) throw ConfigError(fmt::format("devices '{}': cpu workers must be 1..256", text));
+    return spec;
+  }
+  if (kind == "cuda") {
+    spec.kind = BackendKind::cuda;
+    if (rest.empty() || rest == "all") {
+      spec.all = true;
+      spec.count = 0;
+      return spec;
+    }
+    std::size_t start = 0;
+    while (start <= rest.size()) {
+      const auto comma = rest.find(',', start);
+      const std::string_view item = rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+      const int d = number(item);
+      if (std::find(spec.devices.begin(), spec.devices.end(), d) != spec.devices.end()) {
+        throw ConfigError(fmt::format("devices '{}': cuda:{} listed twice", text, d));
+      }
+      spec.devices.push_back(d);
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
+    }
+    spec.count = static_cast<int>(spec.devices.size());
+    return spec;
+  }
+  throw ConfigError(fmt::format("devices '{}' is not cpu[:N], cuda[:all] or cuda:I,J,...", text));
+}
+
+void TrainConfig::validate() const {
+  if (global_batch < 1) throw ConfigError("global_batch must be >= 1");
+  if (accumulation < 1) throw ConfigError("accumulation must be >= 1");
+  if (epochs < 1 || epochs > 100000) throw ConfigError(fmt::format("epochs must be 1..100000, got {}", epochs));
+  if (!(lr > 0) || !std::isfinite(lr)) throw ConfigError(fmt::format("lr must be > 0, got {}", lr));
+  if (!(momentum >= 0 && momentum < 1)) throw ConfigError(fmt::format("momentum must be in [0, 1), got {}", momentum));
+  if (!(weight_decay >= 0)) throw ConfigError(fmt::format("weight_decay must be >= 0, got {}", weight_decay));
+  if (!(warmup_epochs >= 0)) throw ConfigError(fmt::format("warmup_epochs must be >= 0, got {}", warmup_epochs));
+  if (resume && checkpoint.empty()) throw ConfigError("resume needs a checkpoint path");
+  ddp.validate();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void wait(Event& e) {
+  while (!e.wait_for(std::chrono::seconds(1))) {
+  }
+}
+
+/// What every worker of this process shares.
+struct Job {
+  Job(const TrainConfig& c, const TrainCallbacks& cb) : config(c), callbacks(cb) {}
+  const TrainConfig& config;
+  const TrainCallbacks& callbacks;
+  int world = 1;        // ranks in all
+  int first_rank = 0;   // rank of this process's worker 0
+  int local_workers = 1;
+  std::mutex mutex;     // guards error and result
+  std::exception_ptr error;
+  TrainResult result;
+};
+
+class Worker {
+ public:
+  Worker(Job& job, int local, DeviceBackend& backend, Communicator& comm)
+      : job_(job), cfg_(job.config), local_(local), rank_(job.first_rank + local), backend_(backend), comm_(comm) {}
+
+  void run();
+
+ private:
+  void host_all_reduce(std::vector<float>& v);
+  void check_equal_work(std::uint64_t epoch, std::uint64_t steps);
+  void save(std::uint64_t epoch, std::uint64_t position);
+  void validate_epoch(EpochSummary& s);
+
+  Job& job_;
+  const TrainConfig& cfg_;
+  int local_, rank_;
+  DeviceBackend& backend_;
+  Communicator& comm_;
+  std::unique_ptr<loader::Loader> loader_, val_loader_;
+  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<DdpEngine> ddp_;
+  std::unique_ptr<Stream> compute_, copy_;
+  DeviceBuffer scratch_;
+  std::size_t micro_ = 0;
+  std::uint64_t global_step_ = 0;
+};
+
+void Worker::host_all_reduce(std::vector<float>& v) {
+  // On the comm stream, after whatever DDP put there; the vector stays alive
+  // until the synchronize.
+  Stream& s = ddp_->comm_stream();
+  const std::size_t bytes = v.size() * sizeof(float);
+  if (bytes > scratch_.bytes()) scratch_ = backend_.allocate(bytes);
+  backend_.copy_h2d(s, scratch_.get(), v.data(), bytes);
+  comm_.all_reduce(s, scratch_.as<float>(), v.size(), ReduceOp::sum);
+  backend_.copy_d2h(s, v.data(), scratch_.get(), bytes);
+  backend_.synchronize(s);
+}
+
+void Worker::check_equal_work(std::uint64_t epoch, std::uint64_t steps) {
+  std::vector<float> counts(static_cast<std::size_t>(job_.world), 0.0F);
+  counts[static_cast<std::size_t>(rank_)] = static_cast<float>(steps);
+  host_all_reduce(counts);
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] != counts[0]) {
+      throw Error(fmt::format("epoch {}: rank {} has {} steps but rank {} has {}: every rank must run the same number "
+                              "of steps (same dataset, batch size and drop_last on every rank)",
+                              epoch, r, counts[r], 0, counts[0]));
+    }
+  }
+}
+
+void Worker::save(std::uint64_t epoch, std::uint64_t position) {
+  backend_.synchronize(*compute_);
+  if (rank_ != 0 || cfg_.checkpoint.empty()) return;
+  Checkpoint c;
+  c.step = global_step_;
+  c.epoch = epoch;
+  c.position = position;
+  c.seed = cfg_.loader.seed;
+  c.world_size = static_cast<std::uint64_t>(job_.world);
+  c.global_batch = cfg_.global_batch;
+  c.model = model_->config();
+  c.weights.resize(model_->param_count());
+  c.momentum.resize(model_->param_count());
+  backend_.copy_d2h(*compute_, c.weights.data(), model_->weights(), c.weights.size() * sizeof(float));
+  backend_.copy_d2h(*compute_, c.momentum.data(), model_->momentum(), c.momentum.size() * sizeof(float));
+  backend_.synchronize(*compute_);
+  save_checkpoint(cfg_.checkpoint, c);
+  detail::log().info("checkpoint: step {}, epoch {} position {} -> {}", c.step, epoch, position, cfg_.checkpoint.string());
+}
+
+void Worker::validate_epoch(EpochSummary& s) {
+  if (!val_loader_) return;
+  val_loader_->begin_epoch(0);
+  const auto size = static_cast<std::size_t>(model_->config().image_size);
+  DeviceBuffer in = backend_.allocate(micro_ * val_loader_->config().transform.sample_bytes());
+  DeviceBuffer images = backend_.allocate(micro_ * 3 * size * size * sizeof(float));
+  DeviceBuffer labels = backend_.allocate(micro_ * sizeof(std::int32_t));
+  DeviceBuffer stats = backend_.allocate(2 * sizeof(float));
+  std::vector<std::int32_t> host_labels(micro_);
+  float count = 0;
+  while (auto batch = val_loader_->next()) {
+    const auto n = static_cast<int>(batch->size());
+    for (std::size_t i = 0; i < batch->size(); ++i) host_labels[i] = static_cast<std::int32_t>(batch->labels()[i]);
+    backend_.copy_h2d(*compute_, in.get(), batch->data().data(), batch->data().size());
+    backend_.copy_h2d(*compute_, labels.get(), host_labels.data(), batch->size() * sizeof(std::int32_t));
+    const float* x = in.as<float>();
+    if (cfg_.device_normalize) {
+      Normalization norm{cfg_.loader.transform.mean, cfg_.loader.transform.std};
+      backend_.normalize_u8(*compute_, in.as<std::uint8_t>(), images.as<float>(), n, static_cast<int>(size),
+                            static_cast<int>(size), norm);
+      x = images.as<float>();
+    }
+    model_->evaluate(*compute_, x, labels.as<std::int32_t>(), n, stats.as<float>());
+    backend_.synchronize(*compute_);  // the slot and host_labels are reused next
+    count += static_cast<float>(n);
+  }
+  std::vector<float> v(3);
+  backend_.copy_d2h(*compute_, v.data(), stats.get(), 2 * sizeof(float));
+  backend_.synchronize(*compute_);
+  v[2] = count;
+  host_all_reduce(v);
+  s.val_loss = v[2] > 0 ? v[0] / v[2] : std::numeric_limits<double>::quiet_NaN();
+  s.val_accuracy = v[2] > 0 ? v[1] / v[2] : std::numeric_limits<double>::quiet_NaN();
+}
+
+void Worker::run() {
+  const auto world = static_cast<std::size_t>(job_.world);
+  const std::size_t per_rank = cfg_.global_batch / world;
+  micro_ = per_rank / cfg_.accumulation;
+
+  loader::LoaderConfig lc = cfg_.loader;
+  lc.rank = static_cast<unsigned>(rank_);
+  lc.world_size = static_cast<unsigned>(job_.world);
+  lc.batch_size = micro_;
+  lc.drop_last_batch = true;  // every step has the global batch
+  lc.transform.layout = cfg_.device_normalize ? loader::Layout::nhwc_u8 : loader::Layout::nchw_f32;
+  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
+  const unsigned threads = cfg_.loader.threads == 0 ? cores : cfg_.loader.threads;
+  lc.threads = std::max(1U, threads / static_cast<unsigned>(job_.local_workers));
+  lc.pinned_fraction = cfg_.loader.pinned_fraction / job_.local_workers;
+  if (lc.pin_method == memory::PinMethod::automatic && backend_.kind() == BackendKind::cpu) {
+    lc.pin_method = memory::PinMethod::mlock;  // a CPU worker copies with memcpy: no driver registration
+  }
+  loader_ = std::make_unique<loader::Loader>(lc);
+  if (!cfg_.val_dataset.empty()) {
+    loader::LoaderConfig vc = lc;
+    vc.dataset = cfg_.val_dataset;
+    vc.shuffle = false;
+    vc.drop_last_batch = false;
+    vc.transform.crop = loader::CropMode::center;
+    vc.transform.flip = false;
+    vc.prefetch = 2;
+    vc.watch_pressure = false;
+    val_loader_ = std::make_unique<loader::Loader>(vc);
+  }
+
+  ModelConfig mc = cfg_.model;
+  mc.image_size = lc.transform.size;
+  mc.classes = static_cast<int>(std::max<std::size_t>(2, loader_->dataset().num_classes()));
+  model_ = std::make_unique<Mlp>(backend_, mc, static_cast<int>(micro_));
+  ddp_ = std::make_unique<DdpEngine>(backend_, comm_, model_->params(), model_->weights(), model_->grads(), cfg_.ddp);
+  compute_ = backend_.create_stream();
+  copy_ = backend_.create_stream();
+
+  // Initial weights (rank 0's, broadcast) or the checkpoint's.
+  Checkpoint ck;
+  std::vector<float> w, m(model_->param_count(), 0.0F);
+  if (cfg_.resume) {
+    ck = load_checkpoint(cfg_.checkpoint);
+    const auto mismatch = [&](const char* field, auto have, auto want) {
+      if (have != want) {
+        throw ConfigError(fmt::format("{}: checkpoint {} is {}, this run has {}", cfg_.checkpoint.string(), field, have, want));
+      }
+    };
+    mismatch("world_size", ck.world_size, static_cast<std::uint64_t>(job_.world));
+    mismatch("global_batch", ck.global_batch, static_cast<std::uint64_t>(cfg_.global_batch));
+    mismatch("seed", ck.seed, cfg_.loader.seed);
+    mismatch("parameter count", ck.weights.size(), model_->param_count());
+    mismatch("model image_size", ck.model.image_size, mc.image_size);
+    mismatch("model pool", ck.model.pool, mc.pool);
+    mismatch("model classes", ck.model.classes, mc.classes);
+    w = std::move(ck.weights);
+    m = std::move(ck.momentum);
+    global_step_ = ck.step;
+  } else {
+    w = model_->initial_weights(cfg_.loader.seed);
+  }
+  backend_.copy_h2d(*compute_, model_->weights(), w.data(), w.size() * sizeof(float));
+  backend_.copy_h2d(*compute_, model_->momentum(), m.data(), m.size() * sizeof(float));
+  ddp_->broadcast_parameters(*compute_);
+  backend_.synchronize(*compute_);
+
+  const std::uint64_t steps_per_epoch = loader_->batches_per_epoch() / cfg_.accumulation;
+  if (steps_per_epoch == 0) {
+    throw ConfigError(fmt::format("{} samples per rank make no step of {} x {} samples: lower the batch size or the "
+                                  "number of workers",
+                                  loader_->samples_per_epoch(), cfg_.accumulation, micro_));
+  }
+  LrSchedule schedule;
+  schedule.base_lr = cfg_.lr;
+  schedule.global_batch = cfg_.global_batch;
+  schedule.warmup_steps = static_cast<std::uint64_t>(std::llround(cfg_.warmup_epochs * static_cast<double>(steps_per_epoch)));
+  schedule.total_steps = steps_per_epoch * cfg_.epochs;
+
+  const std::size_t sample_bytes = lc.transform.sample_bytes();
+  const auto size = static_cast<std::size_t>(mc.image_size);
+  DeviceBuffer in[2] = {backend_.allocate(micro_ * sample_bytes), backend_.allocate(micro_ * sample_bytes)};
+  DeviceBuffer labels[2] = {backend_.allocate(micro_ * sizeof(std::int32_t)), backend_.allocate(micro_ * sizeof(std::int32_t))};
+  DeviceBuffer images = cfg_.device_normalize ? backend_.allocate(micro_ * 3 * size * size * sizeof(float)) : DeviceBuffer();
+  DeviceBuffer step_stats = backend_.allocate(steps_per_epoch * 2 * sizeof(float));
+  std::vector<std::int32_t> host_labels[2] = {std::vector<std::int32_t>(micro_), std::vector<std::int32_t>(micro_)};
+  std::shared_ptr<Event> compute_done[2] = {backend_.create_event(), backend_.create_event()};
+  std::shared_ptr<Event> copy_done[2] = {backend_.create_event(), backend_.create_event()};
+  const Normalization norm{cfg_.loader.transform.mean, cfg_.loader.transform.std};
+  const bool report = rank_ == 0;
+
+  const std::uint64_t start_epoch = cfg_.resume ? ck.epoch : 0;
+  const std::uint64_t start_position = cfg_.resume ? ck.position : 0;
+  std::uint64_t micro_index = 0;
+  bool stop = false;
+  const auto t_train = Clock::now();
+  for (std::uint64_t epoch = start_epoch; epoch < cfg_.epochs && !stop; ++epoch) {
+    std::uint64_t first_step = 0;
+    if (epoch == start_epoch && start_position > 0) {
+      loader_->restore(loader::LoaderState{cfg_.loader.seed, epoch, start_position, lc.world_size, lc.rank});
+      first_step = start_position / (micro_ * cfg_.accumulation);
+    } else {
+      loader_->begin_epoch(epoch);
+    }
+    check_equal_work(epoch, steps_per_epoch - first_step);
+    backend_.fill(*compute_, step_stats.as<float>(), steps_per_epoch * 2, 0.0F);
+    EpochSummary summary;
+    summary.epoch = epoch;
+    double wait_seconds = 0;
+    const auto t_epoch = Clock::now();
+    std::uint64_t step = first_step;
+    for (; step < steps_per_epoch; ++step) {
+      if (cfg_.max_steps != 0 && global_step_ >= cfg_.max_steps) {
+        stop = true;
+        break;
+      }
+      const float lr = static_cast<float>(schedule.at(global_step_));
+      for (unsigned micro = 0; micro < cfg_.accumulation; ++micro, ++micro_index) {
+        const std::size_t b = micro_index % 2;
+        // Buffer b was last read by the compute two micro-steps ago, and its
+        // host labels by the copy before that: wait for both.
+        wait(*compute_done[b]);
+        wait(*copy_done[b]);
+        const auto t0 = Clock::now();
+        std::optional<loader::Batch> batch = loader_->next();
+        const double waited = seconds_since(t0);
+        // Counted as waiting for data only when the device had run dry.
+        if (compute_done[(micro_index + 1) % 2]->ready()) wait_seconds += waited;
+        if (!batch) {
+          throw Error(fmt::format("rank {}: the loader ended after {} of {} steps in epoch {}", rank_, step,
+                                  steps_per_epoch, epoch));
+        }
+        if (batch->size() != micro_) {
+          throw Error(fmt::format("rank {}: a batch of {} samples where {} were expected", rank_, batch->size(), micro_));
+        }
+        for (std::size_t i = 0; i < micro_; ++i) {
+          const std::int64_t label = batch->labels()[i];
+          if (label < 0 || label >= mc.classes) {
+            throw DataError(loader_->dataset().describe(batch->indices()[i]),
+                            fmt::format("label {} is outside 0..{}", label, mc.classes - 1));
+          }
+          host_labels[b][i] = static_cast<std::int32_t>(label);
+        }
+        (batch->pinned() ? summary.pinned_batches : summary.pageable_batches) += 1;
+        summary.replaced += batch->replaced();
+
+        backend_.stream_wait(*copy_, *compute_done[b]);
+        backend_.copy_h2d(*copy_, in[b].get(), batch->data().data(), batch->data().size());
+        backend_.copy_h2d(*copy_, labels[b].get(), host_labels[b].data(), micro_ * sizeof(std::int32_t));
+        auto copied = backend_.create_event();
+        backend_.record(*copied, *copy_);
+        copy_done[b] = copied;
+        batch->lease().release_after(copied);  // Note [Slot lifetime]
+        batch.reset();
+
+        backend_.stream_wait(*compute_, *copied);
+        const float* x = in[b].as<float>();
+        if (cfg_.device_normalize) {
+          backend_.normalize_u8(*compute_, in[b].as<std::uint8_t>(), images.as<float>(), static_cast<int>(micro_),
+                                static_cast<int>(size), static_cast<int>(size), norm);
+          x = images.as<float>();
+        }
+        if (micro == 0) model_->zero_grad(*compute_);
+        const bool sync = micro + 1 == cfg_.accumulation;
+        ddp_->begin_backward(sync);
+        model_->train_step(*compute_, x, labels[b].as<std::int32_t>(), static_cast<int>(micro_),
+                           1.0F / static_cast<float>(cfg_.accumulation), step_stats.as<float>() + 2 * step,
+                           [&](std::size_t p) { ddp_->grad_ready(p, *compute_); });
+        ddp_->finish_backward(*compute_);
+        if (sync) {
+          model_->sgd(*compute_, SgdStep{lr, static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay)});
+        }
+        backend_.record(*compute_done[b], *compute_);
+      }
+      ++global_step_;
+      summary.lr = lr;
+      if (report && job_.callbacks.on_step) {
+        const double el = seconds_since(t_epoch);
+        job_.callbacks.on_step(StepProgress{epoch, step + 1 - first_step, steps_per_epoch - first_step,
+                                            el > 0 ? static_cast<double>((step + 1 - first_step) * cfg_.global_batch) / el : 0});
+      }
+      if (cfg_.checkpoint_every != 0 && global_step_ % cfg_.checkpoint_every == 0 && step + 1 < steps_per_epoch) {
+        save(epoch, (step + 1) * micro_ * cfg_.accumulation);
+      }
+    }
+    backend_.synchronize(*compute_);
+    summary.seconds = seconds_since(t_epoch);
+    summary.steps = step - first_step;
+    summary.samples = summary.steps * cfg_.global_batch;
+
+    // Global per-step loss and accuracy: sum the stats of every rank.
+    std::vector<float> st(static_cast<std::size_t>(steps_per_epoch) * 2);
+    backend_.copy_d2h(*compute_, st.data(), step_stats.get(), st.size() * sizeof(float));
+    backend_.synchronize(*compute_);
+    host_all_reduce(st);
+    double loss = 0, correct = 0;
+    for (std::uint64_t k = first_step; k < step; ++k) {
+      summary.step_loss.push_back(st[2 * k] / static_cast<float>(cfg_.global_batch));
+      loss += st[2 * k];
+      correct += st[2 * k + 1];
+    }
+    if (summary.samples > 0) {
+      summary.loss = loss / static_cast<double>(summary.samples);
+      summary.accuracy = correct / static_cast<double>(summary.samples);
+    }
+    std::vector<float> extra{static_cast<float>(summary.seconds > 0 ? wait_seconds / summary.seconds : 0),
+                             static_cast<float>(summary.pinned_batches), static_cast<float>(summary.pageable_batches),
+                             static_cast<float>(summary.replaced)};
+    host_all_reduce(extra);
+    summary.data_wait_fraction = extra[0] / static_cast<float>(job_.world);
+    summary.pinned_batches = static_cast<std::uint64_t>(extra[1]);
+    summary.pageable_batches = static_cast<std::uint64_t>(extra[2]);
+    summary.replaced = static_cast<std::uint64_t>(extra[3]);
+    summary.images_per_second = summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0;
+    const memory::PoolStats pool = loader_->pool().stats();
+    summary.pool_pinned_bytes = pool.pinned_bytes;
+    summary.pool_pageable_bytes = pool.pageable_bytes;
+    validate_epoch(summary);
+    if (!stop || step == steps_per_epoch) {
+      save(epoch + 1, 0);
+    } else {
+      save(epoch, step * micro_ * cfg_.accumulation);
+    }
+    if (local_ == 0) {
+      if (job_.callbacks.on_epoch) job_.callbacks.on_epoch(summary);
+      const std::scoped_lock lock(job_.mutex);
+      job_.result.epochs.push_back(std::move(summary));
+      job_.result.steps_per_epoch = steps_per_epoch;
+    }
+  }
+  backend_.synchronize(*compute_);
+  if (local_ == 0) {
+    std::vector<float> weights(model_->param_count());
+    backend_.copy_d2h(*compute_, weights.data(), model_->weights(), weights.size() * sizeof(float));
+    backend_.synchronize(*compute_);
+    const std::scoped_lock lock(job_.mutex);
+    job_.result.weights = std::move(weights);
+    job_.result.steps = global_step_;
+    job_.result.seconds = seconds_since(t_train);
+  }
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
+  config.validate();
+  const LaunchEnv env = config.launch ? *config.launch : read_launch_env();
+  const bool multi_process = env.world_size > 1;
+  Job job(config, callbacks);
+  DeviceSpec spec = config.devices;
+
+  std::vector<std::unique_ptr<DeviceBackend>> backends;
+  if (spec.kind == BackendKind::cuda) {
+    const int visible = cuda_device_count();
+    if (visible == 0) throw ConfigError("devices: cuda was asked for, but no CUDA device is visible (no driver or no GPU)");
+    if (spec.all) {
+      if (multi_process) {
+        spec.devices = {env.local_rank % visible};
+      } else {
+        for (int d = 0; d < visible; ++d) spec.devices.push_back(d);
+      }
+      spec.count = static_cast<int>(spec.devices.size());
+    }
+    for (const int d : spec.devices) {
+      if (d >= visible) throw ConfigError(fmt::format("devices: cuda:{} does not exist ({} visible)", d, visible));
+      backends.push_back(make_cuda_backend(d));
+    }
+  } else {
+    for (int i = 0; i < spec.count; ++i) {
+      CpuBackendConfig c;
+      c.index = (multi_process ? env.rank : 0) + i;
+      c.copy_delay = config.copy_delay;
+      backends.push_back(std::make_unique<CpuBackend>(c));
+    }
+  }
+  if (multi_process && spec.count != 1) {
+    throw ConfigError(fmt::format("devices: under {} each process runs one worker; got {} (use cpu:1 or cuda:all)",
+                                  env.launcher, spec.count));
+  }
+  job.local_workers = spec.count;
+  job.world = multi_process ? env.world_size : spec.count;
+  job.first_rank = multi_process ? env.rank : 0;
+  if (config.global_batch % static_cast<std::size_t>(job.world) != 0) {
+    throw ConfigError(fmt::format("batch size {} is not divisible by the {} workers", config.global_batch, job.world));
+  }
+  if ((config.global_batch / static_cast<std::size_t>(job.world)) % config.accumulation != 0) {
+    throw ConfigError(fmt::format("per-worker batch {} is not divisible by accumulation {}",
+                                  config.global_batch / static_cast<std::size_t>(job.world), config.accumulation));
+  }
+
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (multi_process) {
+    if (spec.kind == BackendKind::cuda) {
+      comms.push_back(make_nccl_communicator_mpi(*backends[0], config.comm));
+    } else {
+      comms.push_back(make_mpi_communicator(dynamic_cast<CpuBackend&>(*backends[0]), config.comm));
+    }
+    if (comms[0]->size() != env.world_size) {
+      throw ConfigError(fmt::format("{} says {} processes but MPI sees {}: launch multi-process runs with mpirun",
+                                    env.launcher, env.world_size, comms[0]->size()));
+    }
+  } else if (spec.kind == BackendKind::cuda) {
+    std::vector<DeviceBackend*> raw;
+    for (auto& b : backends) raw.push_back(b.get());
+    comms = make_nccl_group(raw, config.comm);
+  } else {
+    std::vector<CpuBackend*> raw;
+    for (auto& b : backends) raw.push_back(dynamic_cast<CpuBackend*>(b.get()));
+    comms = make_thread_group(raw, config.comm);
+  }
+
+  {
+    std::vector<std::jthread> threads;
+    for (int i = 0; i < spec.count; ++i) {
+      threads.emplace_back([&, i] {
+        // The worker outlives the catch: its streams may be blocked in a
+        // collective that only the abort below releases.
+        Worker worker(job, i, *backends[static_cast<std::size_t>(i)], *comms[static_cast<std::size_t>(i)]);
+        try {
+          worker.run();
+        } catch (...) {
+          std::string what = "unknown error";
+          try {
+            throw;
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          {
+            const std::scoped_lock lock(job.mutex);
+            if (!job.error) job.error = std::current_exception();
+          }
+          comms[static_cast<std::size_t>(i)]->abort(what);
+        }
+      });
+    }
+  }
+  if (job.error) std::rethrow_exception(job.error);
+  job.result.world_size = job.world;
+  job.result.rank = job.first_rank;
+  job.result.communicator = comms[0]->name();
+  for (std::size_t i = 0; i < backends.size(); ++i) {
+    job.result.devices += (i ? ", " : "") + backends[i]->name();
+  }
+  return std::move(job.result);
+}
+
+}  // namespace pinfeed::trainer
