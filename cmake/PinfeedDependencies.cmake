@@ -24,8 +24,11 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # MPI: optional at build time (multi-process launches under mpirun).
 set(PINFEED_HAVE_MPI OFF)
 if(NOT PINFEED_MPI STREQUAL "OFF")
-  find_package(MPI QUIET COMPONENTS C)
-  if(MPI_C_FOUND)
+  # The C API, found through the CXX component (the project has no C
+  # language); the deprecated C++ bindings are skipped.
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
     set(PINFEED_HAVE_MPI ON)
   elseif(PINFEED_MPI STREQUAL "ON")
     message(FATAL_ERROR "PINFEED_MPI=ON but no MPI was found (install libopenmpi-dev)")
@@ -50,6 +53,9 @@ if(NOT PINFEED_CUDA STREQUAL "OFF")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
     endif()
+    # CMake 3.25 knows nvcc up to C++17; the kernels need nothing newer.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
   elseif(PINFEED_CUDA STREQUAL "ON")
     message(FATAL_ERROR "PINFEED_CUDA=ON but no CUDA toolkit was found "

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "mpi_init.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
@@ -22,7 +23,10 @@ void check(int rc, int rank, const char* op, std::size_t bytes) {
   throw CommError(rank, op, bytes, fmt::format("MPI error {}: {}", rc, std::string(text, static_cast<std::size_t>(len))));
 }
 
-void init_once() {
+}  // namespace
+
+namespace detail {
+void mpi_init() {
   static std::once_flag once;
   std::call_once(once, [] {
     int initialized = 0;
@@ -42,11 +46,14 @@ void init_once() {
     });
   });
 }
+}  // namespace detail
+
+namespace {
 
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(CpuBackend& backend) : backend_(&backend) {
-    init_once();
+    detail::mpi_init();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
@@ -73,7 +80,7 @@ class MpiCommunicator final : public Communicator {
   }
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), rank_, "barrier", 0); }
   void abort(const std::string& why) noexcept override {
-    detail::log().error("rank {}: aborting every MPI rank: {}", rank_, why);
+    pinfeed::detail::log().error("rank {}: aborting every MPI rank: {}", rank_, why);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
 

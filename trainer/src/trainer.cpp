@@ -165,7 +165,7 @@ void Worker::save(std::uint64_t epoch, std::uint64_t position) {
   backend_.copy_d2h(*compute_, c.momentum.data(), model_->momentum(), c.momentum.size() * sizeof(float));
   backend_.synchronize(*compute_);
   save_checkpoint(cfg_.checkpoint, c);
-  detail::log().info("checkpoint: step {}, epoch {} position {} -> {}", c.step, epoch, position, cfg_.checkpoint.string());
+  pinfeed::detail::log().info("checkpoint: step {}, epoch {} position {} -> {}", c.step, epoch, position, cfg_.checkpoint.string());
 }
 
 void Worker::validate_epoch(EpochSummary& s) {

@@ -1,0 +1,51 @@
+// GPU training (label gpu; bench/gpu_check.sh runs it where a GPU exists):
+// the CUDA backend with NCCL over every visible GPU must train the model to
+// the CPU backend's weights, within float tolerance (cuBLAS and OpenBLAS sum
+// in different orders).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fixtures.hpp"
+#include "image_fixtures.hpp"
+#include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/trainer.hpp"
+
+namespace pinfeed::trainer {
+namespace {
+
+TEST(DdpGpuTest, CudaWorkersWithNcclMatchTheCpuBackend) {
+  const int gpus = cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  if (!nccl_available()) GTEST_SKIP() << "NCCL (libnccl.so.2) cannot be loaded";
+  testing::TempDir dir;
+  const auto data = testing::make_small_dataset(dir.path(), 4, 16);
+  TrainConfig c;
+  c.loader.dataset = data.folder.string();
+  c.loader.threads = 2;
+  c.loader.seed = 11;
+  c.loader.transform.size = 16;
+  c.loader.watch_pressure = false;
+  c.global_batch = 16;
+  c.epochs = 2;
+  c.lr = 0.8;
+  c.model.pool = 2;
+  c.model.hidden = {32, 16};
+  c.launch = LaunchEnv{};
+  const int workers = gpus >= 2 ? 2 : 1;
+  c.devices = parse_devices(workers == 2 ? "cuda:0,1" : "cuda:0");
+  const TrainResult gpu = train(c);
+  EXPECT_EQ(gpu.communicator, "nccl");
+  c.devices = parse_devices(fmt::format("cpu:{}", workers));
+  const TrainResult cpu = train(c);
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < cpu.weights.size(); ++i) {
+    diff += std::pow(static_cast<double>(gpu.weights[i]) - cpu.weights[i], 2);
+    norm += std::pow(static_cast<double>(cpu.weights[i]), 2);
+  }
+  EXPECT_LE(std::sqrt(diff / norm), 1e-4);
+  EXPECT_GT(gpu.epochs.back().pinned_batches, 0U) << "slots registered with CUDA are pinned";
+}
+
+}  // namespace
+}  // namespace pinfeed::trainer

@@ -1,0 +1,262 @@
+// CudaBackend: the runtime API (linked statically), our kernels, and cuBLAS
+// loaded with dlopen when the first backend is made, so binaries run on
+// machines without it. Every call first selects the backend's device: one
+// host thread may drive several devices.
+#include <cublas_api.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <mutex>
+#include <thread>
+
+#include "cuda_backend_impl.hpp"
+#include "cuda_kernels.hpp"
+#include "pinfeed/log.hpp"
+#include "pinfeed/trainer/cuda_backend.hpp"
+
+namespace pinfeed::trainer {
+namespace detail {
+
+void cuda_check(cudaError_t e, const char* what, int device) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear the sticky error
+  throw CudaError(fmt::format("{} on cuda:{}: {} ({})", what, device, cudaGetErrorString(e), cudaGetErrorName(e)));
+}
+
+std::unique_ptr<CudaStream> CudaStream::create(int device) {
+  PINFEED_CUDA_TRY(cudaSetDevice(device), device);
+  cudaStream_t s = nullptr;
+  PINFEED_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), device);
+  return std::unique_ptr<CudaStream>(new CudaStream(device, s));
+}
+
+CudaStream& cuda(Stream& s) { return dynamic_cast<CudaStream&>(s); }
+
+}  // namespace detail
+
+namespace {
+
+using detail::cuda;
+
+/// The cuBLAS entry points we use, from libcublas.so.N.
+struct Cublas {
+  using Create = cublasStatus_t (*)(cublasHandle_t*);
+  using Destroy = cublasStatus_t (*)(cublasHandle_t);
+  using SetStream = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
+  using Sgemm = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*,
+                                   const float*, int, const float*, int, const float*, float*, int);
+  Create create = nullptr;
+  Destroy destroy = nullptr;
+  SetStream set_stream = nullptr;
+  Sgemm sgemm = nullptr;
+  std::string error;
+
+  static const Cublas& get() {
+    static const Cublas lib = load();
+    return lib;
+  }
+
+ private:
+  static Cublas load() {
+    Cublas c;
+    void* h = nullptr;
+    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+      h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (h != nullptr) break;
+    }
+    if (h == nullptr) {
+      c.error = fmt::format("cannot load cuBLAS (libcublas.so.13/.12): {}", dlerror());
+      return c;
+    }
+    c.create = reinterpret_cast<Create>(dlsym(h, "cublasCreate_v2"));
+    c.destroy = reinterpret_cast<Destroy>(dlsym(h, "cublasDestroy_v2"));
+    c.set_stream = reinterpret_cast<SetStream>(dlsym(h, "cublasSetStream_v2"));
+    c.sgemm = reinterpret_cast<Sgemm>(dlsym(h, "cublasSgemm_v2"));
+    if (!c.create || !c.destroy || !c.set_stream || !c.sgemm) c.error = "cuBLAS lacks cublasSgemm_v2 and friends";
+    return c;
+  }
+};
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(int device) : device_(device) {
+    PINFEED_CUDA_TRY(cudaSetDevice(device), device);
+    cudaEvent_t e = nullptr;
+    PINFEED_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), device);
+    handle_ = detail::CudaHandle<cudaEvent_t, cudaEventDestroy>(e);
+  }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return handle_.get(); }
+  [[nodiscard]] bool ready() noexcept override {
+    const cudaError_t e = cudaEventQuery(handle_.get());
+    if (e == cudaErrorNotReady) return false;  // "not yet", not an error
+    (void)cudaGetLastError();
+    return true;  // complete, or failed: either way nothing will read the memory any more
+  }
+  bool wait_for(std::chrono::microseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (auto pause = std::chrono::microseconds(20);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
+      const cudaError_t e = cudaEventQuery(handle_.get());
+      if (e == cudaSuccess) return true;
+      if (e != cudaErrorNotReady) detail::cuda_check(e, "cudaEventQuery", device_);
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
+ private:
+  int device_;
+  detail::CudaHandle<cudaEvent_t, cudaEventDestroy> handle_;
+};
+
+CudaEvent& cuda(Event& e) { return dynamic_cast<CudaEvent&>(e); }
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    PINFEED_CUDA_TRY(cudaSetDevice(device), device);
+    cudaDeviceProp prop{};
+    PINFEED_CUDA_TRY(cudaGetDeviceProperties(&prop, device), device);
+    name_ = fmt::format("cuda:{} ({})", device, prop.name);
+    const Cublas& lib = Cublas::get();
+    if (!lib.error.empty()) throw CudaError(fmt::format("cuda:{}: {}", device, lib.error));
+    if (lib.create(&blas_) != CUBLAS_STATUS_SUCCESS) throw CudaError(fmt::format("cuda:{}: cublasCreate failed", device));
+  }
+  ~CudaBackend() override {
+    if (blas_ != nullptr) (void)Cublas::get().destroy(blas_);
+  }
+
+  [[nodiscard]] BackendKind kind() const noexcept override { return BackendKind::cuda; }
+  [[nodiscard]] std::string name() const override { return name_; }
+
+  DeviceBuffer allocate(std::size_t bytes) override {
+    select();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw OutOfMemory("device", fmt::format("{}: cannot allocate {} bytes", name_, bytes));
+    }
+    PINFEED_CUDA_TRY(e, device_);
+    PINFEED_CUDA_TRY(cudaMemset(p, 0, bytes), device_);
+    return DeviceBuffer(this, p, bytes);
+  }
+  std::unique_ptr<Stream> create_stream() override { return detail::CudaStream::create(device_); }
+  std::shared_ptr<Event> create_event() override { return std::make_shared<CudaEvent>(device_); }
+
+  void copy_h2d(Stream& s, void* dst, const void* src, std::size_t bytes) override {
+    copy(s, dst, src, bytes, cudaMemcpyHostToDevice);
+  }
+  void copy_d2h(Stream& s, void* dst, const void* src, std::size_t bytes) override {
+    copy(s, dst, src, bytes, cudaMemcpyDeviceToHost);
+  }
+  void copy_d2d(Stream& s, void* dst, const void* src, std::size_t bytes) override {
+    copy(s, dst, src, bytes, cudaMemcpyDeviceToDevice);
+  }
+  void record(Event& e, Stream& s) override {
+    select();
+    PINFEED_CUDA_TRY(cudaEventRecord(cuda(e).get(), cuda(s).get()), device_);
+  }
+  void stream_wait(Stream& s, Event& e) override {
+    select();
+    PINFEED_CUDA_TRY(cudaStreamWaitEvent(cuda(s).get(), cuda(e).get(), 0), device_);
+  }
+  void synchronize(Stream& s) override {
+    select();
+    PINFEED_CUDA_TRY(cudaStreamSynchronize(cuda(s).get()), device_);
+  }
+
+  void gemm(Stream& s, const Gemm& g) override {
+    select();
+    const Cublas& lib = Cublas::get();
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
+    // swap the operands and the dimensions m and n.
+    if (lib.set_stream(blas_, cuda(s).get()) != CUBLAS_STATUS_SUCCESS ||
+        lib.sgemm(blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k,
+                  &g.alpha, g.b, g.ldb, g.a, g.lda, &g.beta, g.c, g.ldc) != CUBLAS_STATUS_SUCCESS) {
+      throw CudaError(fmt::format("{}: cublasSgemm {}x{}x{} failed", name_, g.m, g.n, g.k));
+    }
+  }
+  void normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
+                    const Normalization& norm) override {
+    select();
+    float sc[3], bi[3];
+    for (std::size_t c = 0; c < 3; ++c) {
+      sc[c] = 1.0F / (255.0F * norm.std[c]);
+      bi[c] = -norm.mean[c] / norm.std[c];
+    }
+    PINFEED_CUDA_TRY(kernels::normalize_u8(cuda(s).get(), nhwc, nchw, n, h, w, sc, bi), device_);
+  }
+  void avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::avg_pool(cuda(s).get(), nchw, out, n, c, h, w, factor), device_);
+  }
+  void bias_activation(Stream& s, float* z, const float* bias, float* a, int n, int d, bool relu) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::bias_activation(cuda(s).get(), z, bias, a, n, d, relu), device_);
+  }
+  void relu_backward(Stream& s, float* grad, const float* z, std::size_t count) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::relu_backward(cuda(s).get(), grad, z, count), device_);
+  }
+  void bias_grad(Stream& s, const float* dz, float* db, int n, int d) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::bias_grad(cuda(s).get(), dz, db, n, d), device_);
+  }
+  void softmax_cross_entropy(Stream& s, const float* logits, const std::int32_t* labels, int n, int k, float scale,
+                             float* dlogits, float* stats) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::softmax_cross_entropy(cuda(s).get(), logits, labels, n, k, scale, dlogits, stats), device_);
+  }
+  void sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::sgd(cuda(s).get(), w, grad, momentum, count, step.lr, step.momentum, step.weight_decay),
+                     device_);
+  }
+  void scale(Stream& s, float* x, std::size_t count, float factor) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::scale(cuda(s).get(), x, count, factor), device_);
+  }
+  void fill(Stream& s, float* x, std::size_t count, float value) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::fill(cuda(s).get(), x, count, value), device_);
+  }
+
+ protected:
+  void free(void* ptr, std::size_t /*bytes*/) noexcept override {
+    (void)cudaSetDevice(device_);
+    (void)cudaFree(ptr);  // at process exit the driver may already be gone: ignored
+    (void)cudaGetLastError();
+  }
+
+ private:
+  void select() const { PINFEED_CUDA_TRY(cudaSetDevice(device_), device_); }
+  void copy(Stream& s, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    select();
+    PINFEED_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, cuda(s).get()), device_);
+  }
+
+  int device_;
+  std::string name_;
+  cublasHandle_t blas_ = nullptr;
+};
+
+}  // namespace
+
+int cuda_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<DeviceBackend> make_cuda_backend(int device) {
+  const int n = cuda_device_count();
+  if (device < 0 || device >= n) {
+    throw CudaError(fmt::format("cuda:{}: no such device ({} visible{})", device, n, n == 0 ? ": no driver or no GPU" : ""));
+  }
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace pinfeed::trainer

@@ -1,0 +1,63 @@
+#pragma once
+// CudaBackend's declaration, shared by cuda_backend.cpp and the NCCL
+// communicator (which enqueues on the backend's streams). Not installed.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/trainer/device_backend.hpp"
+
+namespace pinfeed::trainer::detail {
+
+/// Throws CudaError "<what> on cuda:<device>: <error>" and clears the sticky error.
+void cuda_check(cudaError_t e, const char* what, int device);
+#define PINFEED_CUDA_TRY(call, device) ::pinfeed::trainer::detail::cuda_check((call), #call, (device))
+
+/// A CUDA handle owned by value: move-only, destroyed by `Destroy`. get() is
+/// deleted on temporaries so a raw handle cannot outlive its owner.
+template <class H, cudaError_t (*Destroy)(H)>
+class CudaHandle {
+ public:
+  CudaHandle() = default;
+  explicit CudaHandle(H h) noexcept : h_(h) {}
+  CudaHandle(CudaHandle&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
+  CudaHandle& operator=(CudaHandle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      h_ = o.h_;
+      o.h_ = nullptr;
+    }
+    return *this;
+  }
+  CudaHandle(const CudaHandle&) = delete;
+  CudaHandle& operator=(const CudaHandle&) = delete;
+  ~CudaHandle() { reset(); }
+  [[nodiscard]] H get() const& noexcept { return h_; }
+  H get() const&& = delete;
+
+ private:
+  void reset() noexcept {
+    // Errors here (driver shutting down at exit) are ignored: destructors never throw.
+    if (h_ != nullptr) (void)Destroy(h_);
+    (void)cudaGetLastError();
+    h_ = nullptr;
+  }
+  H h_ = nullptr;
+};
+
+class CudaStream final : public Stream {
+ public:
+  static std::unique_ptr<CudaStream> create(int device);
+  [[nodiscard]] cudaStream_t get() const noexcept { return handle_.get(); }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+ private:
+  CudaStream(int device, cudaStream_t s) : handle_(s), device_(device) {}
+  CudaHandle<cudaStream_t, cudaStreamDestroy> handle_;
+  int device_;
+};
+
+CudaStream& cuda(Stream& s);
+
+}  // namespace pinfeed::trainer::detail

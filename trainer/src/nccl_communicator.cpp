@@ -1,0 +1,246 @@
+// NcclCommunicator: NCCL loaded with dlopen (libnccl.so.2), one communicator
+// per GPU. Collectives are enqueued on the caller's CUDA stream and return at
+// once; a watchdog thread follows each one through an event recorded after
+// it, and a collective still running after the configured timeout is
+// reported (with ncclCommGetAsyncError's verdict) and the communicator
+// aborted, so the streams waiting on it fail instead of hanging. Later calls
+// throw CommError naming the rank, the operation and the bytes.
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "cuda_backend_impl.hpp"
+#include "pinfeed/log.hpp"
+#include "pinfeed/trainer/cuda_backend.hpp"
+#ifdef PINFEED_HAVE_MPI
+#include <mpi.h>
+
+#include "mpi_init.hpp"
+#endif
+
+namespace pinfeed::trainer {
+namespace {
+
+struct Nccl {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) init_rank = nullptr;
+  decltype(&ncclCommInitAll) init_all = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclCommDestroy) destroy = nullptr;
+  decltype(&ncclCommAbort) abort = nullptr;
+  decltype(&ncclCommGetAsyncError) async_error = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  std::string error;
+
+  static const Nccl& get() {
+    static const Nccl lib = load();
+    return lib;
+  }
+
+ private:
+  template <class F>
+  static void bind(void* h, F& f, const char* name, std::string& error) {
+    f = reinterpret_cast<F>(dlsym(h, name));
+    if (f == nullptr && error.empty()) error = fmt::format("libnccl lacks {}", name);
+  }
+  static Nccl load() {
+    Nccl n;
+    void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      n.error = fmt::format("cannot load NCCL (libnccl.so.2): {}", dlerror());
+      return n;
+    }
+    bind(h, n.get_unique_id, "ncclGetUniqueId", n.error);
+    bind(h, n.init_rank, "ncclCommInitRank", n.error);
+    bind(h, n.init_all, "ncclCommInitAll", n.error);
+    bind(h, n.all_reduce, "ncclAllReduce", n.error);
+    bind(h, n.broadcast, "ncclBroadcast", n.error);
+    bind(h, n.group_start, "ncclGroupStart", n.error);
+    bind(h, n.group_end, "ncclGroupEnd", n.error);
+    bind(h, n.destroy, "ncclCommDestroy", n.error);
+    bind(h, n.abort, "ncclCommAbort", n.error);
+    bind(h, n.async_error, "ncclCommGetAsyncError", n.error);
+    bind(h, n.error_string, "ncclGetErrorString", n.error);
+    return n;
+  }
+};
+
+const Nccl& nccl() {
+  const Nccl& n = Nccl::get();
+  if (!n.error.empty()) throw CudaError(n.error);
+  return n;
+}
+
+/// Set at exit: destructors then make no NCCL calls (the library may be gone).
+std::atomic<bool> g_exiting{false};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config)
+      : comm_(comm), rank_(rank), size_(size), backend_(backend), config_(config),
+        watchdog_([this](const std::stop_token& st) { watch(st); }) {
+    static std::once_flag once;
+    std::call_once(once, [] { std::atexit([] { g_exiting = true; }); });
+  }
+  ~NcclCommunicator() override {
+    watchdog_.request_stop();
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    // Only a communicator nobody destroyed or aborted explicitly gets here
+    // with a live handle; at process exit, leave it to the driver.
+    if (comm_ != nullptr && !g_exiting) (void)nccl().destroy(comm_);
+  }
+
+  [[nodiscard]] int rank() const noexcept override { return rank_; }
+  [[nodiscard]] int size() const noexcept override { return size_; }
+  [[nodiscard]] std::string name() const override { return "nccl"; }
+
+  void all_reduce(Stream& s, float* data, std::size_t count, ReduceOp op) override {
+    const char* what = op == ReduceOp::sum ? "all_reduce(sum)" : "all_reduce(average)";
+    check_alive(what, count);
+    check(nccl().all_reduce(data, data, count, ncclFloat, op == ReduceOp::sum ? ncclSum : ncclAvg, comm_,
+                            detail::cuda(s).get()),
+          what, count);
+    follow(s, what, count);
+  }
+  void broadcast(Stream& s, float* data, std::size_t count, int root) override {
+    if (root < 0 || root >= size_) throw ConfigError(fmt::format("broadcast root {} is not a rank of {}", root, size_));
+    check_alive("broadcast", count);
+    check(nccl().broadcast(data, data, count, ncclFloat, root, comm_, detail::cuda(s).get()), "broadcast", count);
+    follow(s, "broadcast", count);
+  }
+  void barrier() override {
+    // An all-reduce of one float, waited for.
+    auto stream = backend_.create_stream();
+    DeviceBuffer one = backend_.allocate(sizeof(float));
+    all_reduce(*stream, one.as<float>(), 1, ReduceOp::sum);
+    backend_.synchronize(*stream);
+  }
+  void abort(const std::string& why) noexcept override {
+    const std::scoped_lock lock(mutex_);
+    if (comm_ == nullptr) return;
+    pinfeed::detail::log().error("nccl rank {}: aborting: {}", rank_, why);
+    if (failure_.empty()) failure_ = "aborted: " + why;
+    (void)Nccl::get().abort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  struct Pending {
+    std::shared_ptr<Event> done;
+    std::chrono::steady_clock::time_point deadline;
+    std::string op;
+    std::size_t bytes;
+  };
+
+  void check(ncclResult_t r, const char* op, std::size_t count) {
+    if (r == ncclSuccess) return;
+    throw CommError(rank_, op, count * sizeof(float), fmt::format("NCCL: {}", nccl().error_string(r)));
+  }
+  void check_alive(const char* op, std::size_t count) {
+    const std::scoped_lock lock(mutex_);
+    if (!failure_.empty()) throw CommError(rank_, op, count * sizeof(float), failure_);
+  }
+  /// Records an event after the collective for the watchdog.
+  void follow(Stream& s, const char* op, std::size_t count) {
+    auto ev = backend_.create_event();
+    backend_.record(*ev, s);
+    {
+      const std::scoped_lock lock(mutex_);
+      pending_.push_back(Pending{std::move(ev), std::chrono::steady_clock::now() + config_.timeout, op, count * sizeof(float)});
+    }
+    watch_cv_.notify_one();
+  }
+  void watch(const std::stop_token& stop) {
+    std::unique_lock lock(mutex_);
+    while (!stop.stop_requested()) {
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      while (!pending_.empty() && pending_.front().done->ready()) pending_.pop_front();
+      if (pending_.empty() || comm_ == nullptr) continue;
+      const Pending& p = pending_.front();
+      if (std::chrono::steady_clock::now() < p.deadline) continue;
+      ncclResult_t async = ncclSuccess;
+      (void)Nccl::get().async_error(comm_, &async);
+      failure_ = fmt::format("{} of {} bytes did not finish within {} ms (NCCL async state: {}); communicator aborted",
+                             p.op, p.bytes, config_.timeout.count(), Nccl::get().error_string(async));
+      pinfeed::detail::log().error("nccl rank {}: {}", rank_, failure_);
+      (void)Nccl::get().abort(comm_);
+      comm_ = nullptr;
+      pending_.clear();
+    }
+  }
+
+  ncclComm_t comm_;  // guarded by mutex_ once the watchdog runs
+  int rank_, size_;
+  DeviceBackend& backend_;
+  CommConfig config_;
+  std::mutex mutex_;  // guards comm_, failure_, pending_
+  std::condition_variable watch_cv_;
+  std::deque<Pending> pending_;
+  std::string failure_;
+  std::jthread watchdog_;  // last: starts after the fields it uses
+};
+
+}  // namespace
+
+bool nccl_available() noexcept { return Nccl::get().error.empty(); }
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<DeviceBackend*>& backends, CommConfig config) {
+  const Nccl& n = nccl();
+  std::vector<int> devices;
+  for (DeviceBackend* b : backends) {
+    const std::string name = b->name();  // "cuda:<d> (...)"
+    devices.push_back(std::atoi(name.c_str() + 5));
+  }
+  std::vector<ncclComm_t> comms(backends.size());
+  const ncclResult_t r = n.init_all(comms.data(), static_cast<int>(comms.size()), devices.data());
+  if (r != ncclSuccess) {
+    throw CommError(0, "ncclCommInitAll", 0, fmt::format("{} devices: {}", devices.size(), n.error_string(r)));
+  }
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    out.push_back(std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size()),
+                                                     *backends[i], config));
+  }
+  return out;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator_mpi(DeviceBackend& backend, CommConfig config) {
+#ifdef PINFEED_HAVE_MPI
+  const Nccl& n = nccl();
+  detail::mpi_init();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  ncclUniqueId id{};
+  if (rank == 0) {
+    const ncclResult_t r = n.get_unique_id(&id);
+    if (r != ncclSuccess) throw CommError(rank, "ncclGetUniqueId", 0, n.error_string(r));
+  }
+  if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    throw CommError(rank, "MPI_Bcast(nccl id)", sizeof id, "MPI broadcast of the NCCL unique id failed");
+  }
+  const std::string name = backend.name();
+  PINFEED_CUDA_TRY(cudaSetDevice(std::atoi(name.c_str() + 5)), std::atoi(name.c_str() + 5));
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = n.init_rank(&comm, size, id, rank);
+  if (r != ncclSuccess) throw CommError(rank, "ncclCommInitRank", 0, fmt::format("{} ranks: {}", size, n.error_string(r)));
+  return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config);
+#else
+  (void)backend;
+  (void)config;
+  throw ConfigError("multi-process NCCL needs MPI to share the unique id; this pinfeed was built without MPI");
+#endif
+}
+
+}  // namespace pinfeed::trainer
