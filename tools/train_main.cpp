@@ -1,0 +1,218 @@
+// pinfeed-train: train the reference classifier on 1..N GPUs or CPU workers,
+// fed by the pinfeed loader. Parsing and printing only; the work is in
+// pinfeed::trainer (trainer.hpp, compare.hpp).
+//
+// Exit codes: 0 done; 1 an error (named: file, rank, reason); 2 bad flags.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/memory/pressure_monitor.hpp"
+#include "pinfeed/trainer/compare.hpp"
+#include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/trainer.hpp"
+#include "pinfeed/units.hpp"
+#include "tool_main.hpp"
+
+namespace {
+
+namespace pt = pinfeed::trainer;
+namespace pl = pinfeed::loader;
+using json = nlohmann::ordered_json;
+
+std::string percent(double x) { return std::isnan(x) ? "-" : fmt::format("{:.1f}%", 100 * x); }
+std::string number(double x) { return std::isnan(x) ? "-" : fmt::format("{:.4f}", x); }
+
+json epoch_json(const pt::EpochSummary& e) {
+  return json{{"epoch", e.epoch},
+              {"steps", e.steps},
+              {"samples", e.samples},
+              {"loss", e.loss},
+              {"accuracy", e.accuracy},
+              {"val_loss", std::isnan(e.val_loss) ? json(nullptr) : json(e.val_loss)},
+              {"val_accuracy", std::isnan(e.val_accuracy) ? json(nullptr) : json(e.val_accuracy)},
+              {"seconds", e.seconds},
+              {"images_per_second", e.images_per_second},
+              {"data_wait_fraction", e.data_wait_fraction},
+              {"lr", e.lr},
+              {"pinned_batches", e.pinned_batches},
+              {"pageable_batches", e.pageable_batches},
+              {"replaced", e.replaced},
+              {"pool_pinned_bytes", e.pool_pinned_bytes},
+              {"pool_pageable_bytes", e.pool_pageable_bytes}};
+}
+
+/// Progress on stderr: a bar per epoch on a terminal, nothing otherwise
+/// (the per-epoch line says it all in logs).
+pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
+  pt::TrainCallbacks cb;
+  if (quiet) return cb;
+  if (::isatty(STDERR_FILENO) != 0) {
+    cb.on_step = [epochs](const pt::StepProgress& p) {
+      const std::size_t width = 30, filled = p.steps == 0 ? width : p.step * width / p.steps;
+      fmt::print(stderr, "\repoch {}/{} [{}{}] {}/{} steps {:.0f} img/s", p.epoch + 1, epochs, std::string(filled, '#'),
+                 std::string(width - filled, '.'), p.step, p.steps, p.images_per_second);
+      if (p.step == p.steps) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
+    };
+  }
+  cb.on_epoch = [epochs](const pt::EpochSummary& e) {
+    fmt::print(
+        "epoch {}/{}  loss {:.4f}  acc {}  val_loss {}  val_acc {}  {:.0f} img/s  data wait {}  lr {:.4g}  batches "
+        "{} pinned / {} pageable  pool {} pinned, {} pageable\n",
+        e.epoch + 1, epochs, e.loss, percent(e.accuracy), number(e.val_loss), percent(e.val_accuracy),
+        e.images_per_second, percent(e.data_wait_fraction), e.lr, e.pinned_batches, e.pageable_batches,
+        pinfeed::format_bytes(e.pool_pinned_bytes), pinfeed::format_bytes(e.pool_pageable_bytes));
+    std::fflush(stdout);
+  };
+  return cb;
+}
+
+/// Writes prefix.csv and, with gnuplot, prefix.png. Returns the PNG path or "".
+std::string plot(const std::vector<pt::Curve>& curves, const std::string& prefix) {
+  const std::string csv = prefix + ".csv", png = prefix + ".png", gp = prefix + ".gp";
+  {
+    std::ofstream out(csv);
+    out << pt::curves_csv(curves);
+    if (!out) throw pinfeed::DataError(csv, "cannot write");
+  }
+  std::ofstream script(gp);
+  script << "set terminal pngcairo size 900,540\n"
+         << fmt::format("set output '{}'\n", png)
+         << "set datafile separator ','\nset key top right\nset grid\n"
+         << "set xlabel 'epoch'\nset ylabel 'training loss (mean over the global batch)'\n"
+         << "set title 'pinfeed-train --compare: same data, same initial weights'\n";
+  script << "plot ";
+  for (std::size_t i = 0; i < curves.size(); ++i) {
+    script << fmt::format("{}'{}' using 6:($1 == {} ? $7 : 1/0) with lines lw {} title '{} (batch {}, peak lr {:.3g})'",
+                          i ? ", " : "", csv, i, i == 0 ? 6 : 2, curves[i].label, curves[i].global_batch, curves[i].peak_lr);
+  }
+  script << "\n";
+  script.close();
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fmt::print(stderr, "pinfeed-train: gnuplot not found: wrote {} and {} only\n", csv, gp);
+    return "";
+  }
+  if (std::system(fmt::format("gnuplot '{}'", gp).c_str()) != 0) throw pinfeed::Error(fmt::format("gnuplot {} failed", gp));
+  return png;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pinfeed-train: data-parallel training of the reference classifier, fed by the pinfeed loader"};
+  app.set_version_flag("--version", "pinfeed-train 0.1.0");
+  pt::TrainConfig config;
+  config.loader.transform.size = 64;
+  config.model.pool = 4;
+  std::string devices = "auto", crop = "random", hidden = "256", compare_out = "compare";
+  double bucket_mb = 25;
+  int compare = 0;
+  bool as_json = false, quiet = false, host_normalize = false, no_pin = false;
+  app.add_option("--data", config.loader.dataset, "training data: folder, file list or tar shard pattern")->required();
+  app.add_option("--val", config.val_dataset, "validation data (center crop)");
+  app.add_option("--devices", devices, "cpu:N, cuda:0,1, cuda:all, or auto (every GPU, else 2 CPU workers)");
+  app.add_option("--epochs", config.epochs, "epochs")->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", config.global_batch, "global batch: samples per step over all workers")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--accumulation", config.accumulation, "micro-batches per step (no_sync on all but the last)")->check(CLI::Range(1, 1024));
+  app.add_option("--lr", config.lr, "learning rate per 256 samples (scaled by batch/256), warm-up then cosine")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", config.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999));
+  app.add_option("--weight-decay", config.weight_decay, "SGD weight decay")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--warmup-epochs", config.warmup_epochs, "linear warm-up length in epochs")->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--seed", config.loader.seed, "shuffling, augmentation and initial weights");
+  app.add_option("--checkpoint", config.checkpoint, "checkpoint file, written atomically at every epoch end");
+  app.add_option("--checkpoint-every", config.checkpoint_every, "also every N steps");
+  app.add_flag("--resume", config.resume, "continue from --checkpoint");
+  app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
+  app.add_option("--size", config.loader.transform.size, "image side the loader produces")->check(CLI::Range(8, 1024));
+  app.add_option("--crop", crop, "random (RandomResizedCrop), center, full")->check(CLI::IsMember({"random", "center", "full"}));
+  app.add_option("--pool", config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
+  app.add_option("--hidden", hidden, "hidden layer widths, comma separated");
+  app.add_option("--threads", config.loader.threads, "loader threads in all (0: every core)");
+  app.add_option("--prefetch", config.loader.prefetch, "batches in flight per worker (pool slots)")->check(CLI::Range(2, 256));
+  app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
+  app.add_flag("--host-normalize", host_normalize, "normalize on the host (float32 batches) instead of on the device");
+  app.add_flag("--no-pin", no_pin, "pageable pool slots");
+  app.add_option("--compare", compare, "train with 1 and with N workers (same global batch) and plot both loss curves")
+      ->check(CLI::Range(2, 64));
+  app.add_option("--compare-out", compare_out, "prefix of the --compare CSV and PNG");
+  app.add_flag("--json", as_json, "print a JSON summary at the end (and no per-epoch lines)");
+  app.add_flag("-q,--quiet", quiet, "no progress output");
+
+  return pinfeed::tools::run_tool("pinfeed-train", app, argc, argv, [&] {
+    spdlog::set_level(quiet || as_json ? spdlog::level::warn : spdlog::level::info);
+    config.loader.transform.crop = pl::parse_crop_mode(crop);
+    config.model.hidden.clear();
+    for (std::size_t start = 0; start <= hidden.size();) {
+      const auto comma = hidden.find(',', start);
+      const std::string item = hidden.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      try {
+        config.model.hidden.push_back(std::stoi(item));
+      } catch (const std::exception&) {
+        throw pinfeed::ConfigError(fmt::format("--hidden '{}': '{}' is not a number", hidden, item));
+      }
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    if (devices == "auto") {
+      devices = pt::cuda_device_count() > 0 ? "cuda:all"
+                                            : fmt::format("cpu:{}", std::min(2U, std::max(1U, std::thread::hardware_concurrency())));
+    }
+    config.devices = pt::parse_devices(devices);
+    config.device_normalize = !host_normalize;
+    config.loader.pin = !no_pin;
+    config.ddp.bucket_cap_bytes = static_cast<std::size_t>(bucket_mb * 1024 * 1024);
+    config.ddp.first_bucket_bytes = std::min(config.ddp.first_bucket_bytes, config.ddp.bucket_cap_bytes);
+    const auto cb = callbacks(quiet || as_json, config.epochs);
+
+    if (compare > 0) {
+      const auto curves = pt::compare_workers(config, compare, cb);
+      const std::string png = plot(curves, compare_out);
+      json j = json::array();
+      for (const auto& c : curves) {
+        const auto& last = c.result.epochs.back();
+        j.push_back(json{{"label", c.label}, {"global_batch", c.global_batch}, {"peak_lr", c.peak_lr},
+                         {"steps", c.result.steps}, {"final_loss", last.loss}, {"final_accuracy", last.accuracy},
+                         {"final_val_accuracy", std::isnan(last.val_accuracy) ? json(nullptr) : json(last.val_accuracy)}});
+        if (!as_json) {
+          fmt::print("{:<50} batch {:>5}  steps {:>5}  final loss {:.4f}  acc {}\n", c.label, c.global_batch,
+                     c.result.steps, last.loss, percent(last.accuracy));
+        }
+      }
+      if (as_json) {
+        fmt::print("{}\n", json{{"compare", j}, {"csv", compare_out + ".csv"}, {"png", png}}.dump(2));
+      } else {
+        fmt::print("curves: {}.csv{}\n", compare_out, png.empty() ? "" : fmt::format(", plot: {}", png));
+      }
+      return 0;
+    }
+
+    const pt::TrainResult r = pt::train(config, cb);
+    if (r.rank != 0) return 0;  // in multi-process runs, rank 0 reports
+    if (as_json) {
+      json epochs = json::array();
+      for (const auto& e : r.epochs) epochs.push_back(epoch_json(e));
+      fmt::print("{}\n", json{{"devices", r.devices},
+                              {"world_size", r.world_size},
+                              {"communicator", r.communicator},
+                              {"global_batch", config.global_batch},
+                              {"steps", r.steps},
+                              {"steps_per_epoch", r.steps_per_epoch},
+                              {"seconds", r.seconds},
+                              {"parameters", r.weights.size()},
+                              {"epochs", epochs}}
+                             .dump(2));
+    } else {
+      fmt::print("trained on {} ({} workers, {}): {} steps in {:.1f} s\n", r.devices, r.world_size, r.communicator,
+                 r.steps, r.seconds);
+    }
+    return 0;
+  });
+}

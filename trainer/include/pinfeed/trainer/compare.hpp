@@ -1,0 +1,41 @@
+#pragma once
+// Does multi-worker training converge like single-worker training? Three runs
+// of the same job, each from the same initial weights and data order:
+//   "1 worker"          global batch B, learning rate lr (scaled by B/256)
+//   "N workers"         global batch B split N ways (B/N each), same lr:
+//                       the same optimization problem, so the same curve
+//   "N workers, B each" the common mistake: every worker keeps the
+//                       single-worker batch, so the global batch is N x B,
+//                       while the learning rate is left at the 1-worker
+//                       value (not scaled by N): N times fewer steps per
+//                       epoch at the same step size, so it learns slower
+//                       per epoch.
+#include <string>
+#include <vector>
+
+#include "pinfeed/trainer/trainer.hpp"
+
+namespace pinfeed::trainer {
+
+struct CurvePoint {
+  double epoch = 0;  ///< fractional: samples seen / samples per epoch
+  std::uint64_t step = 0;
+  double loss = 0;
+};
+
+struct Curve {
+  std::string label;
+  std::size_t global_batch = 0;
+  double peak_lr = 0;
+  std::vector<CurvePoint> points;
+  TrainResult result;
+};
+
+/// Runs the three configurations above. `config.devices` names the device
+/// kind; the runs use 1 and `workers` of it. Throws what train() throws.
+std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const TrainCallbacks& callbacks = {});
+
+/// CSV: run,label,global_batch,peak_lr,step,epoch,loss (labels hold no commas).
+std::string curves_csv(const std::vector<Curve>& curves);
+
+}  // namespace pinfeed::trainer
