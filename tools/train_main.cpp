@@ -47,7 +47,8 @@ json epoch_json(const pt::EpochSummary& e) {
               {"pageable_batches", e.pageable_batches},
               {"replaced", e.replaced},
               {"pool_pinned_bytes", e.pool_pinned_bytes},
-              {"pool_pageable_bytes", e.pool_pageable_bytes}};
+              {"pool_pageable_bytes", e.pool_pageable_bytes},
+              {"step_loss", e.step_loss}};
 }
 
 /// Progress on stderr: a bar per epoch on a terminal, nothing otherwise

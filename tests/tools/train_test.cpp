@@ -1,0 +1,131 @@
+// pinfeed-train end to end: the real binary on a dataset pinfeed-data makes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fixtures.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+Result run(const std::string& binary, const std::string& args) {
+  pinfeed::testing::TempDir tmp;
+  const auto out = tmp.path() / "out", err = tmp.path() / "err";
+  const int status = std::system((binary + " " + args + " >" + out.string() + " 2>" + err.string()).c_str());
+  Result r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream o(out), e(err);
+  std::stringstream so, se;
+  so << o.rdbuf();
+  se << e.rdbuf();
+  r.out = so.str();
+  r.err = se.str();
+  return r;
+}
+
+class TrainToolTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new pinfeed::testing::TempDir();
+    const Result r = run(PINFEED_DATA, "-q make --out " + (dir_->path() / "set").string() +
+                                           " --classes 4 --per-class 24 --val 0.25 --seed 2");
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string data() { return (dir_->path() / "set/train").string(); }
+  static std::string val() { return (dir_->path() / "set/val").string(); }
+  static Result train(const std::string& args) { return run(PINFEED_TRAIN, args); }
+  static pinfeed::testing::TempDir* dir_;
+};
+pinfeed::testing::TempDir* TrainToolTest::dir_ = nullptr;
+
+TEST_F(TrainToolTest, TrainsOnTwoCpuWorkersAndReportsJson) {
+  const Result r = train("--data " + data() + " --val " + val() +
+                         " --devices cpu:2 --epochs 3 --batch-size 24 --size 32 --pool 4 --lr 0.4 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["communicator"], "threads");
+  EXPECT_EQ(j["steps_per_epoch"], 3);  // 72 training images / 24
+  ASSERT_EQ(j["epochs"].size(), 3U);
+  EXPECT_LT(j["epochs"][2]["loss"].get<double>(), j["epochs"][0]["loss"].get<double>());
+  EXPECT_TRUE(j["epochs"][2]["val_accuracy"].is_number());
+  const double wait = j["epochs"][2]["data_wait_fraction"];
+  EXPECT_GE(wait, 0.0);
+  EXPECT_LE(wait, 1.0);
+  EXPECT_EQ(j["epochs"][2]["pinned_batches"].get<int>() + j["epochs"][2]["pageable_batches"].get<int>(), 6);
+}
+
+TEST_F(TrainToolTest, ResumingFromACheckpointGivesTheSameLosses) {
+  pinfeed::testing::TempDir tmp;
+  const std::string ckpt = (tmp.path() / "m.ckpt").string();
+  const std::string common = "--data " + data() + " --devices cpu:2 --epochs 2 --batch-size 24 --size 16 --pool 2 --json";
+  const Result straight = train(common);
+  ASSERT_EQ(straight.rc, 0) << straight.err;
+  const Result first = train(common + " --checkpoint " + ckpt + " --max-steps 4");
+  ASSERT_EQ(first.rc, 0) << first.err;
+  const Result resumed = train(common + " --checkpoint " + ckpt + " --resume");
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  const json a = json::parse(straight.out), b = json::parse(resumed.out);
+  EXPECT_EQ(b["steps"], 6);
+  // The resumed run continues in epoch 1 at its second step: its losses are
+  // the uninterrupted run's last two, exactly (CPU backend).
+  ASSERT_EQ(b["epochs"].size(), 1U);
+  EXPECT_EQ(b["epochs"][0]["epoch"], 1);
+  const auto tail = a["epochs"][1]["step_loss"].get<std::vector<float>>();
+  const auto got = b["epochs"][0]["step_loss"].get<std::vector<float>>();
+  ASSERT_EQ(tail.size(), 3U);
+  EXPECT_EQ(got, std::vector<float>(tail.begin() + 1, tail.end()));
+}
+
+TEST_F(TrainToolTest, CompareWritesTheCurvesAndThePlot) {
+  pinfeed::testing::TempDir tmp;
+  const std::string prefix = (tmp.path() / "cmp").string();
+  const Result r = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 -q --compare 2 --compare-out " + prefix);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::ifstream csv(prefix + ".csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "run,label,global_batch,peak_lr,step,epoch,loss");
+  std::size_t rows = 0;
+  for (std::string line; std::getline(csv, line);) ++rows;
+  EXPECT_EQ(rows, 6U + 6U + 2U) << "two runs of 3 steps x 2 epochs, and one of 1 step x 2 at double the batch";
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".png") || r.err.find("gnuplot not found") != std::string::npos);
+  EXPECT_NE(r.out.find("2 workers: same global batch and lr"), std::string::npos) << r.out;
+}
+
+TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
+  const std::string d = "--data " + data() + " --size 16 --pool 2 ";
+  Result r = train(d + "--devices cpu:5 --batch-size 24");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("not divisible by the 5 workers"), std::string::npos) << r.err;
+  r = train(d + "--devices cpu:2 --batch-size 512");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("make no step"), std::string::npos) << r.err;
+  r = train(d + "--devices tpu:2");
+  EXPECT_EQ(r.rc, 2);
+  r = train(d + "--devices cuda:0");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("cuda"), std::string::npos) << r.err;
+  r = train(d + "--epochs 0");
+  EXPECT_EQ(r.rc, 2);
+  r = train("--data /nonexistent/dir --devices cpu:1");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("/nonexistent/dir"), std::string::npos) << r.err;
+  r = train("--data " + data() + " --size 30 --pool 4 --devices cpu:1 --batch-size 8");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("pool 4 must divide"), std::string::npos) << r.err;
+  r = train(d + "--resume --devices cpu:1");
+  EXPECT_EQ(r.rc, 2);
+}
+
+}  // namespace
