@@ -48,6 +48,8 @@ json epoch_json(const pt::EpochSummary& e) {
               {"replaced", e.replaced},
               {"pool_pinned_bytes", e.pool_pinned_bytes},
               {"pool_pageable_bytes", e.pool_pageable_bytes},
+              {"pool_transitions", e.pool_transitions},
+              {"pressure", e.pressure},
               {"step_loss", e.step_loss}};
 }
 
@@ -67,10 +69,10 @@ pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
   cb.on_epoch = [epochs](const pt::EpochSummary& e) {
     fmt::print(
         "epoch {}/{}  loss {:.4f}  acc {}  val_loss {}  val_acc {}  {:.0f} img/s  data wait {}  lr {:.4g}  batches "
-        "{} pinned / {} pageable  pool {} pinned, {} pageable\n",
+        "{} pinned / {} pageable  pool {} pinned, {} pageable  pressure {}\n",
         e.epoch + 1, epochs, e.loss, percent(e.accuracy), number(e.val_loss), percent(e.val_accuracy),
         e.images_per_second, percent(e.data_wait_fraction), e.lr, e.pinned_batches, e.pageable_batches,
-        pinfeed::format_bytes(e.pool_pinned_bytes), pinfeed::format_bytes(e.pool_pageable_bytes));
+        pinfeed::format_bytes(e.pool_pinned_bytes), pinfeed::format_bytes(e.pool_pageable_bytes), e.pressure);
     std::fflush(stdout);
   };
   return cb;

@@ -420,6 +420,8 @@ void Worker::run() {
     const memory::PoolStats pool = loader_->pool().stats();
     summary.pool_pinned_bytes = pool.pinned_bytes;
     summary.pool_pageable_bytes = pool.pageable_bytes;
+    summary.pool_transitions = pool.to_pageable + pool.to_pinned;
+    summary.pressure = std::string(memory::to_string(pool.level));
     validate_epoch(summary);
     if (!stop || step == steps_per_epoch) {
       save(epoch + 1, 0);
