@@ -17,6 +17,7 @@
 #include <thread>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <oneapi/tbb/info.h>
 
@@ -26,6 +27,11 @@
 #include "pinfeed/loader/loader.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/transform.hpp"
+#include "pinfeed/memory/pageable_resource.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
+#include "pinfeed/trainer/cpu_backend.hpp"
+#include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
 #include "tool_main.hpp"
 
@@ -238,10 +244,61 @@ int run_loader_bench(pl::LoaderConfig config, std::size_t epochs, std::size_t re
   return 0;
 }
 
+/// Host-to-device copies through the trainer's backend, from a pinned buffer
+/// and from a pageable one of the same size: what a pool slot costs once
+/// pressure has moved it to pageable memory.
+int run_copy_bench(const std::string& device, std::size_t mib, std::size_t repeat, bool as_json) {
+  namespace pt = pinfeed::trainer;
+  const pt::DeviceSpec spec = pt::parse_devices(device);
+  if (spec.count != 1 && !spec.all) throw pinfeed::ConfigError("copy: give one device (cpu or cuda:N)");
+  std::unique_ptr<pt::DeviceBackend> backend;
+  if (spec.kind == pt::BackendKind::cuda) {
+    backend = pt::make_cuda_backend(spec.devices.empty() ? 0 : spec.devices.front());
+  } else {
+    backend = std::make_unique<pt::CpuBackend>();
+  }
+  const std::size_t bytes = mib << 20U;
+  pinfeed::memory::PinnedResource pinned;
+  pinfeed::memory::PageableResource pageable;
+  void* hp = pinned.allocate(bytes, 4096);
+  void* hq = pageable.allocate(bytes, 4096);
+  std::memset(hp, 1, bytes);
+  std::memset(hq, 1, bytes);
+  auto dev = backend->allocate(bytes);
+  auto stream = backend->create_stream();
+  const auto time_copy = [&](void* src) {
+    const auto t0 = std::chrono::steady_clock::now();
+    backend->copy_h2d(*stream, dev.get(), src, bytes);
+    backend->synchronize(*stream);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> tp, tq;
+  for (std::size_t r = 0; r < repeat + 1; ++r) {  // the first round warms up
+    const double a = time_copy(hp), b = time_copy(hq);
+    if (r == 0) continue;
+    tp.push_back(a);
+    tq.push_back(b);
+  }
+  const double mp = median(tp), mq = median(tq);
+  const double gp = static_cast<double>(bytes) / mp / 1e9, gq = static_cast<double>(bytes) / mq / 1e9;
+  pinned.deallocate(hp, bytes, 4096);
+  pageable.deallocate(hq, bytes, 4096);
+  if (as_json) {
+    fmt::print("{}\n", json{{"device", backend->name()}, {"bytes", bytes}, {"repeat", repeat},
+                            {"pinned_seconds", mp}, {"pageable_seconds", mq}, {"pinned_gb_per_s", gp},
+                            {"pageable_gb_per_s", gq}, {"pageable_over_pinned", mq / mp}}.dump(2));
+    return 0;
+  }
+  fmt::print("pinfeed-bench copy: {} MiB host -> {} (medians of {})\n", mib, backend->name(), repeat);
+  fmt::print("  from pinned memory     {:8.3f} ms  {:6.2f} GB/s\n", mp * 1e3, gp);
+  fmt::print("  from pageable memory   {:8.3f} ms  {:6.2f} GB/s   ({:.2f}x the pinned time)\n", mq * 1e3, gq, mq / mp);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"pinfeed-bench: loader throughput against the decode ceiling"};
+  CLI::App app{"pinfeed-bench: loader throughput against the decode ceiling; host-to-device copy costs"};
   app.require_subcommand(1);
   pl::LoaderConfig config;
   config.watch_pressure = true;
@@ -263,8 +320,17 @@ int main(int argc, char** argv) {
   ld->add_flag("--no-roi", no_roi, "decode whole images, crop in memory (to measure ROI decoding)");
   ld->add_flag("--no-dct-scale", no_dct, "never decode at 1/2, 1/4, 1/8 (to measure DCT scaling)");
   ld->add_flag("--json", as_json, "print JSON");
+  std::string copy_device = "cpu";
+  std::size_t copy_mib = 64, copy_repeat = 5;
+  auto* cp = app.add_subcommand("copy", "host-to-device copy time from pinned and from pageable memory");
+  cp->add_option("--device", copy_device, "cpu or cuda:N");
+  cp->add_option("--mib", copy_mib, "bytes per copy, MiB")->check(CLI::Range(1, 16384));
+  cp->add_option("--repeat", copy_repeat, "copies of each kind; medians")->check(CLI::Range(1, 1000));
+  cp->add_flag("--json", as_json, "print JSON");
+
   return pinfeed::tools::run_tool("pinfeed-bench", app, argc, argv, [&] {
     spdlog::set_level(spdlog::level::warn);
+    if (cp->parsed()) return run_copy_bench(copy_device, copy_mib, copy_repeat, as_json);
     config.transform.crop = pl::parse_crop_mode(crop);
     config.transform.layout = pl::parse_layout(layout);
     config.transform.roi_decode = !no_roi;

@@ -20,7 +20,9 @@ namespace {
 
 /// An event's state: how many times it was recorded, and how far the
 /// recordings have completed. Waiters wait for the target they saw.
-class CpuEvent final : public Event {
+/// Tasks hold the event by shared_ptr: like a CUDA event, it may be dropped
+/// by its owner while recorded work is still queued.
+class CpuEvent final : public Event, public std::enable_shared_from_this<CpuEvent> {
  public:
   std::uint64_t arm() {
     const std::scoped_lock lock(mutex_);
@@ -180,15 +182,15 @@ void CpuBackend::copy_d2d(Stream& s, void* dst, const void* src, std::size_t byt
 }
 
 void CpuBackend::record(Event& e, Stream& s) {
-  auto& ev = cpu(e);
-  const std::uint64_t target = ev.arm();
-  cpu(s).push([&ev, target](const std::exception_ptr& err, const std::stop_token&) { ev.complete(target, err); }, true);
+  auto ev = cpu(e).shared_from_this();
+  const std::uint64_t target = ev->arm();
+  cpu(s).push([ev, target](const std::exception_ptr& err, const std::stop_token&) { ev->complete(target, err); }, true);
 }
 
 void CpuBackend::stream_wait(Stream& s, Event& e) {
-  auto& ev = cpu(e);
-  const std::uint64_t target = ev.target();
-  cpu(s).push([&ev, target](const std::exception_ptr&, const std::stop_token& stop) { ev.wait_from_worker(target, stop); },
+  auto ev = cpu(e).shared_from_this();
+  const std::uint64_t target = ev->target();
+  cpu(s).push([ev, target](const std::exception_ptr&, const std::stop_token& stop) { ev->wait_from_worker(target, stop); },
               false);
 }
 

@@ -114,11 +114,17 @@ class Worker {
   int local_, rank_;
   DeviceBackend& backend_;
   Communicator& comm_;
+  // Order matters: the streams are declared last so they are destroyed
+  // (drained) first, while every buffer their queued work touches still exists.
   std::unique_ptr<loader::Loader> loader_, val_loader_;
   std::unique_ptr<Mlp> model_;
+  DeviceBuffer scratch_;
+  DeviceBuffer in_[2], labels_[2], images_, step_stats_;          // training inputs, double-buffered
+  std::vector<std::int32_t> host_labels_[2];                      // read by the copies of labels_[b]
+  DeviceBuffer val_in_, val_images_, val_labels_, val_stats_;
+  std::vector<std::int32_t> val_host_labels_;
   std::unique_ptr<DdpEngine> ddp_;
   std::unique_ptr<Stream> compute_, copy_;
-  DeviceBuffer scratch_;
   std::size_t micro_ = 0;
   std::uint64_t global_step_ = 0;
 };
@@ -172,11 +178,19 @@ void Worker::validate_epoch(EpochSummary& s) {
   if (!val_loader_) return;
   val_loader_->begin_epoch(0);
   const auto size = static_cast<std::size_t>(model_->config().image_size);
-  DeviceBuffer in = backend_.allocate(micro_ * val_loader_->config().transform.sample_bytes());
-  DeviceBuffer images = backend_.allocate(micro_ * 3 * size * size * sizeof(float));
-  DeviceBuffer labels = backend_.allocate(micro_ * sizeof(std::int32_t));
-  DeviceBuffer stats = backend_.allocate(2 * sizeof(float));
-  std::vector<std::int32_t> host_labels(micro_);
+  if (!val_in_.get()) {
+    val_in_ = backend_.allocate(micro_ * val_loader_->config().transform.sample_bytes());
+    val_images_ = backend_.allocate(micro_ * 3 * size * size * sizeof(float));
+    val_labels_ = backend_.allocate(micro_ * sizeof(std::int32_t));
+    val_stats_ = backend_.allocate(2 * sizeof(float));
+    val_host_labels_.resize(micro_);
+  }
+  DeviceBuffer& in = val_in_;
+  DeviceBuffer& images = val_images_;
+  DeviceBuffer& labels = val_labels_;
+  DeviceBuffer& stats = val_stats_;
+  std::vector<std::int32_t>& host_labels = val_host_labels_;
+  backend_.fill(*compute_, stats.as<float>(), 2, 0.0F);
   float count = 0;
   while (auto batch = val_loader_->next()) {
     const auto n = static_cast<int>(batch->size());
@@ -284,11 +298,18 @@ void Worker::run() {
 
   const std::size_t sample_bytes = lc.transform.sample_bytes();
   const auto size = static_cast<std::size_t>(mc.image_size);
-  DeviceBuffer in[2] = {backend_.allocate(micro_ * sample_bytes), backend_.allocate(micro_ * sample_bytes)};
-  DeviceBuffer labels[2] = {backend_.allocate(micro_ * sizeof(std::int32_t)), backend_.allocate(micro_ * sizeof(std::int32_t))};
-  DeviceBuffer images = cfg_.device_normalize ? backend_.allocate(micro_ * 3 * size * size * sizeof(float)) : DeviceBuffer();
-  DeviceBuffer step_stats = backend_.allocate(steps_per_epoch * 2 * sizeof(float));
-  std::vector<std::int32_t> host_labels[2] = {std::vector<std::int32_t>(micro_), std::vector<std::int32_t>(micro_)};
+  for (std::size_t b = 0; b < 2; ++b) {
+    in_[b] = backend_.allocate(micro_ * sample_bytes);
+    labels_[b] = backend_.allocate(micro_ * sizeof(std::int32_t));
+    host_labels_[b].assign(micro_, 0);
+  }
+  if (cfg_.device_normalize) images_ = backend_.allocate(micro_ * 3 * size * size * sizeof(float));
+  step_stats_ = backend_.allocate(steps_per_epoch * 2 * sizeof(float));
+  DeviceBuffer(&in)[2] = in_;
+  DeviceBuffer(&labels)[2] = labels_;
+  DeviceBuffer& images = images_;
+  DeviceBuffer& step_stats = step_stats_;
+  std::vector<std::int32_t>(&host_labels)[2] = host_labels_;
   std::shared_ptr<Event> compute_done[2] = {backend_.create_event(), backend_.create_event()};
   std::shared_ptr<Event> copy_done[2] = {backend_.create_event(), backend_.create_event()};
   const Normalization norm{cfg_.loader.transform.mean, cfg_.loader.transform.std};
