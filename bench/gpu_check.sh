@@ -13,8 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build/release
-bins=("$build/tools/pinfeed-diag" "$build/bench/pinfeed-memory-bench"
-      "$build/tests/memory/pinned_resource_gpu_test")
+bins=("$build/tools/pinfeed-diag" "$build/tools/pinfeed-data" "$build/tools/pinfeed-train"
+      "$build/bench/pinfeed-memory-bench" "$build/bench/pinfeed-bench"
+      "$build/tests/memory/pinned_resource_gpu_test" "$build/tests/trainer/device_backend_gpu_test"
+      "$build/tests/trainer/ddp_gpu_test")
 
 if command -v cmake >/dev/null 2>&1 && { [[ ${1:-} == --pack ]] || [[ ! -x $build/tools/pinfeed-diag ]]; }; then
   bash scripts/install-deps.sh
@@ -28,6 +30,10 @@ if [[ ${1:-} == --pack ]]; then
     ldd "$b" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
       xargs -r cp -uL -t "$build/carry-libs"
   done
+  # Loaded at run time (dlopen) by the CUDA backend and the NCCL communicator.
+  for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    [[ -e /usr/local/cuda/lib64/$lib ]] && cp -uL "/usr/local/cuda/lib64/$lib" "$build/carry-libs/"
+  done
   echo "gpu_check: $(ls "$build/carry-libs" | wc -l) libraries in $build/carry-libs ($(du -sh "$build/carry-libs" | cut -f1))"
   exit 0
 fi
@@ -38,6 +44,8 @@ nvidia-smi --query-gpu=name,memory.total,pci.bus_id,driver_version --format=csv 
 echo "== GPU tests (label gpu)"
 status=0
 "$build/tests/memory/pinned_resource_gpu_test" || status=1
+"$build/tests/trainer/device_backend_gpu_test" || status=1
+"$build/tests/trainer/ddp_gpu_test" || status=1
 
 echo "== pinfeed-diag (GPU section)"
 "$build/tools/pinfeed-diag" --gpus 1 --batch 256x3x224x224:u8 --prefetch 4 --sample-ms 100 || status=1
@@ -47,4 +55,15 @@ echo "== pinfeed-diag (GPU section)"
 echo "== GPU figures: pinning through cudaHostRegister"
 "$build/bench/pinfeed-memory-bench" --benchmark_filter='Pinned|Pool' --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true || status=1
+echo "== GPU figures: host-to-device copies from pinned and from pageable memory (a slot after a fallback)"
+"$build/bench/pinfeed-bench" copy --device cuda:0 --mib 256 --repeat 10 || status=1
+
+echo "== GPU figures: training on every GPU, fed by the loader"
+data=$(mktemp -d)
+"$build/tools/pinfeed-data" -q make --out "$data" --classes 10 --per-class 100 --val 0.1 || status=1
+"$build/tools/pinfeed-train" --data "$data/train" --val "$data/val" --devices cuda:all --epochs 3 --batch-size 256 \
+  --size 224 --pool 8 || status=1
+"$build/tools/pinfeed-train" --data "$data/train" --devices cuda:all --epochs 2 --batch-size 256 --size 224 \
+  --pool 8 --host-normalize -q --json | grep -E '"images_per_second"|"data_wait_fraction"' || status=1
+rm -rf "$data"
 exit $status
