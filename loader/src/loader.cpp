@@ -282,13 +282,47 @@ std::span<std::byte> Batch::mutable_data() noexcept { return lease_.bytes().subs
 
 // ---------------------------------------------------------------- Loader
 
+namespace {
+
+/// oneTBB's worker pool is process-wide and a global_control's
+/// max_allowed_parallelism applies to all of it (the smallest live value
+/// wins), so Loaders must not each set their own: two Loaders of one thread
+/// each (two trainer workers) would share a single TBB worker. One control
+/// for the process allows the sum of every live Loader's threads (plus the
+/// caller's), never less than oneTBB's default.
+class ThreadDemand {
+ public:
+  explicit ThreadDemand(unsigned threads) : threads_(threads) { change(static_cast<long>(threads)); }
+  ~ThreadDemand() { change(-static_cast<long>(threads_)); }
+  ThreadDemand(const ThreadDemand&) = delete;
+  ThreadDemand& operator=(const ThreadDemand&) = delete;
+
+ private:
+  static void change(long delta) {
+    static std::mutex mutex;  // guards total and control
+    static long total = 0;
+    static std::unique_ptr<oneapi::tbb::global_control> control;
+    const std::scoped_lock lock(mutex);
+    total += delta;
+    const auto wanted = static_cast<std::size_t>(total + 1);
+    const auto fallback = static_cast<std::size_t>(oneapi::tbb::info::default_concurrency());
+    std::unique_ptr<oneapi::tbb::global_control> next;
+    if (total > 0 && wanted > fallback) {
+      next = std::make_unique<oneapi::tbb::global_control>(oneapi::tbb::global_control::max_allowed_parallelism, wanted);
+    }
+    control = std::move(next);  // the new limit exists before the old one goes
+  }
+  unsigned threads_;
+};
+
+}  // namespace
+
 struct Loader::Engine {
   explicit Engine(unsigned threads)
       // Every worker decodes; the caller's thread waits in next(), so it
-      // needs no reserved slot, and the global pool must allow that many.
-      : control(oneapi::tbb::global_control::max_allowed_parallelism, threads + 1),
-        arena(static_cast<int>(threads), 0) {}
-  oneapi::tbb::global_control control;
+      // needs no reserved slot, and the process's pool must allow that many.
+      : demand(threads), arena(static_cast<int>(threads), 0) {}
+  ThreadDemand demand;
   oneapi::tbb::task_arena arena;
   oneapi::tbb::enumerable_thread_specific<std::unique_ptr<SampleScratch>> scratch;
 };

@@ -1,5 +1,7 @@
 // The Loader end to end: real JPEGs through the flow graph into pool slots.
 #include <gtest/gtest.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
 #include <spdlog/spdlog.h>
 
 #include <fstream>
@@ -68,6 +70,24 @@ TEST_F(LoaderTest, DeliversTheSamplersOrderInFullBatchesAndOneMarkedPartialBatch
   EXPECT_EQ(st.samples, 15U);
   EXPECT_GT(st.decode_seconds, 0.0);
   EXPECT_EQ(st.pool.free_slots, 2U) << "every slot came back";
+}
+
+TEST_F(LoaderTest, SeveralLoadersInOneProcessEachGetTheirThreads) {
+  // oneTBB's worker pool is process-wide; two trainer workers' loaders must
+  // together be allowed all their threads, not the smaller of two limits.
+  namespace tbb = oneapi::tbb;
+  const auto dc = static_cast<unsigned>(tbb::info::default_concurrency());
+  auto cfg = config(data_.folder.string());
+  cfg.threads = dc;
+  {
+    Loader a(cfg), b(cfg);
+    EXPECT_GE(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism), 2 * dc + 1);
+    {
+      Loader c(cfg);
+      EXPECT_GE(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism), 3 * dc + 1);
+    }
+    EXPECT_GE(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism), 2 * dc + 1);
+  }
 }
 
 TEST_F(LoaderTest, BatchesAreByteIdenticalWithOneThreadOrMany) {
