@@ -20,6 +20,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/buffer_pool.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
+#include "pinfeed/memory/diagnostics.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/numa.hpp"
 #include "pinfeed/memory/pageable_resource.hpp"
@@ -35,154 +36,16 @@ using json = nlohmann::ordered_json;
 namespace pm = pinfeed::memory;
 using pinfeed::format_bytes;
 
-struct Options {
-  std::string root = "/";
+/// The request (root, plan inputs, sample window) plus what only the tool has.
+struct Options : pm::DiagnosticsRequest {
   bool json = false;
-  unsigned gpus = 1;
-  std::uint64_t batch_bytes = 0;
-  std::string batch_shape;
-  unsigned prefetch = 2;
-  double fraction = 0.5;
-  std::uint64_t reserve_bytes = 0;
-  std::string pin_method = "auto";
-  std::uint64_t gpu_memory_bytes = 0;
   std::optional<double> watch_seconds;
   unsigned count = 0;
   bool with_pool = false;
-  unsigned sample_ms = 250;
   bool verbose = false;
 };
 
 std::atomic<bool> g_interrupted{false};
-
-json psi_json(const std::optional<pm::Psi>& psi) {
-  if (!psi) return nullptr;
-  json j;
-  const auto line = [](const pm::PsiLine& l) {
-    return json{{"avg10", l.avg10}, {"avg60", l.avg60}, {"avg300", l.avg300}, {"total_us", l.total_us}};
-  };
-  j["some"] = line(psi->some);
-  j["full"] = psi->full ? line(*psi->full) : json(nullptr);
-  return j;
-}
-
-template <typename T>
-json opt(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
-}
-
-bool live_root(const Options& o) { return o.root == "/"; }
-
-pm::PinMethod resolve_method(const Options& o) {
-  const pm::PinMethod m = pm::parse_pin_method(o.pin_method);
-  if (m != pm::PinMethod::automatic) return m;
-  // Reading another host's snapshot we cannot know its GPUs: assume the
-  // conservative mlock path, which the memlock limit applies to.
-  return live_root(o) && pm::cuda::runtime_status().available ? pm::PinMethod::cuda_register : pm::PinMethod::mlock;
-}
-
-std::optional<pm::PoolPlanRequest> plan_request(const Options& o) {
-  std::uint64_t batch = o.batch_bytes;
-  if (!o.batch_shape.empty()) batch = pm::batch_bytes_from_shape(o.batch_shape);
-  if (batch == 0) return std::nullopt;
-  pm::PoolPlanRequest r;
-  r.gpus = o.gpus;
-  r.batch_bytes = batch;
-  r.prefetch = o.prefetch;
-  r.gpu_memory_bytes = o.gpu_memory_bytes;
-  if (r.gpu_memory_bytes == 0 && live_root(o)) {
-    const auto devices = pm::cuda::devices();
-    if (!devices.empty()) r.gpu_memory_bytes = devices.front().total_bytes;
-  }
-  r.policy = pm::BudgetPolicy{o.fraction, resolve_method(o), o.reserve_bytes};
-  r.validate();
-  return r;
-}
-
-// ------------------------------------------------------------------ report
-
-json report_json(const Options& o, const pm::MemorySnapshot& s, const std::optional<pm::PressureReading>& activity) {
-  json j;
-  j["root"] = o.root;
-  j["memory"] = {{"total_bytes", s.mem_total},     {"available_bytes", s.mem_available},
-                 {"shmem_bytes", s.shmem},         {"mlocked_bytes", s.mlocked},
-                 {"effective_total_bytes", s.effective_total()},
-                 {"effective_available_bytes", s.effective_available()},
-                 {"available_fraction", s.available_fraction()}};
-  j["swap"] = {{"total_bytes", s.swap_total},
-               {"used_bytes", s.swap_used()},
-               {"pswpin", opt(s.pswpin)},
-               {"pswpout", opt(s.pswpout)},
-               {"in_pages_per_s", activity ? json(activity->swap_in_rate) : json(nullptr)},
-               {"out_pages_per_s", activity ? json(activity->swap_out_rate) : json(nullptr)}};
-  j["psi"] = psi_json(s.psi);
-  if (!s.psi) j["psi_note"] = s.psi_note;
-  const auto& cg = s.cgroup;
-  j["cgroup"] = {{"version", pm::to_string(cg.version)},
-                 {"path", cg.path},
-                 {"dir", cg.dir.string()},
-                 {"limit_bytes", opt(cg.limit_bytes)},
-                 {"high_bytes", opt(cg.high_bytes)},
-                 {"usage_bytes", cg.usage_bytes},
-                 {"inactive_file_bytes", cg.inactive_file_bytes},
-                 {"room_bytes", opt(cg.room_bytes())},
-                 {"pressure", psi_json(cg.pressure)},
-                 {"oom_kills", opt(cg.oom_kills)},
-                 {"max_events", opt(cg.max_events)},
-                 {"failcnt", opt(cg.failcnt)}};
-  j["process"] = {{"memlock_limit_bytes", opt(s.memlock_limit)},
-                  {"memlock_limit_known", s.memlock_limit_known},
-                  {"cap_ipc_lock", s.cap_ipc_lock},
-                  {"vm_locked_bytes", s.vm_locked},
-                  {"vm_pinned_bytes", s.vm_pinned}};
-  if (live_root(o)) {
-    const auto& topo = pm::Topology::host();
-    json nodes = json::array();
-    for (const auto& n : topo.nodes()) {
-      nodes.push_back({{"os_index", n.os_index}, {"memory_bytes", n.memory_bytes}, {"cpus", n.cpus}, {"cpu_count", n.cpu_count}});
-    }
-    j["numa"] = {{"hwloc", topo.available()}, {"nodes", nodes}};
-    const auto& cuda = pm::cuda::runtime_status();
-    json gpus = json::array();
-    for (const auto& d : pm::cuda::devices()) {
-      gpus.push_back({{"index", d.index}, {"name", d.name}, {"memory_bytes", d.total_bytes},
-                      {"pci_bus_id", d.pci_bus_id}, {"numa_node", d.numa_node}});
-    }
-    j["cuda"] = {{"compiled", cuda.compiled}, {"available", cuda.available}, {"message", cuda.message}, {"devices", gpus}};
-  } else {
-    j["numa"] = nullptr;
-    j["cuda"] = nullptr;
-    j["note"] = "NUMA and GPUs are not read from --root: they describe the machine running the tool";
-  }
-  json users = json::array();
-  for (const auto& u : pm::locked_memory_users(o.root)) {
-    users.push_back({{"pid", u.pid}, {"name", u.name}, {"vm_locked_bytes", u.vm_locked}, {"vm_pinned_bytes", u.vm_pinned}});
-  }
-  j["locked_memory_users"] = users;
-  return j;
-}
-
-json plan_json(const pm::PoolPlanRequest& r, const pm::PoolPlan& p) {
-  json terms = json::array();
-  for (const auto& t : p.budget.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}, {"detail", t.detail}});
-  return {{"gpus", r.gpus},
-          {"batch_bytes", r.batch_bytes},
-          {"prefetch", r.prefetch},
-          {"pin_method", pm::to_string(r.policy.method)},
-          {"fraction", r.policy.fraction},
-          {"slot_bytes", p.slot_bytes},
-          {"slots_needed", p.slots_needed},
-          {"need_bytes", p.need_bytes},
-          {"budget_bytes", p.budget.bytes},
-          {"limiting", p.budget.limiting},
-          {"terms", terms},
-          {"slots_fit", p.slots_fit},
-          {"prefetch_fit", p.prefetch_fit},
-          {"verdict", pm::to_string(p.verdict)},
-          {"reasons", p.reasons},
-          {"rule_of_thumb",
-           {{"known", p.rule_known}, {"gpu_memory_total_bytes", p.gpu_memory_total}, {"met", p.rule_met}}}};
-}
 
 std::string or_none(const std::optional<std::uint64_t>& v, std::string_view none = "none") {
   return v ? format_bytes(*v) : std::string(none);
@@ -340,12 +203,12 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
 }
 
 int run(const Options& o) {
-  const auto req = plan_request(o);  // validates flags before any output
+  const auto req = pm::diagnostics_plan_request(o);  // validates flags before any output
   if (o.watch_seconds) return watch(o, req);
 
   pm::MemorySnapshot s = pm::MemorySnapshot::read(o.root);
   std::optional<pm::PressureReading> activity;
-  if (live_root(o) && o.sample_ms > 0) {
+  if (o.root == "/" && o.sample_ms > 0) {
     // Rates need two readings: measure swap activity over a short window.
     pm::PressureMonitor::Config mc;
     mc.root = o.root;
@@ -355,11 +218,11 @@ int run(const Options& o) {
     s = pm::MemorySnapshot::read(o.root);
     activity = monitor.step(s);
   }
-  json j = report_json(o, s, activity);
+  json j = pm::diagnostics_report_json(o.root, s, activity);
   std::optional<pm::PoolPlan> plan;
   if (req) {
     plan = pm::plan_pool(s, *req);
-    j["plan"] = plan_json(*req, *plan);
+    j["plan"] = pm::pool_plan_json(*req, *plan);
   }
   if (o.json) {
     fmt::print("{}\n", j.dump(2));
