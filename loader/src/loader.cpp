@@ -12,6 +12,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <stop_token>
 
 #include "pinfeed/error.hpp"
@@ -279,6 +280,39 @@ std::span<const std::byte> Batch::data() const noexcept {
   return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes);
 }
 std::span<std::byte> Batch::mutable_data() noexcept { return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes); }
+
+std::string stats_json(const LoaderStats& s) {
+  nlohmann::ordered_json j{{"batches", s.batches},
+                           {"samples", s.samples},
+                           {"output_bytes", s.output_bytes},
+                           {"input_bytes", s.input_bytes},
+                           {"seconds", s.seconds},
+                           {"images_per_second", s.images_per_second},
+                           {"output_bytes_per_second", s.output_bytes_per_second},
+                           {"read_seconds", s.read_seconds},
+                           {"decode_seconds", s.decode_seconds},
+                           {"transform_seconds", s.transform_seconds},
+                           {"replaced", s.replaced},
+                           {"ready_batches", s.ready_batches},
+                           {"in_flight", s.in_flight},
+                           {"pinned_batches", s.pinned_batches},
+                           {"pageable_batches", s.pageable_batches}};
+  j["pool"] = {{"slots", s.pool.slots},
+               {"slot_bytes", s.pool.slot_bytes},
+               {"pinned_slots", s.pool.pinned_slots},
+               {"pageable_slots", s.pool.pageable_slots},
+               {"pinned_bytes", s.pool.pinned_bytes},
+               {"pageable_bytes", s.pool.pageable_bytes},
+               {"free_slots", s.pool.free_slots},
+               {"leased_slots", s.pool.leased_slots},
+               {"fenced_slots", s.pool.fenced_slots},
+               {"acquire_waits", s.pool.acquire_waits},
+               {"acquire_wait_seconds", s.pool.acquire_wait_seconds},
+               {"to_pageable", s.pool.to_pageable},
+               {"to_pinned", s.pool.to_pinned},
+               {"pressure", std::string(memory::to_string(s.pool.level))}};
+  return j.dump();
+}
 
 // ---------------------------------------------------------------- Loader
 

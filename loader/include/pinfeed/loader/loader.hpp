@@ -85,6 +85,9 @@ struct LoaderStats {
   memory::PoolStats pool;
 };
 
+/// The stats as a JSON object (for the C ABI, Python and tools).
+std::string stats_json(const LoaderStats& stats);
+
 class Loader;
 namespace detail {
 struct EpochRun;
