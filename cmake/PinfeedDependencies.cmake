@@ -63,6 +63,25 @@ if(NOT PINFEED_CUDA STREQUAL "OFF")
   endif()
 endif()
 
+# The Python module: optional (pybind11, Debian's python3 and its torch),
+# never in sanitizer builds (an instrumented extension would need the
+# sanitizer runtime preloaded into python3).
+set(PINFEED_HAVE_PYTHON OFF)
+if(NOT PINFEED_PYTHON STREQUAL "OFF" AND NOT PINFEED_SANITIZE)
+  if(NOT DEFINED Python_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python_EXECUTABLE /usr/bin/python3)  # Debian's, where python3-torch lives (not a pyenv shim)
+  endif()
+  set(PYBIND11_FINDPYTHON ON)
+  find_package(Python QUIET COMPONENTS Interpreter Development.Module)
+  find_package(pybind11 CONFIG QUIET)
+  find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h)
+  if(Python_FOUND AND pybind11_FOUND AND DLPACK_INCLUDE_DIR)
+    set(PINFEED_HAVE_PYTHON ON)
+  elseif(PINFEED_PYTHON STREQUAL "ON")
+    message(FATAL_ERROR "PINFEED_PYTHON=ON but python3-dev, pybind11-dev or libdlpack-dev is missing")
+  endif()
+endif()
+
 if(PINFEED_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

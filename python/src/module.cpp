@@ -1,0 +1,224 @@
+// _pinfeed: the Python binding of pinfeed::loader (pybind11). Batches leave
+// as DLPack capsules pointing into the pool slot (zero-copy); the slot goes
+// back to the pool when the last tensor made from them is freed. Each capsule
+// also keeps the C++ Loader alive, so tensors may outlive the Python Loader.
+// The Python-facing API (torch tensors, iteration, state_dict) is in
+// pinfeed/__init__.py.
+#include <dlpack/dlpack.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/loader.hpp"
+#include "pinfeed/log.hpp"
+#include "pinfeed/memory/diagnostics.hpp"
+
+namespace py = pybind11;
+namespace pl = pinfeed::loader;
+
+namespace {
+
+/// One batch shared by its image and label tensors.
+struct Holder {
+  std::shared_ptr<pl::Loader> loader;   // the batch must go before its Loader
+  std::shared_ptr<std::atomic<long>> live;
+  pl::Batch batch;
+  std::int64_t shape[4] = {};
+  std::int64_t label_shape[1] = {};
+  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b)
+      : loader(std::move(l)), live(std::move(n)), batch(std::move(b)) {
+    ++*live;
+  }
+  ~Holder() { --*live; }
+  Holder(const Holder&) = delete;
+  Holder& operator=(const Holder&) = delete;
+};
+
+struct Ctx {
+  std::shared_ptr<Holder> holder;
+  DLManagedTensor tensor{};
+};
+
+void delete_managed(DLManagedTensor* t) { delete static_cast<Ctx*>(t->manager_ctx); }
+
+/// A "dltensor" capsule; if nobody consumes it, its destructor frees it.
+py::capsule make_capsule(const std::shared_ptr<Holder>& h, void* data, DLDataType dtype, int ndim, std::int64_t* shape) {
+  auto* ctx = new Ctx{h, {}};
+  DLTensor& t = ctx->tensor.dl_tensor;
+  t.data = data;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = ndim;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = nullptr;  // compact, row-major
+  t.byte_offset = 0;
+  ctx->tensor.manager_ctx = ctx;
+  ctx->tensor.deleter = delete_managed;
+  return py::capsule(&ctx->tensor, "dltensor", [](PyObject* cap) {
+    // Consumed capsules are renamed "used_dltensor" and owned by the consumer.
+    if (PyCapsule_IsValid(cap, "dltensor") != 0) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+    }
+  });
+}
+
+std::string text(const py::dict& d, const char* key, const char* fallback) {
+  return d.contains(key) ? d[key].cast<std::string>() : std::string(fallback);
+}
+
+pl::LoaderConfig to_config(const py::dict& d) {
+  pl::LoaderConfig c;
+  c.dataset = d["dataset"].cast<std::string>();
+  if (d.contains("list_root") && !d["list_root"].is_none()) c.list_root = d["list_root"].cast<std::string>();
+  c.batch_size = d["batch_size"].cast<std::size_t>();
+  c.threads = d["threads"].cast<unsigned>();
+  c.prefetch = d["prefetch"].cast<std::size_t>();
+  c.rank = d["rank"].cast<unsigned>();
+  c.world_size = d["world_size"].cast<unsigned>();
+  c.shuffle = d["shuffle"].cast<bool>();
+  c.drop_last = d["drop_last"].cast<bool>();
+  c.drop_last_batch = d["drop_last_batch"].cast<bool>();
+  c.seed = d["seed"].cast<std::uint64_t>();
+  c.transform.crop = pl::parse_crop_mode(text(d, "crop", "random"));
+  c.transform.size = d["size"].cast<int>();
+  c.transform.resize = d["resize"].cast<int>();
+  c.transform.flip = d["flip"].cast<bool>();
+  c.transform.layout = pl::parse_layout(text(d, "layout", "nchw-f32"));
+  const auto mean = d["mean"].cast<std::vector<float>>(), std = d["std"].cast<std::vector<float>>();
+  if (mean.size() != 3 || std.size() != 3) throw pinfeed::ConfigError("mean and std must have 3 values (R, G, B)");
+  for (std::size_t i = 0; i < 3; ++i) {
+    c.transform.mean[i] = mean[i];
+    c.transform.std[i] = std[i];
+  }
+  c.on_bad_sample = pl::parse_bad_sample_policy(text(d, "bad_sample", "replace"));
+  c.pin = d["pin"].cast<bool>();
+  c.watch_pressure = d["watch_pressure"].cast<bool>();
+  c.validate();
+  return c;
+}
+
+class PyLoader {
+ public:
+  explicit PyLoader(const py::dict& config) {
+    pl::LoaderConfig c = to_config(config);
+    prefetch_ = c.prefetch;
+    py::gil_scoped_release release;  // opening and indexing a dataset can take a while
+    loader_ = std::make_shared<pl::Loader>(std::move(c));
+  }
+
+  void begin_epoch(std::uint64_t epoch) {
+    py::gil_scoped_release release;
+    loader_->begin_epoch(epoch);
+  }
+  void restore(std::uint64_t seed, std::uint64_t epoch, std::size_t position, unsigned world_size, unsigned rank) {
+    py::gil_scoped_release release;
+    loader_->restore(pl::LoaderState{seed, epoch, position, world_size, rank});
+  }
+
+  /// (images capsule, labels capsule, indices, pinned) or None at the end.
+  py::object next() {
+    if (static_cast<std::size_t>(live_->load()) >= prefetch_) {
+      throw pinfeed::ConfigError(fmt::format(
+          "all {} pool slots are held by live batches: the next batch cannot be made until one is freed. Drop the "
+          "tensors of earlier batches (del images, labels), raise prefetch, or pass copy=True",
+          prefetch_));
+    }
+    std::optional<pl::Batch> b;
+    {
+      py::gil_scoped_release release;
+      b = loader_->next();
+    }
+    if (!b) return py::none();
+    auto h = std::make_shared<Holder>(loader_, live_, std::move(*b));
+    pl::Batch& batch = h->batch;
+    const auto shape = batch.shape();
+    for (std::size_t i = 0; i < 4; ++i) h->shape[i] = static_cast<std::int64_t>(shape[i]);
+    h->shape[0] = static_cast<std::int64_t>(batch.size());
+    h->label_shape[0] = static_cast<std::int64_t>(batch.size());
+    const bool u8 = batch.layout() == pl::Layout::nhwc_u8;
+    const DLDataType dtype = u8 ? DLDataType{kDLUInt, 8, 1} : DLDataType{kDLFloat, 32, 1};
+    auto images = make_capsule(h, batch.mutable_data().data(), dtype, 4, h->shape);
+    auto labels = make_capsule(h, const_cast<std::int64_t*>(batch.labels().data()), DLDataType{kDLInt, 64, 1}, 1,
+                               h->label_shape);
+    std::vector<std::size_t> indices(batch.indices().begin(), batch.indices().end());
+    return py::make_tuple(images, labels, indices, batch.pinned());
+  }
+
+  [[nodiscard]] py::dict state() const {
+    const auto s = loader_->state();
+    py::dict d;
+    d["seed"] = s.seed;
+    d["epoch"] = s.epoch;
+    d["position"] = s.position;
+    d["world_size"] = s.world_size;
+    d["rank"] = s.rank;
+    return d;
+  }
+  [[nodiscard]] std::size_t batches_per_epoch() const { return loader_->batches_per_epoch(); }
+  [[nodiscard]] std::size_t samples_per_epoch() const { return loader_->samples_per_epoch(); }
+  [[nodiscard]] std::size_t num_classes() const { return loader_->dataset().num_classes(); }
+  [[nodiscard]] long live_batches() const { return live_->load(); }
+  [[nodiscard]] std::string stats_json() const { return pl::stats_json(loader_->stats()); }
+
+ private:
+  std::shared_ptr<pl::Loader> loader_;
+  std::shared_ptr<std::atomic<long>> live_ = std::make_shared<std::atomic<long>>(0);
+  std::size_t prefetch_ = 0;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_pinfeed, m) {
+  m.doc() = "pinfeed's C++ loader (use the pinfeed package, not this module)";
+  // pinfeed's errors become Python exceptions with the same message.
+  static py::exception<pinfeed::Error> base(m, "Error");
+  static py::exception<pinfeed::ConfigError> config_error(m, "ConfigError", PyExc_ValueError);
+  static py::exception<pinfeed::DataError> data_error(m, "DataError", base.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const pinfeed::ConfigError& e) {
+      config_error(e.what());
+    } catch (const pinfeed::DataError& e) {
+      data_error(e.what());
+    } catch (const pinfeed::Error& e) {
+      base(e.what());
+    }
+  });
+  py::class_<PyLoader>(m, "Loader")
+      .def(py::init<const py::dict&>())
+      .def("begin_epoch", &PyLoader::begin_epoch)
+      .def("restore", &PyLoader::restore)
+      .def("next", &PyLoader::next)
+      .def("state", &PyLoader::state)
+      .def("batches_per_epoch", &PyLoader::batches_per_epoch)
+      .def("samples_per_epoch", &PyLoader::samples_per_epoch)
+      .def("num_classes", &PyLoader::num_classes)
+      .def("live_batches", &PyLoader::live_batches)
+      .def("stats_json", &PyLoader::stats_json);
+  m.def("set_log_level", [](const std::string& level) {
+    const auto l = spdlog::level::from_str(level);
+    if (l == spdlog::level::off && level != "off") throw pinfeed::ConfigError("log level '" + level + "' is not trace, debug, info, warning, error or off");
+    pinfeed::detail::log().set_level(l);
+  });
+  m.def(
+      "diag_json",
+      [](const std::string& root, unsigned gpus, const std::string& batch, unsigned prefetch, unsigned sample_ms) {
+        pinfeed::memory::DiagnosticsRequest r;
+        r.root = root;
+        r.gpus = gpus;
+        r.batch_shape = batch;
+        r.prefetch = prefetch;
+        r.sample_ms = sample_ms;
+        py::gil_scoped_release release;
+        return pinfeed::memory::diagnostics_json(r);
+      },
+      py::arg("root"), py::arg("gpus"), py::arg("batch"), py::arg("prefetch"), py::arg("sample_ms"));
+}

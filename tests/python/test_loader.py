@@ -1,0 +1,182 @@
+"""The Python module end to end: pinfeed.Loader over real JPEGs."""
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pinfeed
+
+
+def small(dataset, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("size", 32)
+    kw.setdefault("threads", 2)
+    return pinfeed.Loader(str(dataset), **kw)
+
+
+def test_iterates_torch_tensors_of_the_right_shape(dataset):
+    loader = small(dataset)
+    assert len(loader) == 5  # 40 images / 8
+    assert loader.num_classes == 4
+    batches = 0
+    for images, labels in loader:
+        assert isinstance(images, torch.Tensor) and images.dtype == torch.float32
+        assert images.shape == (8, 3, 32, 32)
+        assert labels.dtype == torch.int64 and labels.shape == (8,)
+        assert int(labels.min()) >= 0 and int(labels.max()) < 4
+        assert torch.isfinite(images).all()
+        batches += 1
+    assert batches == 5
+    u8 = small(dataset, layout="nhwc-u8")
+    images, labels = next(iter(u8))
+    assert images.dtype == torch.uint8 and images.shape == (8, 32, 32, 3)
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [("dataset", ctypes.c_char_p), ("list_root", ctypes.c_char_p), ("batch_size", ctypes.c_size_t),
+                ("threads", ctypes.c_uint), ("prefetch", ctypes.c_size_t), ("rank", ctypes.c_uint),
+                ("world_size", ctypes.c_uint), ("shuffle", ctypes.c_int), ("drop_last", ctypes.c_int),
+                ("drop_last_batch", ctypes.c_int), ("seed", ctypes.c_uint64), ("crop", ctypes.c_char_p),
+                ("size", ctypes.c_int), ("resize", ctypes.c_int), ("flip", ctypes.c_int), ("layout", ctypes.c_char_p),
+                ("mean", ctypes.c_float * 3), ("std", ctypes.c_float * 3), ("bad_sample", ctypes.c_char_p),
+                ("pin", ctypes.c_int), ("watch_pressure", ctypes.c_int)]
+
+
+class _View(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("bytes", ctypes.c_size_t), ("size", ctypes.c_size_t),
+                ("sample_bytes", ctypes.c_size_t), ("shape", ctypes.c_int64 * 4), ("dtype", ctypes.c_char_p),
+                ("layout", ctypes.c_char_p), ("labels", ctypes.POINTER(ctypes.c_int64)),
+                ("indices", ctypes.POINTER(ctypes.c_size_t)), ("pinned", ctypes.c_int), ("epoch", ctypes.c_uint64),
+                ("index", ctypes.c_size_t), ("position", ctypes.c_size_t)]
+
+
+def test_batches_equal_the_cpp_loaders_through_the_c_abi(dataset):
+    lib = ctypes.CDLL(os.environ["PINFEED_CAPI"])
+    cfg = _Config()
+    lib.pinfeed_loader_config_init(ctypes.byref(cfg))
+    cfg.dataset = str(dataset).encode()
+    cfg.batch_size, cfg.size, cfg.threads, cfg.seed = 8, 32, 2, 5
+    handle = ctypes.c_void_p()
+    assert lib.pinfeed_loader_create(ctypes.byref(cfg), ctypes.byref(handle)) == 0, lib.pinfeed_last_error
+    lib.pinfeed_loader_begin_epoch(handle, ctypes.c_uint64(2))
+    py = small(dataset, seed=5)
+    py.set_epoch(2)
+    for images, labels in py:
+        batch = ctypes.c_void_p()
+        assert lib.pinfeed_loader_next(handle, ctypes.byref(batch)) == 0
+        view = _View()
+        assert lib.pinfeed_batch_get_view(batch, ctypes.byref(view)) == 0
+        assert ctypes.string_at(view.data, view.bytes) == images.numpy().tobytes(), "byte-identical batches"
+        assert [view.labels[i] for i in range(view.size)] == labels.tolist()
+        lib.pinfeed_batch_release(batch)
+    lib.pinfeed_loader_destroy(handle)
+
+
+def indices_of(loader):
+    return [i for _, _, idx in loader for i in idx]
+
+
+def test_set_epoch_changes_the_order_and_the_same_epoch_repeats_it(dataset):
+    loader = small(dataset, return_indices=True)
+    loader.set_epoch(0)
+    first = indices_of(loader)
+    assert indices_of(loader) == first, "iterating again without set_epoch repeats the epoch"
+    loader.set_epoch(1)
+    second = indices_of(loader)
+    assert sorted(first) == sorted(second) == list(range(40))
+    assert first != second
+
+
+def test_state_dict_resumes_where_it_stopped(dataset):
+    loader = small(dataset, return_indices=True, seed=9)
+    loader.set_epoch(3)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = loader.state_dict()
+    assert state["epoch"] == 3 and state["position"] == 16
+    rest = [(img.clone(), idx) for img, _, idx in it]
+    resumed = small(dataset, return_indices=True, seed=9)
+    resumed.load_state_dict(state)
+    again = [(img.clone(), idx) for img, _, idx in resumed]
+    assert [idx for _, idx in again] == [idx for _, idx in rest]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(again, rest))
+    with pytest.raises(ValueError, match="rank 0 of 1"):
+        small(dataset, rank=1, world_size=2).load_state_dict(state)
+
+
+def test_tensors_outlive_their_loader(dataset):
+    loader = small(dataset)
+    images, labels = next(iter(loader))
+    expected = images.clone()
+    del loader
+    gc.collect()
+    assert torch.equal(images, expected)  # the slot (and the C++ loader) are still alive
+    assert images.sum().item() == expected.sum().item()
+    del images, labels
+    gc.collect()
+
+
+def test_slots_return_when_tensors_die_and_holding_them_all_is_a_clear_error(dataset):
+    loader = small(dataset, prefetch=3)
+    held = []
+    with pytest.raises(ValueError, match="pool slots are held"):
+        for images, labels in loader:
+            held.append(images)  # never released
+    assert loader.live_batches() == 3
+    held.clear()
+    del images, labels  # the loop variables hold the last batch too
+    gc.collect()
+    assert loader.live_batches() == 0
+    copied = small(dataset, prefetch=3, copy=True)
+    kept = [images for images, _ in copied]
+    assert len(kept) == 5 and copied.live_batches() == 0
+
+
+def test_bad_arguments_are_python_exceptions_with_clear_messages(dataset, tmp_path):
+    with pytest.raises(pinfeed.DataError, match="/nonexistent/pinfeed"):
+        pinfeed.Loader("/nonexistent/pinfeed")
+    with pytest.raises(ValueError, match="batch_size"):
+        small(dataset, batch_size=0)
+    with pytest.raises(ValueError, match="diagonal"):
+        small(dataset, transform="diagonal")
+    with pytest.raises(ValueError, match="layout"):
+        small(dataset, layout="rgb")
+    with pytest.raises(ValueError, match="rank 2"):
+        small(dataset, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="pin_memory"):
+        small(dataset, pin_memory="yes")
+    with pytest.raises(TypeError):
+        pinfeed.Loader(42)
+    bad = tmp_path / "bad" / "cls"
+    bad.mkdir(parents=True)
+    (bad / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(pinfeed.DataError, match="broken.jpg"):
+        for _ in pinfeed.Loader(str(tmp_path / "bad"), batch_size=1, bad_sample="fail", size=16):
+            pass
+
+
+def test_two_ranks_from_the_environment_cover_every_sample_once(dataset):
+    code = ("import json, pinfeed; l = pinfeed.Loader(%r, batch_size=4, size=16, threads=1, return_indices=True); "
+            "l.set_epoch(1); print(json.dumps([int(i) for _, _, idx in l for i in idx]))" % str(dataset))
+    seen = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+        out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+        mine = json.loads(out.stdout)
+        assert len(mine) == 20
+        seen += mine
+    assert sorted(seen) == list(range(40))
+
+
+def test_diag_returns_the_report_as_a_dict():
+    report = pinfeed.diag(batch="8x3x32x32:u8", sample_ms=0)
+    assert report["memory"]["total_bytes"] > 0
+    assert report["plan"]["verdict"] in ("pin", "pin-partial", "pageable")
+    with pytest.raises(ValueError):
+        pinfeed.diag(batch="8xZ:u8")
