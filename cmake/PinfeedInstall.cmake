@@ -1,0 +1,35 @@
+# cmake --install: headers, the libraries (static C++ libraries and the C
+# ABI's libpinfeed.so), the tools, and a CMake package so that
+#   find_package(pinfeed REQUIRED)
+#   target_link_libraries(app PRIVATE pinfeed::loader)
+# works from another build (examples/cpp is built that way by a test).
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set_target_properties(pinfeed_memory PROPERTIES EXPORT_NAME memory)
+set_target_properties(pinfeed_loader PROPERTIES EXPORT_NAME loader)
+set_target_properties(pinfeed_trainer PROPERTIES EXPORT_NAME trainer)
+set_target_properties(pinfeed_c PROPERTIES EXPORT_NAME c)
+set_target_properties(pinfeed_libyuv PROPERTIES EXPORT_NAME libyuv)
+
+install(TARGETS pinfeed_memory pinfeed_loader pinfeed_trainer pinfeed_c pinfeed_libyuv
+        EXPORT pinfeedTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+foreach(dir memory/include loader/include trainer/include capi/include)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endforeach()
+install(TARGETS pinfeed-diag pinfeed-data pinfeed-train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET pinfeed-bench)
+  install(TARGETS pinfeed-bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+
+install(EXPORT pinfeedTargets NAMESPACE pinfeed:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pinfeed)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/pinfeedConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/pinfeedConfig.cmake
+                              INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pinfeed)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/pinfeedConfigVersion.cmake COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/pinfeedConfig.cmake ${PROJECT_BINARY_DIR}/pinfeedConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pinfeed)
