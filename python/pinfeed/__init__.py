@@ -53,7 +53,9 @@ class Loader:
     layout: "nchw-f32" (normalized with mean/std, float32) or "nhwc-u8" (uint8,
         to normalize on the GPU).
     rank, world_size: the shard; default RANK / WORLD_SIZE from the
-        environment (torchrun), else 0 of 1.
+        environment (torchrun), else 0 of 1. LOCAL_RANK is read too and kept
+        as `loader.local_rank`: the GPU this process feeds
+        (`images.cuda(loader.local_rank, non_blocking=True)`).
     pin_memory: "auto" (pin within the host's budget, pageable beyond it or
         under memory pressure), True (the same, but say so when it cannot pin),
         or False (pageable).
@@ -66,7 +68,8 @@ class Loader:
     def __init__(self, data, batch_size=64, *, transform="random", size=224, resize=256, flip=True,
                  layout="nchw-f32", mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
                  seed=0, shuffle=True, drop_last=False, drop_last_batch=False, threads=0, prefetch=4,
-                 pin_memory="auto", bad_sample="replace", copy=False, return_indices=False, list_root=None):
+                 pin_memory="auto", bad_sample="replace", copy=False, return_indices=False, list_root=None,
+                 local_rank=None):
         if not isinstance(data, (str, os.PathLike)):
             raise TypeError(f"data must be a path or a shard pattern, not {type(data).__name__}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -79,6 +82,9 @@ class Loader:
             rank = _env_int("RANK") or 0
         if world_size is None:
             world_size = _env_int("WORLD_SIZE") or 1
+        if local_rank is None:
+            local_rank = _env_int("LOCAL_RANK") or 0
+        self.local_rank = local_rank
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.batch_size = batch_size

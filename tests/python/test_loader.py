@@ -162,7 +162,8 @@ def test_bad_arguments_are_python_exceptions_with_clear_messages(dataset, tmp_pa
 
 
 def test_two_ranks_from_the_environment_cover_every_sample_once(dataset):
-    code = ("import json, pinfeed; l = pinfeed.Loader(%r, batch_size=4, size=16, threads=1, return_indices=True); "
+    code = ("import json, os, pinfeed; l = pinfeed.Loader(%r, batch_size=4, size=16, threads=1, return_indices=True); "
+            "assert (l.rank, l.world_size, l.local_rank) == (int(os.environ['RANK']), 2, int(os.environ['RANK'])); "
             "l.set_epoch(1); print(json.dumps([int(i) for _, _, idx in l for i in idx]))" % str(dataset))
     seen = []
     for rank in (0, 1):
