@@ -1,36 +1,18 @@
 // pinfeed-data and pinfeed-bench end to end: the real binaries on data they make.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "fixtures.hpp"
+#include "run_tool.hpp"
 
 namespace {
 
 using json = nlohmann::json;
 
-struct Result {
-  int rc = -1;
-  std::string out, err;
-};
-
-Result run(const std::string& binary, const std::string& args) {
-  pinfeed::testing::TempDir tmp;
-  const auto out = tmp.path() / "out", err = tmp.path() / "err";
-  const int status = std::system((binary + " " + args + " >" + out.string() + " 2>" + err.string()).c_str());
-  Result r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream o(out), e(err);
-  std::stringstream so, se;
-  so << o.rdbuf();
-  se << e.rdbuf();
-  r.out = so.str();
-  r.err = se.str();
-  return r;
-}
+using Result = pinfeed::testing::ToolResult;
+constexpr auto run = &pinfeed::testing::run_tool;
 
 Result data(const std::string& args) { return run(PINFEED_DATA, args); }
 

@@ -8,6 +8,7 @@
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
+#include "train_fixtures.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 
@@ -20,20 +21,8 @@ TEST(DdpGpuTest, CudaWorkersWithNcclMatchTheCpuBackend) {
   if (!nccl_available()) GTEST_SKIP() << "NCCL (libnccl.so.2) cannot be loaded";
   testing::TempDir dir;
   const auto data = testing::make_small_dataset(dir.path(), 4, 16);
-  TrainConfig c;
-  c.loader.dataset = data.folder.string();
-  c.loader.threads = 2;
-  c.loader.seed = 11;
-  c.loader.transform.size = 16;
-  c.loader.watch_pressure = false;
-  c.global_batch = 16;
-  c.epochs = 2;
-  c.lr = 0.8;
-  c.model.pool = 2;
-  c.model.hidden = {32, 16};
-  c.launch = LaunchEnv{};
   const int workers = gpus >= 2 ? 2 : 1;
-  c.devices = parse_devices(workers == 2 ? "cuda:0,1" : "cuda:0");
+  TrainConfig c = testing::tiny_train_config(data.folder.string(), workers == 2 ? "cuda:0,1" : "cuda:0");
   const TrainResult gpu = train(c);
   EXPECT_EQ(gpu.communicator, "nccl");
   c.devices = parse_devices(fmt::format("cpu:{}", workers));

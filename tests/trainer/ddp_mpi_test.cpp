@@ -8,6 +8,7 @@
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
+#include "train_fixtures.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 
 namespace pinfeed::trainer {
@@ -23,18 +24,9 @@ TEST(DdpMpiTest, TwoProcessesReachTheWeightsOfTwoThreads) {
   // Each rank writes the same deterministic dataset into its own folder.
   testing::TempDir dir;
   const auto data = testing::make_small_dataset(dir.path(), 4, 16);
-  TrainConfig c;
-  c.loader.dataset = data.folder.string();
+  TrainConfig c = testing::tiny_train_config(data.folder.string(), "cpu:1");
   c.loader.threads = 1;
-  c.loader.seed = 11;
-  c.loader.transform.size = 16;
-  c.loader.watch_pressure = false;
-  c.global_batch = 16;
-  c.epochs = 2;
-  c.lr = 0.8;
-  c.model.pool = 2;
-  c.model.hidden = {32, 16};
-  c.devices = parse_devices("cpu:1");
+  c.launch.reset();  // ranks from mpirun
   const TrainResult mpi = train(c);
   EXPECT_EQ(mpi.communicator, "mpi");
   EXPECT_EQ(mpi.world_size, 2);

@@ -11,6 +11,7 @@
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
+#include "train_fixtures.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
 #include "pinfeed/trainer/schedule.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
@@ -31,22 +32,7 @@ class DdpTest : public ::testing::Test {
   }
 
   static TrainConfig config(int workers) {
-    TrainConfig c;
-    c.loader.dataset = data_->folder.string();
-    c.loader.threads = 2;
-    c.loader.prefetch = 3;
-    c.loader.seed = 11;
-    c.loader.transform.size = 16;
-    c.loader.watch_pressure = false;
-    c.devices = parse_devices(fmt::format("cpu:{}", workers));
-    c.global_batch = 16;
-    c.epochs = 2;
-    c.lr = 0.8;
-    c.warmup_epochs = 0.5;
-    c.model.pool = 2;
-    c.model.hidden = {32, 16};
-    c.launch = LaunchEnv{};  // one process, whatever the environment says
-    return c;
+    return testing::tiny_train_config(data_->folder.string(), fmt::format("cpu:{}", workers));
   }
 
   static double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
