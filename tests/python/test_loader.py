@@ -175,6 +175,28 @@ def test_two_ranks_from_the_environment_cover_every_sample_once(dataset):
     assert sorted(seen) == list(range(40))
 
 
+def test_folder_file_list_and_shards_give_the_same_batches(dataset, tmp_path):
+    subprocess.run([os.environ["PINFEED_DATA_TOOL"], "-q", "pack", "--from", str(dataset), "--out",
+                    str(tmp_path / "shards" / "train"), "--per-shard", "16"], check=True)
+    listing = tmp_path / "list.txt"
+    classes = sorted(os.listdir(dataset))
+    with open(listing, "w") as f:
+        for label, cls in enumerate(classes):
+            for name in sorted(os.listdir(dataset / cls)):
+                f.write(f"{cls}/{name} {label}\n")
+    kw = dict(batch_size=8, size=16, threads=2, seed=4, return_indices=True)
+    sources = [str(dataset), str(tmp_path / "shards" / "train-{000000..000002}.tar")]
+    results = []
+    for source in sources:
+        results.append([(img.clone(), lab.clone(), idx) for img, lab, idx in pinfeed.Loader(source, **kw)])
+    results.append([(img.clone(), lab.clone(), idx)
+                    for img, lab, idx in pinfeed.Loader(str(listing), list_root=str(dataset), **kw)])
+    first = results[0]
+    for other in results[1:]:
+        assert [idx for _, _, idx in other] == [idx for _, _, idx in first]
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, other))
+
+
 def test_diag_returns_the_report_as_a_dict():
     report = pinfeed.diag(batch="8x3x32x32:u8", sample_ms=0)
     assert report["memory"]["total_bytes"] > 0
