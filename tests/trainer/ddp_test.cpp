@@ -113,6 +113,20 @@ TEST_F(DdpTest, NoSlotIsReusedBeforeItsCopyCompletes) {
   EXPECT_EQ(slow.weights, fast.weights);
 }
 
+TEST_F(DdpTest, PageableSlotsTrainExactlyLikePinnedOnes) {
+  // After a pressure fallback slots are pageable; the copy path is the same
+  // call and must give the same result.
+  TrainConfig c = config(2);
+  c.epochs = 1;
+  const TrainResult pinned = train(c);
+  c.loader.pin = false;
+  const TrainResult pageable = train(c);
+  EXPECT_EQ(pageable.weights, pinned.weights);
+  EXPECT_EQ(pageable.epochs[0].pageable_batches, 8U);
+  EXPECT_EQ(pageable.epochs[0].pinned_batches, 0U);
+  EXPECT_EQ(pinned.epochs[0].pinned_batches, 8U);
+}
+
 TEST_F(DdpTest, ResumingFromACheckpointReproducesTheUninterruptedRun) {
   testing::TempDir tmp;
   TrainConfig c = config(2);
