@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <thread>
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
@@ -125,6 +126,48 @@ TEST_F(DdpTest, PageableSlotsTrainExactlyLikePinnedOnes) {
   EXPECT_EQ(pageable.epochs[0].pageable_batches, 8U);
   EXPECT_EQ(pageable.epochs[0].pinned_batches, 0U);
   EXPECT_EQ(pinned.epochs[0].pinned_batches, 8U);
+}
+
+TEST_F(DdpTest, PressureMidTrainingMovesSlotsToPageableAndBackWithoutChangingTheResult) {
+  // Each worker's loader watches a procfs copy whose PSI the test rewrites
+  // while training runs: critical, then calm again.
+  using namespace std::chrono_literals;
+  testing::TempDir root;
+  testing::copy_fixture("v1-host", root.path());
+  const auto psi_file = root.path() / "proc/pressure/memory";
+  const auto psi = [](double some, double full) {
+    return fmt::format("some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10={:.2f} avg60=0.00 avg300=0.00 total=1\n",
+                       some, full);
+  };
+  testing::write_file(psi_file, psi(0, 0));
+  TrainConfig c = config(2);
+  c.epochs = 20;
+  c.copy_delay = 5ms;  // at least 20 x 4 x 5 ms = 400 ms of training
+  c.loader.watch_pressure = false;
+  const TrainResult calm = train(c);
+
+  c.loader.watch_pressure = true;
+  c.loader.pressure.root = root.path();
+  c.loader.pressure.period = 10ms;
+  c.loader.pressure.hold = 50ms;
+  std::jthread weather([&] {
+    std::this_thread::sleep_for(100ms);
+    testing::write_file(psi_file, psi(60, 30));  // critical
+    std::this_thread::sleep_for(150ms);
+    testing::write_file(psi_file, psi(0, 0));    // calm
+  });
+  const TrainResult stormy = train(c);
+  weather.join();
+  std::uint64_t pinned = 0, pageable = 0;
+  for (const auto& e : stormy.epochs) {
+    pinned += e.pinned_batches;
+    pageable += e.pageable_batches;
+  }
+  EXPECT_EQ(pinned + pageable, 20U * 8U) << "every batch delivered";
+  EXPECT_GT(pageable, 0U) << "slots fell back to pageable memory under pressure";
+  EXPECT_GT(pinned, 0U);
+  EXPECT_GT(stormy.epochs.back().pool_transitions, 0U);
+  EXPECT_EQ(stormy.weights, calm.weights) << "nothing lost, nothing repeated";
 }
 
 TEST_F(DdpTest, ResumingFromACheckpointReproducesTheUninterruptedRun) {
