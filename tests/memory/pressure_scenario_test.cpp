@@ -25,10 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::string psi(double some, double full) {
-  return fmt::format("some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10={:.2f} avg60=0.00 avg300=0.00 total=1\n",
-                     some, full);
-}
+using testing::psi;
 
 TEST(PressureScenarioTest, PoolFollowsRewrittenPressureFilesWithoutLosingASlot) {
   testing::TempDir dir;

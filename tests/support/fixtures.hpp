@@ -1,6 +1,8 @@
 #pragma once
 // Helpers for tests that need files: a temporary folder removed at the end,
 // writing a file with its parents, and the path of tests/data.
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -45,6 +47,12 @@ inline void write_file(const std::filesystem::path& path, std::string_view text)
 }
 
 /// Copies a fixture procfs tree from tests/data/procfs/<name> into `dest`.
+/// A /proc/pressure/memory file with these avg10 percentages.
+inline std::string psi(double some, double full) {
+  return fmt::format("some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10={:.2f} avg60=0.00 avg300=0.00 total=1\n",
+                     some, full);
+}
+
 inline void copy_fixture(std::string_view name, const std::filesystem::path& dest) {
   std::filesystem::copy(data_dir() / "procfs" / std::string(name), dest,
                         std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);

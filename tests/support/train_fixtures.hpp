@@ -2,7 +2,9 @@
 // The small training job the trainer tests share: 16 px crops of a
 // make_small_dataset() folder, a two-hidden-layer MLP, global batch 16,
 // 2 epochs, one process whatever the environment says.
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "pinfeed/trainer/trainer.hpp"
 
@@ -25,6 +27,16 @@ inline trainer::TrainConfig tiny_train_config(const std::string& dataset, const 
   c.model.hidden = {32, 16};
   c.launch = trainer::LaunchEnv{};
   return c;
+}
+
+/// ||a - b|| / ||b||: how far a run's weights are from a reference run's.
+inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return a.size() == b.size() ? std::sqrt(diff / norm) : HUGE_VAL;
 }
 
 }  // namespace pinfeed::testing

@@ -27,12 +27,7 @@ TEST(DdpGpuTest, CudaWorkersWithNcclMatchTheCpuBackend) {
   EXPECT_EQ(gpu.communicator, "nccl");
   c.devices = parse_devices(fmt::format("cpu:{}", workers));
   const TrainResult cpu = train(c);
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < cpu.weights.size(); ++i) {
-    diff += std::pow(static_cast<double>(gpu.weights[i]) - cpu.weights[i], 2);
-    norm += std::pow(static_cast<double>(cpu.weights[i]), 2);
-  }
-  EXPECT_LE(std::sqrt(diff / norm), 1e-4);
+  EXPECT_LE(testing::relative_difference(gpu.weights, cpu.weights), 1e-4);
   EXPECT_GT(gpu.epochs.back().pinned_batches, 0U) << "slots registered with CUDA are pinned";
 }
 

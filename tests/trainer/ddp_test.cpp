@@ -36,16 +36,6 @@ class DdpTest : public ::testing::Test {
     return testing::tiny_train_config(data_->folder.string(), fmt::format("cpu:{}", workers));
   }
 
-  static double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double diff = 0, norm = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-      norm += static_cast<double>(a[i]) * a[i];
-    }
-    return std::sqrt(diff / norm);
-  }
-
   static testing::TempDir* dir_;
   static testing::SmallDataset* data_;
 };
@@ -60,7 +50,7 @@ TEST_F(DdpTest, NWorkersWithBOverNEachReachTheWeightsOfOneWorkerWithB) {
   for (const int n : {2, 4}) {
     const TrainResult many = train(config(n));
     EXPECT_EQ(many.world_size, n);
-    EXPECT_LE(relative_difference(one.weights, many.weights), 1e-5) << n << " workers";
+    EXPECT_LE(testing::relative_difference(many.weights, one.weights), 1e-5) << n << " workers";
     for (std::size_t e = 0; e < 2; ++e) {
       EXPECT_NEAR(one.epochs[e].loss, many.epochs[e].loss, 1e-4) << n << " workers, epoch " << e;
       EXPECT_EQ(one.epochs[e].samples, many.epochs[e].samples);
@@ -98,7 +88,7 @@ TEST_F(DdpTest, NoSyncAccumulationEqualsOneLargeBatch) {
   c.accumulation = 2;
   const TrainResult accumulated = train(c);
   EXPECT_EQ(accumulated.steps, large.steps);
-  EXPECT_LE(relative_difference(large.weights, accumulated.weights), 1e-5);
+  EXPECT_LE(testing::relative_difference(accumulated.weights, large.weights), 1e-5);
 }
 
 TEST_F(DdpTest, NoSlotIsReusedBeforeItsCopyCompletes) {
@@ -135,10 +125,7 @@ TEST_F(DdpTest, PressureMidTrainingMovesSlotsToPageableAndBackWithoutChangingThe
   testing::TempDir root;
   testing::copy_fixture("v1-host", root.path());
   const auto psi_file = root.path() / "proc/pressure/memory";
-  const auto psi = [](double some, double full) {
-    return fmt::format("some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10={:.2f} avg60=0.00 avg300=0.00 total=1\n",
-                       some, full);
-  };
+  using testing::psi;
   testing::write_file(psi_file, psi(0, 0));
   TrainConfig c = config(2);
   c.epochs = 20;
