@@ -65,7 +65,7 @@ void* PinnedResource::do_allocate(std::size_t bytes, std::size_t /*alignment*/) 
       }
     }
   }
-  void* p = detail::map_anonymous(length, name());
+  void* p = detail::map_anonymous(length, name(), config_.huge_pages);
   if (config_.numa_node) {
     if (!Topology::host().bind_area(p, length, *config_.numa_node)) {
       pinfeed::detail::log().warn("pinned resource: cannot bind {} to NUMA node {}; default placement",
@@ -96,6 +96,8 @@ void* PinnedResource::do_allocate(std::size_t bytes, std::size_t /*alignment*/) 
   locked_bytes_.fetch_add(length);
   return p;
 }
+
+std::size_t transparent_huge_page_size() noexcept { return detail::huge_page_size(); }
 
 void PinnedResource::do_deallocate(void* ptr, std::size_t bytes, std::size_t /*alignment*/) noexcept {
   const std::size_t length = round_up_to_page(bytes);

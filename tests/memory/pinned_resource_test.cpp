@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -46,6 +47,30 @@ TEST(PinnedResourceTest, MemoryIsPrefaultedAndWritable) {
   std::memset(p, 0x5a, bytes);
   EXPECT_EQ(p[bytes - 1], 0x5a);
   pinned.deallocate(p, bytes);
+}
+
+TEST(PinnedResourceTest, LargeMappingsStartOnAHugePageBoundary) {
+  const std::size_t huge = transparent_huge_page_size();
+  if (huge == 0) GTEST_SKIP() << "transparent huge pages are off on this kernel";
+  PinnedResource pinned(mlock_config());
+  const std::size_t bytes = 3 * huge + 12345;  // not a multiple: the tail stays small pages
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(pinned.allocate(bytes));
+  for (void* b : blocks) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % huge, 0U) << "the mapping must start on a huge page";
+    auto* p = static_cast<unsigned char*>(b);
+    EXPECT_EQ(p[0], 0);
+    EXPECT_EQ(p[bytes - 1], 0) << "the whole length, tail included, is mapped";
+    std::memset(p, 0x33, bytes);
+  }
+  EXPECT_EQ(pinned.locked_bytes(), 3 * round_up_to_page(bytes));
+  for (void* b : blocks) pinned.deallocate(b, bytes);
+  EXPECT_EQ(pinned.locked_bytes(), 0U);
+
+  PinnedResource small_pages({PinMethod::mlock, std::nullopt, /*huge_pages=*/false});
+  void* b = small_pages.allocate(bytes);
+  static_cast<unsigned char*>(b)[bytes - 1] = 1;
+  small_pages.deallocate(b, bytes);
 }
 
 TEST(PinnedResourceTest, AutomaticMethodFollowsTheCudaRuntime) {

@@ -36,11 +36,20 @@ std::string_view to_string(PinMethod method) noexcept;
 /// Largest single pinned mapping (one cudaHostRegister call).
 inline constexpr std::size_t kMaxRegistrationBytes = 64_GiB;
 
+/// The kernel's transparent huge page size, or 0 when THP is off ("never")
+/// or unknown. PinnedResource uses it when Config::huge_pages is set.
+std::size_t transparent_huge_page_size() noexcept;
+
 class PinnedResource final : public HostResource {
  public:
   struct Config {
     PinMethod method = PinMethod::automatic;  ///< how pages are locked
     std::optional<unsigned> numa_node;        ///< bind pages to this NUMA node (OS index)
+    /// Back mappings of at least one huge page with transparent huge pages
+    /// (aligned, MADV_HUGEPAGE). Loader output is written once and cold: with
+    /// 4 KiB pages every 4 KiB written is a TLB miss, walked through the
+    /// hypervisor's page tables on a VM (see docs/results.md, "huge pages").
+    bool huge_pages = true;
   };
   PinnedResource() : PinnedResource(Config{}) {}
   explicit PinnedResource(Config config);
