@@ -77,10 +77,8 @@ class SampleWriter {
   TransformConfig config_;
   std::array<float, 3> scale_{}, bias_{};  // x * scale + bias == (x / 255 - mean) / std
   std::vector<std::uint8_t> resized_;     // BGRA, size x size
-  std::vector<std::uint8_t> mirrored_;    // BGRA, size x size, when flipped
+  std::vector<std::uint8_t> mirrored_;    // BGRA, size x size, flipped (uint8 output only)
   std::vector<std::uint8_t> halved_, halved_spare_;  // 2:1 pre-reductions of large shrinks
-  std::vector<std::uint8_t> planes_;      // R, G, B byte planes, size x size each (float output)
-  std::vector<float> row_;                // one output row of one plane, before streaming it out
 };
 
 }  // namespace pinfeed::loader
