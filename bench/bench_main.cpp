@@ -14,6 +14,9 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <functional>
+#include <memory>
+#include <span>
 #include <thread>
 #include <chrono>
 #include <cstdio>
@@ -67,7 +70,7 @@ struct Ceiling {
 /// The loader's own decode work alone (same crop plans, ROI and DCT scale)
 /// on `threads` threads at once, files from memory: the "matching" ceiling
 /// that the loader's reading, transforms and batching add to.
-double planned_decode_rate(const std::vector<std::vector<std::byte>>& files, const pl::TransformConfig& t,
+double planned_decode_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                            unsigned threads) {
   const auto work = [&](unsigned k) {
     pl::JpegDecoder decoder;
@@ -101,10 +104,30 @@ double planned_decode_rate(const std::vector<std::vector<std::byte>>& files, con
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults.
 Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads) {
   const std::size_t n = std::min(limit, data.size());
-  std::vector<std::vector<std::byte>> files(n);
   // Spread over the dataset (every k-th file) so all classes are represented.
+  // The files go into one mapping that is unmapped afterwards: tens of MB
+  // of small vectors would stay in the heap and count in the loader's RSS.
   const std::size_t stride = std::max<std::size_t>(1, data.size() / n);
-  for (std::size_t i = 0; i < n; ++i) data.read(i * stride, files[i]);
+  std::vector<std::byte> one;
+  std::vector<std::size_t> sizes(n);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    data.read(i * stride, one);
+    sizes[i] = one.size();
+    total += one.size();
+  }
+  pinfeed::memory::PageableResource memory;
+  const std::size_t block_bytes = std::max<std::size_t>(total, 1);
+  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> block(
+      static_cast<std::byte*>(memory.allocate(block_bytes)), [&](std::byte* p) { memory.deallocate(p, block_bytes); });
+  std::vector<std::span<const std::byte>> files(n);
+  for (std::size_t i = 0, at = 0; i < n; ++i) {
+    data.read(i * stride, one);
+    if (one.size() != sizes[i]) throw pinfeed::Error(fmt::format("{} changed size while benchmarking", data.describe(i * stride)));
+    std::memcpy(block.get() + at, one.data(), one.size());
+    files[i] = std::span<const std::byte>(block.get() + at, one.size());
+    at += one.size();
+  }
   tjhandle h = tjInitDecompress();
   if (h == nullptr) throw pinfeed::Error("TurboJPEG: tjInitDecompress failed");
   std::vector<unsigned char> out;

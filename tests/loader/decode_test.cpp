@@ -2,6 +2,8 @@
 // crop/resize; the colour spaces and encodings ImageNet holds.
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -32,7 +34,7 @@ std::vector<std::uint8_t> packed(const DecodedImage& img) {
   return out;
 }
 
-double mean_abs_diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+double mean_abs_diff(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b) {
   double sum = 0;
   std::size_t n = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -298,6 +300,30 @@ TEST(TransformTest, FloatOutputIsTheNormalizedByteOutputFlippedOrNot) {
       EXPECT_EQ(mismatches, 0) << "size " << n << (flip ? " flipped" : "");
     }
   }
+}
+
+TEST(ScratchBufferTest, LargeBlocksBypassMallocSmallOnesDoNot) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "under sanitizers every scratch block goes through operator new, so ASan checks its bounds";
+#else
+  const auto malloc_bytes = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;  // in use from arenas + malloc's own mmapped blocks
+  };
+  const std::size_t big = 4 << 20;
+  const std::size_t before = malloc_bytes();
+  std::vector<std::uint8_t> control(big, 1);
+  EXPECT_GE(malloc_bytes() - before, big) << "the measure must see an ordinary vector";
+  const std::size_t with_control = malloc_bytes();
+  ScratchBytes scratch(big, 1);
+  EXPECT_LT(malloc_bytes() - with_control, kScratchMapThreshold) << "a large scratch block must not come from malloc";
+  scratch.resize(2 * big, 2);  // growth maps a new block and unmaps the old
+  EXPECT_EQ(scratch[big - 1], 1);
+  EXPECT_EQ(scratch[2 * big - 1], 2);
+  EXPECT_LT(malloc_bytes() - with_control, kScratchMapThreshold);
+  ScratchBytes small(kScratchMapThreshold / 2, 3);  // over the tcache sizes, under the threshold
+  EXPECT_GE(malloc_bytes() - with_control, kScratchMapThreshold / 2) << "small blocks stay with operator new";
+#endif
 }
 
 }  // namespace

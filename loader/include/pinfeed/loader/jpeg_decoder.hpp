@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "pinfeed/loader/scratch_buffer.hpp"
+
 namespace pinfeed::loader {
 
 /// Largest image accepted, in pixels (Pillow's decompression-bomb limit).
@@ -40,7 +42,7 @@ struct Region {
 struct DecodedImage {
   int width = 0, height = 0;
   std::size_t stride = 0, offset = 0;
-  std::vector<std::uint8_t> pixels;
+  ScratchBytes pixels;
 
   [[nodiscard]] std::size_t stride_bytes() const noexcept {
     return stride != 0 ? stride : static_cast<std::size_t>(width) * 4;

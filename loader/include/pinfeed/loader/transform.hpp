@@ -76,9 +76,9 @@ class SampleWriter {
  private:
   TransformConfig config_;
   std::array<float, 3> scale_{}, bias_{};  // x * scale + bias == (x / 255 - mean) / std
-  std::vector<std::uint8_t> resized_;     // BGRA, size x size
-  std::vector<std::uint8_t> mirrored_;    // BGRA, size x size, flipped (uint8 output only)
-  std::vector<std::uint8_t> halved_, halved_spare_;  // 2:1 pre-reductions of large shrinks
+  ScratchBytes resized_;     // BGRA, size x size
+  ScratchBytes mirrored_;    // BGRA, size x size, flipped (uint8 output only)
+  ScratchBytes halved_, halved_spare_;  // 2:1 pre-reductions of large shrinks
 };
 
 }  // namespace pinfeed::loader
