@@ -43,6 +43,9 @@ const char* color_name(J_COLOR_SPACE cs) {
   }
 }
 
+/// See run_decode: keeps libjpeg-turbo's output stores ordinary (cached).
+constexpr std::size_t kMisalign = 4;
+
 bool is_cmyk(J_COLOR_SPACE cs) { return cs == JCS_CMYK || cs == JCS_YCCK; }
 
 /// Adobe writes CMYK inverted (0 = full ink); Photoshop's are the common
@@ -64,7 +67,8 @@ struct JpegDecoder::Impl {
   jpeg_decompress_struct cinfo{};
   ErrorManager err{};
   std::uint64_t max_pixels = 0;
-  std::vector<std::uint8_t> row;  // one decoded row when cropping or converting
+  std::vector<std::uint8_t> row;  // one CMYK row before conversion
+  ScratchBytes lines[2];          // when streaming to a sink: rows alternate between them
   // decode_planned() keeps the decompressor after jpeg_read_header, so its
   // decode does not parse the header again. Only that path sets it.
   bool header_kept = false;
@@ -72,7 +76,10 @@ struct JpegDecoder::Impl {
   // Everything that may longjmp runs inside these functions, whose frames
   // hold only trivially destructible locals (Note: setjmp + C++).
   bool read_header(std::span<const std::byte> data);
-  bool run_decode(std::span<const std::byte> data, const Region& region, int scale, DecodedImage& out);
+  // Exactly one of image / sink. A sink's exception leaves through here and
+  // the caller aborts the decompressor.
+  bool run_decode(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image,
+                  RowSink* sink);
 };
 
 bool JpegDecoder::Impl::read_header(std::span<const std::byte> data) {
@@ -86,7 +93,7 @@ bool JpegDecoder::Impl::read_header(std::span<const std::byte> data) {
 }
 
 bool JpegDecoder::Impl::run_decode(std::span<const std::byte> data, const Region& region, int scale,
-                                   DecodedImage& out) {
+                                   DecodedImage* image, RowSink* sink) {
   if (setjmp(err.jump) != 0) {
     jpeg_abort_decompress(&cinfo);
     return false;
@@ -109,30 +116,45 @@ bool JpegDecoder::Impl::run_decode(std::span<const std::byte> data, const Region
   const int y0 = std::clamp(region.y / scale, 0, oh - 1);
   const int x1 = std::clamp((region.x + region.width + scale - 1) / scale, x0 + 1, ow);
   const int y1 = std::clamp((region.y + region.height + scale - 1) / scale, y0 + 1, oh);
-  out.width = x1 - x0;
-  out.height = y1 - y0;
+  const int width = x1 - x0, height = y1 - y0;
 
   JDIMENSION xoff = static_cast<JDIMENSION>(x0), cw = static_cast<JDIMENSION>(x1 - x0);
   if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // widens to whole iMCU columns
   const std::size_t skip_left = static_cast<std::size_t>(x0) - xoff;
   if (y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0));
 
-  // Rows are decoded in place at libjpeg's (iMCU-widened) width; the image
-  // then starts skip_left pixels into each row. CMYK goes through one row of
-  // 4-channel CMYK and is converted into the same place.
-  out.stride = static_cast<std::size_t>(cw) * 4;
-  out.offset = skip_left * 4;
-  out.pixels.resize(out.stride * static_cast<std::size_t>(out.height));
-  if (cmyk) row.resize(out.stride);
-  for (int y = 0; y < out.height; ++y) {
-    std::uint8_t* dst = out.pixels.data() + static_cast<std::size_t>(y) * out.stride;
+  // Rows are decoded in place at libjpeg's (iMCU-widened) width, into the
+  // image or into one line for the sink; the region starts skip_left pixels
+  // into each row. CMYK goes through one row of 4-channel CMYK and is
+  // converted into the same place.
+  //
+  // Rows start kMisalign bytes past a 16-byte boundary: libjpeg-turbo's SIMD
+  // colour conversion writes aligned rows with non-temporal stores, which
+  // send every decoded row to DRAM just before we read it back.
+  const std::size_t stride = static_cast<std::size_t>(cw) * 4;
+  if (image != nullptr) {
+    image->width = width;
+    image->height = height;
+    image->stride = stride;
+    image->offset = kMisalign + skip_left * 4;
+    image->pixels.resize(kMisalign + stride * static_cast<std::size_t>(height));
+  } else {
+    lines[0].resize(kMisalign + stride);
+    lines[1].resize(kMisalign + stride);
+    sink->begin(width, height);
+  }
+  if (cmyk) row.resize(stride);
+  for (int y = 0; y < height; ++y) {
+    std::uint8_t* dst = kMisalign + (image != nullptr ? image->pixels.data() + static_cast<std::size_t>(y) * stride
+                                                     : lines[y % 2].data());
     JSAMPROW target = cmyk ? row.data() : dst;
     if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
       std::snprintf(err.message, sizeof err.message, "image data ends early at row %d", y0 + y);
       jpeg_abort_decompress(&cinfo);
       return false;
     }
-    if (cmyk) cmyk_row_to_bgra(row.data() + skip_left * 4, dst + skip_left * 4, out.width, inverted);
+    if (cmyk) cmyk_row_to_bgra(row.data() + skip_left * 4, dst + skip_left * 4, width, inverted);
+    if (sink != nullptr) sink->row(dst + skip_left * 4);
   }
   // Stop here: the rows below the region are never entropy-decoded.
   jpeg_abort_decompress(&cinfo);
@@ -194,11 +216,11 @@ ImageHeader JpegDecoder::read_header(std::span<const std::byte> data, const std:
 void JpegDecoder::decode(std::span<const std::byte> data, const Region& region, int scale, DecodedImage& out,
                          const std::string& name) {
   (void)read_header(data, name, true);  // validates markers and the pixel limit first
-  decode_kept(data, region, scale, out, name);
+  decode_kept(data, region, scale, &out, nullptr, name);
 }
 
-void JpegDecoder::decode_kept(std::span<const std::byte> data, const Region& region, int scale, DecodedImage& out,
-                              const std::string& name) {
+void JpegDecoder::decode_kept(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image,
+                              RowSink* sink, const std::string& name) {
   if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
     abandon();
     throw ConfigError(fmt::format("jpeg decode: scale 1/{} is not 1, 1/2, 1/4 or 1/8", scale));
@@ -207,12 +229,19 @@ void JpegDecoder::decode_kept(std::span<const std::byte> data, const Region& reg
     abandon();
     throw ConfigError("jpeg decode: empty region");
   }
-  if (!impl_->run_decode(data, region, scale, out)) throw DataError(name, fmt::format("corrupt JPEG: {}", impl_->err.message));
+  bool ok = false;
+  try {
+    ok = impl_->run_decode(data, region, scale, image, sink);
+  } catch (...) {
+    jpeg_abort_decompress(&impl_->cinfo);  // the sink threw between two rows
+    throw;
+  }
+  if (!ok) throw DataError(name, fmt::format("corrupt JPEG: {}", impl_->err.message));
 }
 
 void JpegDecoder::decode_full(std::span<const std::byte> data, DecodedImage& out, const std::string& name) {
   const ImageHeader h = read_header(data, name, true);
-  decode_kept(data, Region{0, 0, h.width, h.height}, 1, out, name);
+  decode_kept(data, Region{0, 0, h.width, h.height}, 1, &out, nullptr, name);
 }
 
 }  // namespace pinfeed::loader

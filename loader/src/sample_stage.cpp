@@ -1,10 +1,44 @@
 #include "pinfeed/loader/sample_stage.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+
 #include "pinfeed/error.hpp"
 
 namespace pinfeed::loader {
 
 namespace {
+
+/// Passes a region of the decoded rows on (all of them when empty).
+class CropRows final : public RowSink {
+ public:
+  explicit CropRows(RowSink& next) : next_(&next) {}
+  Region region;
+
+  void begin(int width, int height) override {
+    y_ = 0;
+    if (region.width <= 0 || region.height <= 0) {
+      box_ = Region{0, 0, width, height};
+    } else {
+      box_.x = std::clamp(region.x, 0, width - 1);
+      box_.y = std::clamp(region.y, 0, height - 1);
+      box_.width = std::min(region.width, width - box_.x);
+      box_.height = std::min(region.height, height - box_.y);
+    }
+    next_->begin(box_.width, box_.height);
+  }
+  void row(const std::uint8_t* bgra) override {
+    if (y_ >= box_.y && y_ < box_.y + box_.height) next_->row(bgra + static_cast<std::size_t>(box_.x) * 4);
+    ++y_;
+  }
+
+ private:
+  RowSink* next_;
+  Region box_;
+  int y_ = 0;
+};
+
 std::uint64_t since(std::chrono::steady_clock::time_point t0) {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
@@ -20,27 +54,33 @@ void SampleStage::operator()(std::size_t index, std::uint64_t epoch, std::span<s
   t0 = std::chrono::steady_clock::now();
   SampleRng rng(seed_, epoch, index);
   CropPlan plan;
+  // Decode and transform run interleaved: each decoded row goes straight to
+  // the writer, which resizes and writes a band of output rows at a time.
+  // Without ROI decoding the whole image is decoded and the region is cut
+  // out of the rows as they pass (measurement mode).
+  CropRows crop(s.writer.sink());
   try {
     static const std::string kUnnamed;  // named below, only when something fails
     s.decoder.decode_planned(
         s.bytes,
         [&](const ImageHeader& h) {
           plan = plan_crop(h, config_, rng);
-          if (!config_.roi_decode) return JpegDecoder::Plan{Region{0, 0, h.width, h.height}, 1};
+          s.writer.prepare(plan.flip, out);
+          if (!config_.roi_decode) {
+            crop.region = plan.region;
+            return JpegDecoder::Plan{Region{0, 0, h.width, h.height}, 1};
+          }
+          crop.region = Region{};
           return JpegDecoder::Plan{plan.region, plan.scale};
         },
-        s.image, kUnnamed);
+        crop, kUnnamed);
   } catch (const DataError& e) {
     throw DataError(dataset_->describe(index), e.reason());
   }
-  times.decode_ns += since(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  // With ROI decode the decoded image is the region (to within a scaled
-  // pixel); without it, the region is cut out of the full image here.
-  const Region crop = config_.roi_decode ? Region{} : plan.region;
-  s.writer.write(s.image, crop, plan.flip, out);
-  times.transform_ns += since(t0);
+  if (!s.writer.complete()) throw Error(fmt::format("{}: the decoder stopped before the sample was written", dataset_->describe(index)));
+  const std::uint64_t total = since(t0), output = s.writer.take_output_ns();
+  times.transform_ns += output;
+  times.decode_ns += total - std::min(total, output);
 }
 
 }  // namespace pinfeed::loader

@@ -6,8 +6,10 @@
 #include <libyuv/scale_argb.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -176,32 +178,39 @@ void stream_fence() {
 #endif
 }
 
-/// Averages 2:1 along the axes asked (an odd last row or column is
-/// dropped): out is out_w x out_h BGRA. Each case takes a SIMD path: libyuv's
-/// 2x2 box for both axes, its row interpolation for rows only, and a loop the
-/// compiler vectorizes for columns only.
-void halve(const std::uint8_t* src, int stride, int out_w, int out_h, bool cols, bool rows, std::uint8_t* out) {
-  const int out_stride = out_w * 4;
-  if (cols && rows) {
-    libyuv::ARGBScale(src, stride, 2 * out_w, 2 * out_h, out, out_stride, out_w, out_h, libyuv::kFilterBox);
-  } else if (rows) {
-    libyuv::ARGBInterpolate(src, 2 * stride, src + stride, 2 * stride, out, out_stride, out_w, out_h, 128);
-  } else {
-    // Per-byte average of two BGRA pixels as 32-bit words (rounding down):
-    // (a & b) + ((a ^ b) >> 1), with the shift kept inside each byte.
-    for (int y = 0; y < out_h; ++y) {
-      const auto* in = src + static_cast<std::ptrdiff_t>(y) * stride;
-      std::uint8_t* o = out + static_cast<std::ptrdiff_t>(y) * out_stride;
-      for (int x = 0; x < out_w; ++x) {
-        std::uint32_t a = 0, b = 0;
-        std::memcpy(&a, in + 8 * x, 4);
-        std::memcpy(&b, in + 8 * x + 4, 4);
-        const std::uint32_t avg = (a & b) + (((a ^ b) & 0xfefefefeU) >> 1U);
-        std::memcpy(o + 4 * x, &avg, 4);
-      }
+/// Averages each pair of BGRA pixels of a row (out_w pixels out; an odd
+/// last pixel is dropped), rounding half up. SSE2: 8 pixels in, the even and
+/// odd ones picked apart as 32-bit lanes, averaged per byte.
+void halve_columns(const std::uint8_t* in, int out_w, std::uint8_t* out) {
+  int x = 0;
+#if defined(__SSE2__)
+  for (; x + 4 <= out_w; x += 4) {
+    const __m128 lo = _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 8 * x)));
+    const __m128 hi = _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 8 * x + 16)));
+    const __m128i even = _mm_castps_si128(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m128i odd = _mm_castps_si128(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * x), _mm_avg_epu8(even, odd));
+  }
+#endif
+  for (; x < out_w; ++x) {
+    for (int ch = 0; ch < 4; ++ch) {
+      out[4 * x + ch] = static_cast<std::uint8_t>((in[8 * x + ch] + in[8 * x + 4 + ch] + 1) / 2);
     }
   }
 }
+
+/// Grows (never shrinks) a scratch buffer to at least `bytes`.
+void ensure(ScratchBytes& buffer, std::size_t bytes) {
+  if (buffer.size() < bytes) buffer.resize(bytes);
+}
+
+std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+/// Output rows resized horizontally and written together.
+constexpr int kBand = 16;
 
 }  // namespace
 
@@ -211,63 +220,181 @@ SampleWriter::SampleWriter(const TransformConfig& config) : config_(config) {
     scale_[ch] = 1.0F / (255.0F * config_.std[ch]);
     bias_[ch] = -config_.mean[ch] / config_.std[ch];
   }
-  resized_.resize(static_cast<std::size_t>(config_.size) * static_cast<std::size_t>(config_.size) * 4);
-  if (config_.layout == Layout::nhwc_u8) mirrored_.resize(resized_.size());
+  const auto n = static_cast<std::size_t>(config_.size);
+  band_out_.resize(n * 4 * kBand);
+  mirrored_.resize(n * 4);
+}
+
+std::uint64_t SampleWriter::take_output_ns() noexcept { return std::exchange(output_ns_, 0); }
+
+void SampleWriter::prepare(bool flip, std::span<std::byte> out) {
+  if (out.size() != config_.sample_bytes()) throw ConfigError("sample writer: output span has the wrong size");
+  flip_ = flip;
+  out_ = out;
+  started_ = false;
+}
+
+void SampleWriter::begin(int width, int height) {
+  if (out_.empty()) throw Error("sample writer: rows arrived before prepare()");
+  if (width <= 0 || height <= 0) throw Error(fmt::format("sample writer: empty region {}x{}", width, height));
+  const int n = config_.size;
+  src_w_ = width;
+  src_h_ = height;
+  // Exact 2:1 averages while the shrink exceeds 2x (a box filter: two-tap
+  // bilinear sampling would skip pixels and alias), then bilinear.
+  col_halvings_ = 0;
+  width_ = width;
+  while (width_ > 2 * n) {
+    width_ /= 2;
+    ++col_halvings_;
+  }
+  row_halvings_ = 0;
+  final_height_ = height;
+  while (final_height_ > 2 * n) {
+    final_height_ /= 2;
+    ++row_halvings_;
+  }
+  const auto row_bytes = static_cast<std::size_t>(width_) * 4;
+  if (col_halvings_ > 0) {
+    ensure(cols_a_, static_cast<std::size_t>(width / 2) * 4);
+    ensure(cols_b_, static_cast<std::size_t>(width / 2) * 4);
+  }
+  if (pending_.size() < row_halvings_) {
+    pending_.resize(row_halvings_);
+    averaged_.resize(row_halvings_);
+  }
+  has_pending_.assign(row_halvings_, 0);
+  for (std::size_t l = 0; l < row_halvings_; ++l) {
+    ensure(pending_[l], row_bytes);
+    ensure(averaged_[l], row_bytes);
+  }
+  ensure(final_[0], row_bytes);
+  ensure(final_[1], row_bytes);
+  ensure(band_, row_bytes * kBand);
+  final_rows_ = 0;
+  next_out_ = 0;
+  band_rows_ = 0;
+  started_ = true;
+}
+
+void SampleWriter::row(const std::uint8_t* bgra) {
+  // The row after all halvings goes to final_[its index % 2] (or, with no
+  // halving at all, is used where it lies: a row stays valid for two more),
+  // so the bilinear step reads its two rows without copying either.
+  const std::uint8_t* r = bgra;
+  int w = src_w_;
+  for (int s = 0; s < col_halvings_; ++s) {
+    const bool last = s + 1 == col_halvings_ && row_halvings_ == 0;
+    std::uint8_t* dst = last ? final_[final_rows_ % 2].data() : (s % 2 == 0 ? cols_a_ : cols_b_).data();
+    halve_columns(r, w / 2, dst);
+    r = dst;
+    w /= 2;
+  }
+  push_level(0, r);
+}
+
+void SampleWriter::push_level(std::size_t level, const std::uint8_t* r) {
+  if (level == row_halvings_) {
+    push_final(r);
+    return;
+  }
+  // Rows pair up at each level; an odd last row never finds its pair and is
+  // dropped, as an odd last column is.
+  const auto bytes = static_cast<std::size_t>(width_) * 4;
+  if (has_pending_[level] == 0) {
+    std::memcpy(pending_[level].data(), r, bytes);
+    has_pending_[level] = 1;
+    return;
+  }
+  has_pending_[level] = 0;
+  std::uint8_t* dst = level + 1 == row_halvings_ ? final_[final_rows_ % 2].data() : averaged_[level].data();
+  libyuv::ARGBInterpolate(pending_[level].data(), 0, r, 0, dst, 0, width_, 1, 128);
+  push_level(level + 1, dst);
+}
+
+void SampleWriter::push_final(const std::uint8_t* r) {
+  const int k = final_rows_++;
+  recent_[k % 2] = r;
+  const auto bytes = static_cast<std::size_t>(width_) * 4;
+  const int n = config_.size;
+  const double step = static_cast<double>(final_height_) / n;
+  // Output row j samples the final rows at (j + 0.5) * step - 0.5 (pixel
+  // centres aligned), clamped to the image: rows r0 and r0 + 1, blended.
+  while (next_out_ < n) {
+    const double c = std::clamp((next_out_ + 0.5) * step - 0.5, 0.0, static_cast<double>(final_height_ - 1));
+    const int r0 = static_cast<int>(c);
+    const int r1 = std::min(r0 + 1, final_height_ - 1);
+    if (r1 > k) break;  // its lower row has not arrived yet
+    auto frac = static_cast<int>(std::lround((c - r0) * 256.0));
+    const std::uint8_t* top = recent_[r0 % 2];
+    if (frac >= 256) {
+      top = recent_[r1 % 2];
+      frac = 0;
+    }
+    std::uint8_t* dst = band_.data() + static_cast<std::size_t>(band_rows_) * bytes;
+    if (frac == 0 || r0 == r1) {
+      std::memcpy(dst, top, bytes);
+    } else {
+      libyuv::ARGBInterpolate(top, 0, recent_[r1 % 2], 0, dst, 0, width_, 1, frac);
+    }
+    ++band_rows_;
+    ++next_out_;
+    if (band_rows_ == kBand || next_out_ == n) flush_band();
+  }
+}
+
+void SampleWriter::flush_band() {
+  const std::uint64_t t0 = now_ns();
+  const int n = config_.size;
+  const int rows = band_rows_;
+  const std::uint8_t* src = band_.data();
+  if (width_ != n) {
+    // Horizontal only: libyuv's "linear" filter samples rows as they are.
+    const int rc = libyuv::ARGBScale(band_.data(), width_ * 4, width_, rows, band_out_.data(), n * 4, n, rows,
+                                     libyuv::kFilterLinear);
+    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", width_, rows, n, rows, rc));
+    src = band_out_.data();
+  }
+  const auto un = static_cast<std::size_t>(n);
+  const std::size_t first = static_cast<std::size_t>(next_out_ - rows);
+  if (config_.layout == Layout::nhwc_u8) {
+    // BGRA in, RGB out (libyuv's "RAW" is R, G, B in memory order); a
+    // flipped row is mirrored first.
+    auto* dst = reinterpret_cast<std::uint8_t*>(out_.data());
+    for (std::size_t i = 0; i < static_cast<std::size_t>(rows); ++i) {
+      const std::uint8_t* r = src + i * un * 4;
+      if (flip_) {
+        libyuv::ARGBMirror(r, 0, mirrored_.data(), 0, n, 1);
+        r = mirrored_.data();
+      }
+      libyuv::ARGBToRAW(r, 0, dst + (first + i) * un * 3, 0, n, 1);
+    }
+  } else {
+    // float32 NCHW: each row read backwards when flipped, its three channel
+    // rows streamed to the slot (see bgra_row_to_planes).
+    auto* dst = reinterpret_cast<float*>(out_.data());
+    const std::size_t plane = un * un;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(rows); ++i) {
+      const std::size_t at = (first + i) * un;
+      bgra_row_to_planes(src + i * un * 4, n, flip_, scale_, bias_, dst + at, dst + plane + at, dst + 2 * plane + at);
+    }
+    if (next_out_ == n) stream_fence();
+  }
+  band_rows_ = 0;
+  output_ns_ += now_ns() - t0;
 }
 
 void SampleWriter::write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out) {
-  const int n = config_.size;
-  const auto plane = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-  if (out.size() != config_.sample_bytes()) throw ConfigError("sample writer: output span has the wrong size");
+  prepare(flip, out);
   Region c = crop;
   if (c.width <= 0 || c.height <= 0) c = Region{0, 0, image.width, image.height};
   c.x = std::clamp(c.x, 0, image.width - 1);
   c.y = std::clamp(c.y, 0, image.height - 1);
   c.width = std::min(c.width, image.width - c.x);
   c.height = std::min(c.height, image.height - c.y);
-  const std::uint8_t* src = image.row(c.y) + static_cast<std::size_t>(c.x) * 4;
-  const auto in_stride = static_cast<int>(image.stride_bytes());
-  if (c.width != n || c.height != n || in_stride != n * 4) {
-    // libyuv scales ARGB bilinearly (its box mode falls back to bilinear for
-    // ARGB): 2x2 taps, which read every source pixel only while the shrink
-    // is under 2x. Larger shrinks first halve the axis with exact 2:1
-    // averaging (a box filter), as often as needed, so downscaling stays
-    // antialiased. After DCT scaling the shrink is nearly always under 2x.
-    int w = c.width, h = c.height, stride = in_stride;
-    while (w > 2 * n || h > 2 * n) {
-      const int hw = w > 2 * n ? w / 2 : w, hh = h > 2 * n ? h / 2 : h;
-      halved_.resize(static_cast<std::size_t>(hw) * static_cast<std::size_t>(hh) * 4);
-      halve(src, stride, hw, hh, hw != w, hh != h, halved_.data());
-      halved_.swap(halved_spare_);
-      src = halved_spare_.data();
-      w = hw;
-      h = hh;
-      stride = hw * 4;
-    }
-    const int rc = libyuv::ARGBScale(src, stride, w, h, resized_.data(), n * 4, n, n, libyuv::kFilterBilinear);
-    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", w, h, n, n, rc));
-    src = resized_.data();
-  }
-  if (config_.layout == Layout::nhwc_u8) {
-    // BGRA in, RGB out; the flip mirrors the resized BGRA first (libyuv,
-    // SIMD). libyuv's "RAW" is R, G, B in memory order.
-    if (flip) {
-      libyuv::ARGBMirror(src, n * 4, mirrored_.data(), n * 4, n, n);
-      src = mirrored_.data();
-    }
-    libyuv::ARGBToRAW(src, n * 4, reinterpret_cast<std::uint8_t*>(out.data()), n * 3, n, n);
-    return;
-  }
-  // float32 NCHW: one pass over the resized BGRA, a row at a time, reading
-  // it backwards when flipped and writing the row of each of the three
-  // planes, streamed to the batch slot (see bgra_row_to_planes).
-  float* dst = reinterpret_cast<float*>(out.data());
-  const auto width = static_cast<std::size_t>(n);
-  for (std::size_t y = 0; y < width; ++y) {
-    const std::size_t row = y * width;
-    bgra_row_to_planes(src + row * 4, n, flip, scale_, bias_, dst + row, dst + plane + row, dst + 2 * plane + row);
-  }
-  stream_fence();
+  begin(c.width, c.height);
+  for (int y = 0; y < c.height; ++y) row(image.row(c.y + y) + static_cast<std::size_t>(c.x) * 4);
+  if (!complete()) throw Error("sample writer: the region's rows did not complete the sample");
 }
 
 }  // namespace pinfeed::loader

@@ -25,14 +25,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto bytes = std::as_bytes(std::span(data, size));
   SampleRng rng(size, size > 0 ? data[0] : 0U, 7);
   try {
+    // The loader's path: rows streamed from the decoder into the writer.
     CropPlan plan;
     decoder.decode_planned(
         bytes,
         [&](const ImageHeader& h) {
           plan = plan_crop(h, config, rng);
+          writer.prepare(plan.flip, out);
           return JpegDecoder::Plan{plan.region, plan.scale};
         },
-        image, "fuzz.jpg");
+        writer.sink(), "fuzz.jpg");
+    if (!writer.complete()) __builtin_trap();  // a decode that returns must have delivered every row
+    // And the whole-region path, on the same plan.
+    decoder.decode(bytes, plan.region, plan.scale, image, "fuzz.jpg");
     writer.write(image, Region{}, plan.flip, out);
   } catch (const pinfeed::DataError&) {
   }

@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <stdexcept>
+#include <vector>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/jpeg_decoder.hpp"
@@ -57,11 +60,12 @@ TEST(JpegDecoderTest, RegionDecodeEqualsFullDecodeThenCrop) {
   ASSERT_EQ(region.height, 101);
   EXPECT_GT(region.stride_bytes(), 150U * 4) << "a mid-image crop is decoded in place at the iMCU-widened width";
   const auto pixels = packed(region);
+  const auto whole = packed(full);
   std::size_t mismatches = 0;
   for (int y = 0; y < r.height; ++y) {
     for (int x = 0; x < r.width * 4; ++x) {
       const auto a = pixels[static_cast<std::size_t>(y * r.width * 4 + x)];
-      const auto b = full.pixels[static_cast<std::size_t>((y + r.y) * 400 * 4 + r.x * 4 + x)];
+      const auto b = whole[static_cast<std::size_t>((y + r.y) * 400 * 4 + r.x * 4 + x)];
       if (std::abs(int(a) - int(b)) > 2) ++mismatches;
     }
   }
@@ -77,25 +81,27 @@ TEST(JpegDecoderTest, ScaledDecodeMatchesResizingTheFullImage) {
   ASSERT_EQ(quarter.width, 120);
   ASSERT_EQ(quarter.height, 90);
   // Reference: a 4x4 box average of the full decode.
-  std::vector<std::uint8_t> ref(quarter.pixels.size());
+  const auto whole = packed(full);
+  std::vector<std::uint8_t> ref(120 * 90 * 4);
   for (int y = 0; y < 90; ++y) {
     for (int x = 0; x < 120; ++x) {
       for (int c = 0; c < 4; ++c) {
         int sum = 0;
         for (int dy = 0; dy < 4; ++dy) {
-          for (int dx = 0; dx < 4; ++dx) sum += full.pixels[static_cast<std::size_t>(((y * 4 + dy) * 480 + x * 4 + dx) * 4 + c)];
+          for (int dx = 0; dx < 4; ++dx) sum += whole[static_cast<std::size_t>(((y * 4 + dy) * 480 + x * 4 + dx) * 4 + c)];
         }
         ref[static_cast<std::size_t>((y * 120 + x) * 4 + c)] = static_cast<std::uint8_t>(sum / 16);
       }
     }
   }
-  EXPECT_LT(mean_abs_diff(quarter.pixels, ref), 4.0);
+  EXPECT_LT(mean_abs_diff(packed(quarter), ref), 4.0);
 }
 
 TEST(JpegDecoderTest, GrayscaleCmykAndProgressiveComeOutAsRgb) {
   JpegDecoder d;
   DecodedImage base, img;
   d.decode_full(jpeg(160, 120, JpegKind::baseline), base, "base.jpg");
+  const auto base_pixels = packed(base);
   for (const auto kind : {JpegKind::progressive, JpegKind::cmyk, JpegKind::grayscale}) {
     const auto data = jpeg(160, 120, kind);
     const ImageHeader h = d.header(data, "k.jpg");
@@ -115,10 +121,62 @@ TEST(JpegDecoderTest, GrayscaleCmykAndProgressiveComeOutAsRgb) {
     // Colour kinds decode to the same picture as the baseline encoding.
     std::vector<std::uint8_t> crop(pixels.size());
     for (int y = 0; y < 80; ++y) {
-      std::memcpy(&crop[static_cast<std::size_t>(y * 100 * 4)], &base.pixels[static_cast<std::size_t>(((y + 10) * 160 + 10) * 4)], 400);
+      std::memcpy(&crop[static_cast<std::size_t>(y * 100 * 4)], &base_pixels[static_cast<std::size_t>(((y + 10) * 160 + 10) * 4)], 400);
     }
     EXPECT_LT(mean_abs_diff(pixels, crop), kind == JpegKind::cmyk ? 6.0 : 2.0);
   }
+}
+
+TEST(JpegDecoderTest, StreamedRowsEqualTheDecodedRegion) {
+  // The loader streams rows from the decoder into the writer; the region
+  // decoded whole and then written must give the same bytes, for every
+  // encoding and for crops, DCT scales and flips.
+  JpegDecoder d;
+  TransformConfig c;
+  c.size = 32;
+  for (const auto kind : {JpegKind::baseline, JpegKind::progressive, JpegKind::cmyk, JpegKind::grayscale}) {
+    const auto data = jpeg(200, 150, kind);
+    for (std::uint64_t i = 0; i < 8; ++i) {
+      for (const auto layout : {Layout::nchw_f32, Layout::nhwc_u8}) {
+        c.layout = layout;
+        SampleWriter writer(c);
+        std::vector<std::byte> streamed(c.sample_bytes()), whole(c.sample_bytes());
+        SampleRng rng(9, 1, i);
+        const CropPlan p = plan_crop(d.header(data, "s.jpg"), c, rng);
+        const int scale = i % 4 == 3 ? 2 : 1;
+        d.decode_planned(
+            data,
+            [&](const ImageHeader&) {
+              writer.prepare(p.flip, streamed);
+              return JpegDecoder::Plan{p.region, scale};
+            },
+            writer.sink(), "s.jpg");
+        ASSERT_TRUE(writer.complete());
+        DecodedImage img;
+        d.decode(data, p.region, scale, img, "s.jpg");
+        writer.write(img, Region{}, p.flip, whole);
+        EXPECT_EQ(std::memcmp(streamed.data(), whole.data(), whole.size()), 0)
+            << "kind " << static_cast<int>(kind) << " sample " << i << " layout " << to_string(layout);
+      }
+    }
+  }
+}
+
+TEST(JpegDecoderTest, ASinkThatThrowsLeavesTheDecoderUsable) {
+  struct Failing final : RowSink {
+    int rows = 0;
+    void begin(int /*width*/, int /*height*/) override {}
+    void row(const std::uint8_t* /*bgra*/) override {
+      if (++rows == 5) throw std::runtime_error("sink full");
+    }
+  } failing;
+  JpegDecoder d;
+  const auto data = jpeg(160, 120);
+  const auto plan = [](const ImageHeader& h) { return JpegDecoder::Plan{Region{0, 0, h.width, h.height}, 1}; };
+  EXPECT_THROW(d.decode_planned(data, plan, failing, "t.jpg"), std::runtime_error);
+  DecodedImage img;
+  d.decode_full(data, img, "t.jpg");
+  EXPECT_EQ(img.height, 120) << "the next decode starts cleanly";
 }
 
 TEST(JpegDecoderTest, BadInputIsADataErrorNamingTheFile) {

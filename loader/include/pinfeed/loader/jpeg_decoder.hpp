@@ -55,6 +55,24 @@ struct DecodedImage {
   }
 };
 
+/// Receives a decoded region row by row, top to bottom: begin() once with
+/// the region's size, then `height` rows of `width` BGRA pixels. A row stays
+/// valid until two more rows have come (the decoder alternates two lines).
+/// May throw; the decode is then abandoned.
+class RowSink {
+ public:
+  RowSink() = default;
+  RowSink(const RowSink&) = delete;
+  RowSink& operator=(const RowSink&) = delete;
+  virtual ~RowSink() = default;
+  virtual void begin(int width, int height) = 0;
+  virtual void row(const std::uint8_t* bgra) = 0;
+
+ protected:
+  RowSink(RowSink&&) = default;
+  RowSink& operator=(RowSink&&) = default;
+};
+
 class JpegDecoder {
  public:
   explicit JpegDecoder(std::uint64_t max_pixels = kDefaultMaxPixels);
@@ -90,7 +108,23 @@ class JpegDecoder {
       abandon();
       throw;
     }
-    decode_kept(data, p.region, p.scale, out, name);
+    decode_kept(data, p.region, p.scale, &out, nullptr, name);
+    return h;
+  }
+
+  /// The same, streaming: each row goes to `sink` as libjpeg produces it, so
+  /// the region never exists whole in memory (the per-sample path).
+  template <typename PlanFn>
+  ImageHeader decode_planned(std::span<const std::byte> data, PlanFn&& plan, RowSink& sink, const std::string& name) {
+    const ImageHeader h = read_header(data, name, /*keep=*/true);
+    Plan p;
+    try {
+      p = plan(h);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    decode_kept(data, p.region, p.scale, nullptr, &sink, name);
     return h;
   }
 
@@ -99,8 +133,9 @@ class JpegDecoder {
 
  private:
   ImageHeader read_header(std::span<const std::byte> data, const std::string& name, bool keep);
-  void decode_kept(std::span<const std::byte> data, const Region& region, int scale, DecodedImage& out,
-                   const std::string& name);
+  /// Into `image`, or row by row into `sink` (exactly one of them).
+  void decode_kept(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image,
+                   RowSink* sink, const std::string& name);
   void abandon() noexcept;
   struct Impl;
   std::unique_ptr<Impl> impl_;

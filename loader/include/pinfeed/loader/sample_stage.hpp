@@ -19,7 +19,6 @@ struct SampleScratch {
   explicit SampleScratch(const TransformConfig& config, std::uint64_t max_pixels = kDefaultMaxPixels)
       : decoder(max_pixels), writer(config) {}
   std::vector<std::byte> bytes;
-  DecodedImage image;
   JpegDecoder decoder;
   SampleWriter writer;
 };

@@ -9,12 +9,13 @@
 // still covers the output) and the horizontal flip (p = 0.5). Randomness comes
 // from a SampleRng of (seed, epoch, sample index) alone.
 //
-// SampleWriter resizes the decoded region to the output size (libyuv
-// bilinear, after exact 2:1 box reductions while the shrink exceeds 2x, so
-// downscaling is antialiased), flips,
-// and writes it in the output layout straight into the sample's place in the
-// batch: uint8 NHWC (normalize later on the device) or float32 NCHW with
-// (x / 255 - mean) / std.
+// SampleWriter takes the decoded region's rows as the decoder produces them
+// and resizes them to the output size on the way: exact 2:1 box averages
+// while the shrink exceeds 2x (so downscaling is antialiased), then bilinear
+// (rows here, columns with libyuv a band at a time), flips, and writes each
+// band of output rows in the output layout straight into the sample's place
+// in the batch: uint8 NHWC (normalize later on the device) or float32 NCHW
+// with (x / 255 - mean) / std.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -63,9 +64,14 @@ struct CropPlan {
 /// the config and the rng only.
 CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, SampleRng& rng);
 
-/// Resizes and writes decoded regions into output samples. One per thread
-/// (holds a scratch buffer, reused).
-class SampleWriter {
+/// Resizes decoded regions and writes them into output samples, streaming:
+/// rows are reduced as they arrive from the decoder (exact 2:1 averages
+/// while the shrink exceeds 2x, so downscaling is antialiased, then bilinear:
+/// vertically here, horizontally by libyuv a band of rows at a time), and
+/// each band of output rows is flipped, converted and written to the sample
+/// at once. Per-thread memory is a few rows, whatever the image size; the
+/// decoded region never exists whole. One per thread.
+class SampleWriter : private RowSink {
  public:
   explicit SampleWriter(const TransformConfig& config);
   /// Resizes the `crop` rectangle of `image` (decoded pixel coordinates;
@@ -73,12 +79,43 @@ class SampleWriter {
   /// `out` (exactly config.sample_bytes() bytes).
   void write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out);
 
+  /// Streaming: sets up the next sample (flip, where it goes); the rows then
+  /// come through sink(), begin() first (JpegDecoder::decode_planned).
+  void prepare(bool flip, std::span<std::byte> out);
+  [[nodiscard]] RowSink& sink() noexcept { return *this; }
+  /// Whether the prepared sample has received all its rows and is written.
+  [[nodiscard]] bool complete() const noexcept { return started_ && next_out_ == config_.size && band_rows_ == 0; }
+  /// Nanoseconds spent in the horizontal resize and the output writes since
+  /// the last call: the rest of the transform runs between decoded rows.
+  [[nodiscard]] std::uint64_t take_output_ns() noexcept;
+
  private:
+  void begin(int width, int height) override;
+  void row(const std::uint8_t* bgra) override;
+  void push_level(std::size_t level, const std::uint8_t* row);
+  void push_final(const std::uint8_t* row);
+  void flush_band();
+
   TransformConfig config_;
   std::array<float, 3> scale_{}, bias_{};  // x * scale + bias == (x / 255 - mean) / std
-  ScratchBytes resized_;     // BGRA, size x size
-  ScratchBytes mirrored_;    // BGRA, size x size, flipped (uint8 output only)
-  ScratchBytes halved_, halved_spare_;  // 2:1 pre-reductions of large shrinks
+  // The sample in progress.
+  bool flip_ = false, started_ = false;
+  std::span<std::byte> out_;
+  int src_w_ = 0, src_h_ = 0;
+  int col_halvings_ = 0, width_ = 0;       // after the 2:1 column averages
+  std::size_t row_halvings_ = 0;
+  int final_height_ = 0, final_rows_ = 0;  // rows after the 2:1 row averages; received so far
+  int next_out_ = 0, band_rows_ = 0;
+  std::uint64_t output_ns_ = 0;
+  // Scratch, reused: a few rows each.
+  ScratchBytes cols_a_, cols_b_;               // a row after each column halving (ping-pong)
+  std::vector<ScratchBytes> pending_, averaged_;  // per row-halving level: the row waiting for its pair, the pair's average
+  std::vector<char> has_pending_;
+  ScratchBytes final_[2];                      // rows after halving, by parity of their index
+  const std::uint8_t* recent_[2] = {nullptr, nullptr};  // the last two of them, wherever they lie
+  ScratchBytes band_;                          // vertically resized rows (width_ wide), kBand of them
+  ScratchBytes band_out_;                      // the same rows at the output width
+  ScratchBytes mirrored_;                      // one flipped output row (uint8 output)
 };
 
 }  // namespace pinfeed::loader
