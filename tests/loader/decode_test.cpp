@@ -326,10 +326,11 @@ TEST(TransformTest, WritesNormalizedPlanarFloatAndInterleavedBytes) {
 }
 
 TEST(TransformTest, FloatOutputIsTheNormalizedByteOutputFlippedOrNot) {
-  // The float32 path (SIMD rows, scalar tails) and the uint8 path (libyuv)
-  // are written separately; on the same input they must agree exactly, for
-  // sizes whose rows are 16-byte aligned (16) and ones that are not (13, 10).
-  for (const int n : {16, 13, 10}) {
+  // The float32 path (SIMD rows, scalar tails) and the uint8 path
+  // (libyuv) are written separately; on the same input they must agree
+  // exactly, for rows that are 32-byte aligned, only 16-byte aligned, or
+  // neither, and widths with and without a tail.
+  for (const int n : {16, 24, 12, 13, 10}) {
     TransformConfig c;
     c.size = n;
     DecodedImage img;
@@ -338,24 +339,29 @@ TEST(TransformTest, FloatOutputIsTheNormalizedByteOutputFlippedOrNot) {
     img.pixels.resize(static_cast<std::size_t>(n * n * 4));
     SampleRng rng(4, 5, static_cast<std::uint64_t>(n));
     for (auto& v : img.pixels) v = static_cast<std::uint8_t>(rng.below(256));
-    for (const bool flip : {false, true}) {
-      c.layout = Layout::nchw_f32;
-      std::vector<std::byte> f32(c.sample_bytes());
-      SampleWriter(c).write(img, Region{}, flip, f32);
-      c.layout = Layout::nhwc_u8;
-      std::vector<std::byte> u8(c.sample_bytes());
-      SampleWriter(c).write(img, Region{}, flip, u8);
-      const auto* f = reinterpret_cast<const float*>(f32.data());
-      const auto* u = reinterpret_cast<const std::uint8_t*>(u8.data());
-      const auto plane = static_cast<std::size_t>(n * n);
-      int mismatches = 0;
-      for (std::size_t i = 0; i < plane; ++i) {
-        for (std::size_t ch = 0; ch < 3; ++ch) {
-          const float want = (static_cast<float>(u[i * 3 + ch]) / 255.0F - c.mean[ch]) / c.std[ch];
-          if (std::abs(f[ch * plane + i] - want) > 1e-5F) ++mismatches;
+    for (const std::size_t misalign : {0U, 16U}) {
+      for (const bool flip : {false, true}) {
+        c.layout = Layout::nchw_f32;
+        std::vector<std::byte> storage(c.sample_bytes() + 64);
+        const auto base = reinterpret_cast<std::uintptr_t>(storage.data());
+        const std::size_t start = (64 - base % 64) % 64 + misalign;
+        const std::span<std::byte> f32(storage.data() + start, c.sample_bytes());
+        SampleWriter(c).write(img, Region{}, flip, f32);
+        c.layout = Layout::nhwc_u8;
+        std::vector<std::byte> u8(c.sample_bytes());
+        SampleWriter(c).write(img, Region{}, flip, u8);
+        const auto* f = reinterpret_cast<const float*>(f32.data());
+        const auto* u = reinterpret_cast<const std::uint8_t*>(u8.data());
+        const auto plane = static_cast<std::size_t>(n * n);
+        int mismatches = 0;
+        for (std::size_t i = 0; i < plane; ++i) {
+          for (std::size_t ch = 0; ch < 3; ++ch) {
+            const float want = (static_cast<float>(u[i * 3 + ch]) / 255.0F - c.mean[ch]) / c.std[ch];
+            if (std::abs(f[ch * plane + i] - want) > 1e-5F) ++mismatches;
+          }
         }
+        EXPECT_EQ(mismatches, 0) << "size " << n << " offset " << misalign << (flip ? " flipped" : "");
       }
-      EXPECT_EQ(mismatches, 0) << "size " << n << (flip ? " flipped" : "");
     }
   }
 }
