@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <libyuv/scale_argb.h>
 #include <turbojpeg.h>
 
 #include <algorithm>
@@ -267,6 +268,115 @@ int run_loader_bench(pl::LoaderConfig config, std::size_t epochs, std::size_t re
   return 0;
 }
 
+/// What the loader must do per image besides decoding, each part measured
+/// alone: reading the file from a page cache pushed out of the CPU caches,
+/// the horizontal resize of the output rows (libyuv, as the writer calls it),
+/// and writing the output into a cold pool-sized pinned buffer. Their sum
+/// against the matching decode is the least overhead the loader can have.
+int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::size_t evict_mib, bool as_json) {
+  const unsigned threads = config.threads != 0 ? config.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
+  const auto dataset = pl::open_dataset(config.dataset, config.list_root);
+  const pl::TransformConfig& t = config.transform;
+  const std::size_t n_files = std::min<std::size_t>(dataset->size(), 2000);
+  const int n = t.size;
+
+  // Matching decode: per image, per thread.
+  std::vector<double> planned;
+  for (std::size_t r = 0; r < repeat; ++r) planned.push_back(decode_ceiling(*dataset, 200, t, threads).planned_images_per_s);
+  const double decode_us = static_cast<double>(threads) / median(planned) * 1e6;
+
+  // Read: one pass over the files after evict_mib written elsewhere, as a
+  // loader epoch's decoding and output do between two reads of a file.
+  pinfeed::memory::PageableResource pageable;
+  const std::size_t evict_bytes = evict_mib << 20U;
+  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> evict(
+      static_cast<std::byte*>(pageable.allocate(evict_bytes)), [&](std::byte* p) { pageable.deallocate(p, evict_bytes); });
+  std::vector<std::byte> bytes;
+  std::vector<double> reads;
+  for (std::size_t r = 0; r < repeat; ++r) {
+    std::memset(evict.get(), static_cast<int>(r), evict_bytes);
+    const auto t0 = Clock::now();
+    for (std::size_t i = 0; i < n_files; ++i) dataset->read(i, bytes);
+    reads.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(n_files) * 1e6);
+  }
+
+  // Horizontal resize: each file's planned region, at its DCT scale, after
+  // the writer's 2:1 column averages, to n pixels, n rows in bands of 16.
+  pl::JpegDecoder decoder;
+  std::vector<int> widths;
+  for (std::size_t i = 0; i < std::min<std::size_t>(n_files, 200); ++i) {
+    dataset->read(i, bytes);
+    try {
+      pl::SampleRng rng(config.seed, 0, i);
+      const pl::CropPlan p = pl::plan_crop(decoder.header(bytes, "floor"), t, rng);
+      int w = (p.region.x + p.region.width + p.scale - 1) / p.scale - p.region.x / p.scale;
+      while (w > 2 * n) w /= 2;
+      widths.push_back(w);
+    } catch (const pinfeed::DataError&) {
+    }
+  }
+  if (widths.empty()) throw pinfeed::DataError(config.dataset, "no readable JPEG to plan a resize from");
+  const int max_w = *std::max_element(widths.begin(), widths.end());
+  std::vector<std::uint8_t> band(static_cast<std::size_t>(max_w) * 4 * 16, 128), band_out(static_cast<std::size_t>(n) * 4 * 16);
+  std::vector<double> resizes;
+  for (std::size_t r = 0; r < repeat; ++r) {
+    const auto t0 = Clock::now();
+    for (const int w : widths) {
+      for (int y = 0; y < n; y += 16) {
+        const int rows = std::min(16, n - y);
+        if (w != n) {
+          libyuv::ARGBScale(band.data(), w * 4, w, rows, band_out.data(), n * 4, n, rows, libyuv::kFilterLinear);
+        }
+      }
+    }
+    resizes.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(widths.size()) * 1e6);
+  }
+
+  // Output: an n x n BGRA image, no resize, written by the SampleWriter to
+  // the next place of a pinned buffer the size of the loader's pool.
+  pl::SampleWriter writer(t);
+  pl::DecodedImage image;
+  image.width = image.height = n;
+  image.pixels.assign(static_cast<std::size_t>(n) * static_cast<std::size_t>(n) * 4, 100);
+  pinfeed::memory::PinnedResource pinned;
+  const std::size_t places = std::max<std::size_t>(1, config.batch_size * config.prefetch);
+  const std::size_t pool_bytes = places * t.sample_bytes();
+  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> pool(
+      static_cast<std::byte*>(pinned.allocate(pool_bytes)), [&](std::byte* p) { pinned.deallocate(p, pool_bytes); });
+  std::vector<double> outputs;
+  for (std::size_t r = 0; r < repeat; ++r) {
+    const auto t0 = Clock::now();
+    for (std::size_t k = 0; k < places; ++k) {
+      writer.write(image, pl::Region{}, k % 2 == 1, std::span<std::byte>(pool.get() + k * t.sample_bytes(), t.sample_bytes()));
+    }
+    outputs.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(places) * 1e6);
+  }
+
+  const double read_us = median(reads), resize_us = median(resizes), output_us = median(outputs);
+  const double floor_us = read_us + resize_us + output_us;
+  json j;
+  j["dataset"] = dataset->summary();
+  j["config"] = {{"crop", pl::to_string(t.crop)}, {"size", n}, {"layout", pl::to_string(t.layout)}, {"threads", threads},
+                 {"files", n_files}, {"repeat", repeat}};
+  j["per_image_us"] = {{"matching_decode_per_thread", decode_us}, {"read_cold", read_us},
+                       {"horizontal_resize", resize_us}, {"output_write", output_us}, {"sum", floor_us}};
+  j["floor_overhead_vs_matching_decode"] = floor_us / decode_us;
+  if (as_json) {
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("pinfeed-bench floor: {}\n", dataset->summary());
+  fmt::print("  config: crop {} size {} layout {}, {} files, medians of {} rounds\n", pl::to_string(t.crop), n,
+             pl::to_string(t.layout), n_files, repeat);
+  fmt::print("  {:<44} {:>8.1f} us per image per thread\n", "matching decode", decode_us);
+  fmt::print("  {:<44} {:>8.1f} us\n", "read, page cache out of the CPU caches", read_us);
+  fmt::print("  {:<44} {:>8.1f} us\n", "horizontal resize (libyuv linear, bands of 16)", resize_us);
+  fmt::print("  {:<44} {:>8.1f} us\n", "output write to a cold pinned pool", output_us);
+  fmt::print("  {:<44} {:>8.1f} us = {:+.1f}% of the matching decode: the least overhead possible\n", "sum", floor_us,
+             floor_us / decode_us * 100);
+  return 0;
+}
+
 /// Host-to-device copies through the trainer's backend, from a pinned buffer
 /// and from a pageable one of the same size: what a pool slot costs once
 /// pressure has moved it to pageable memory.
@@ -343,6 +453,19 @@ int main(int argc, char** argv) {
   ld->add_flag("--no-roi", no_roi, "decode whole images, crop in memory (to measure ROI decoding)");
   ld->add_flag("--no-dct-scale", no_dct, "never decode at 1/2, 1/4, 1/8 (to measure DCT scaling)");
   ld->add_flag("--json", as_json, "print JSON");
+  std::size_t floor_repeat = 5, evict_mib = 512;
+  auto* fl = app.add_subcommand("floor", "the loader's unavoidable work besides decoding, each part alone");
+  fl->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
+  fl->add_option("--crop", crop, "random, center, full")->check(CLI::IsMember({"random", "center", "full"}));
+  fl->add_option("--size", config.transform.size, "output size")->check(CLI::Range(8, 4096));
+  fl->add_option("--layout", layout, "nchw-f32 or nhwc-u8")->check(CLI::IsMember({"nchw-f32", "nhwc-u8"}));
+  fl->add_option("--threads", config.threads, "threads of the matching decode (0: every core)");
+  fl->add_option("--batch", config.batch_size, "batch size (with --prefetch: the pool written)")->check(CLI::Range(1, 65536));
+  fl->add_option("--prefetch", config.prefetch, "batches in the pool")->check(CLI::Range(1, 256));
+  fl->add_option("--repeat", floor_repeat, "rounds; figures are medians")->check(CLI::Range(1, 100));
+  fl->add_option("--evict-mib", evict_mib, "written before each read pass, to push the files out of the CPU caches")
+      ->check(CLI::Range(1, 65536));
+  fl->add_flag("--json", as_json, "print JSON");
   std::string copy_device = "cpu";
   std::size_t copy_mib = 64, copy_repeat = 5;
   auto* cp = app.add_subcommand("copy", "host-to-device copy time from pinned and from pageable memory");
@@ -358,6 +481,7 @@ int main(int argc, char** argv) {
     config.transform.layout = pl::parse_layout(layout);
     config.transform.roi_decode = !no_roi;
     config.transform.dct_scaling = !no_dct;
+    if (fl->parsed()) return run_floor_bench(config, floor_repeat, evict_mib, as_json);
     return run_loader_bench(config, epochs, repeat, ceiling_files, as_json);
   });
 }

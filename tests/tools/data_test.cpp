@@ -85,4 +85,28 @@ TEST(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
 #endif
 }
 
+TEST(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
+#ifndef PINFEED_BENCH
+  GTEST_SKIP() << "built with PINFEED_BUILD_BENCH=OFF";
+#else
+  pinfeed::testing::TempDir dir;
+  ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
+  const Result r = run(PINFEED_BENCH, "floor --data " + (dir.path() / "set/train").string() +
+                                          " --crop center --size 32 --threads 2 --batch 4 --prefetch 2 --repeat 1 "
+                                          "--evict-mib 8 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  const auto& us = j["per_image_us"];
+  for (const char* part : {"matching_decode_per_thread", "read_cold", "horizontal_resize", "output_write"}) {
+    EXPECT_GT(us[part].get<double>(), 0) << part;
+  }
+  EXPECT_NEAR(us["sum"].get<double>(),
+              us["read_cold"].get<double>() + us["horizontal_resize"].get<double>() + us["output_write"].get<double>(), 1e-6);
+  EXPECT_NEAR(j["floor_overhead_vs_matching_decode"].get<double>(),
+              us["sum"].get<double>() / us["matching_decode_per_thread"].get<double>(), 1e-9);
+  EXPECT_EQ(run(PINFEED_BENCH, "floor --data /nonexistent").rc, 1);
+  EXPECT_EQ(run(PINFEED_BENCH, "floor --data x --evict-mib 0").rc, 2);
+#endif
+}
+
 }  // namespace
