@@ -10,7 +10,8 @@ namespace pinfeed::loader {
 
 namespace {
 
-/// Passes a region of the decoded rows on (all of them when empty).
+/// Passes a region of the decoded rows on (all of them when empty): the
+/// crop, when the whole image is decoded (no ROI decoding).
 class CropRows final : public RowSink {
  public:
   explicit CropRows(RowSink& next) : next_(&next) {}
@@ -18,14 +19,7 @@ class CropRows final : public RowSink {
 
   void begin(int width, int height) override {
     y_ = 0;
-    if (region.width <= 0 || region.height <= 0) {
-      box_ = Region{0, 0, width, height};
-    } else {
-      box_.x = std::clamp(region.x, 0, width - 1);
-      box_.y = std::clamp(region.y, 0, height - 1);
-      box_.width = std::min(region.width, width - box_.x);
-      box_.height = std::min(region.height, height - box_.y);
-    }
+    box_ = clamp_region(region, width, height);
     next_->begin(box_.width, box_.height);
   }
   void row(const std::uint8_t* bgra) override {
@@ -59,6 +53,7 @@ void SampleStage::operator()(std::size_t index, std::uint64_t epoch, std::span<s
   // Without ROI decoding the whole image is decoded and the region is cut
   // out of the rows as they pass (measurement mode).
   CropRows crop(s.writer.sink());
+  RowSink& sink = config_.roi_decode ? s.writer.sink() : crop;
   try {
     static const std::string kUnnamed;  // named below, only when something fails
     s.decoder.decode_planned(
@@ -70,10 +65,9 @@ void SampleStage::operator()(std::size_t index, std::uint64_t epoch, std::span<s
             crop.region = plan.region;
             return JpegDecoder::Plan{Region{0, 0, h.width, h.height}, 1};
           }
-          crop.region = Region{};
           return JpegDecoder::Plan{plan.region, plan.scale};
         },
-        crop, kUnnamed);
+        sink, kUnnamed);
   } catch (const DataError& e) {
     throw DataError(dataset_->describe(index), e.reason());
   }

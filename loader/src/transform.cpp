@@ -101,6 +101,16 @@ Region center_region(int width, int height, const TransformConfig& c) {
 
 }  // namespace
 
+Region clamp_region(const Region& region, int width, int height) noexcept {
+  if (region.width <= 0 || region.height <= 0) return Region{0, 0, width, height};
+  Region c;
+  c.x = std::clamp(region.x, 0, width - 1);
+  c.y = std::clamp(region.y, 0, height - 1);
+  c.width = std::min(region.width, width - c.x);
+  c.height = std::min(region.height, height - c.y);
+  return c;
+}
+
 CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRng& rng) {
   CropPlan p;
   switch (c.crop) {
@@ -386,12 +396,7 @@ void SampleWriter::flush_band() {
 
 void SampleWriter::write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out) {
   prepare(flip, out);
-  Region c = crop;
-  if (c.width <= 0 || c.height <= 0) c = Region{0, 0, image.width, image.height};
-  c.x = std::clamp(c.x, 0, image.width - 1);
-  c.y = std::clamp(c.y, 0, image.height - 1);
-  c.width = std::min(c.width, image.width - c.x);
-  c.height = std::min(c.height, image.height - c.y);
+  const Region c = clamp_region(crop, image.width, image.height);
   begin(c.width, c.height);
   for (int y = 0; y < c.height; ++y) row(image.row(c.y + y) + static_cast<std::size_t>(c.x) * 4);
   if (!complete()) throw Error("sample writer: the region's rows did not complete the sample");

@@ -1,9 +1,11 @@
 // The Loader end to end: real JPEGs through the flow graph into pool slots.
 #include <gtest/gtest.h>
+
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -103,6 +105,33 @@ TEST_F(LoaderTest, BatchesAreByteIdenticalWithOneThreadOrMany) {
   const Collected ca = run(1, 2), cb = run(4, 3);
   EXPECT_EQ(ca.indices, cb.indices);
   EXPECT_EQ(ca.data, cb.data);
+}
+
+TEST_F(LoaderTest, DecodingWholeImagesGivesTheSamplesOfRegionDecoding) {
+  // --no-roi (a measurement mode) decodes every image whole and cuts the
+  // region out of the rows as they pass; the samples must be those of the
+  // region decode, up to libjpeg's edge upsampling at a crop's iMCU border.
+  const auto run = [&](bool roi) {
+    auto cfg = config(data_.folder.string());
+    cfg.transform.layout = Layout::nhwc_u8;
+    cfg.transform.roi_decode = roi;
+    cfg.transform.dct_scaling = false;  // no-ROI decodes at full size
+    Loader loader(cfg);
+    loader.begin_epoch(1);
+    return drain(loader);
+  };
+  const Collected roi = run(true), whole = run(false);
+  ASSERT_EQ(roi.indices, whole.indices);
+  ASSERT_EQ(roi.data.size(), whole.data.size());
+  double diff = 0, bytes = 0;
+  for (std::size_t b = 0; b < roi.data.size(); ++b) {
+    ASSERT_EQ(roi.data[b].size(), whole.data[b].size());
+    for (std::size_t i = 0; i < roi.data[b].size(); ++i) {
+      diff += std::abs(static_cast<int>(roi.data[b][i]) - static_cast<int>(whole.data[b][i]));
+    }
+    bytes += static_cast<double>(roi.data[b].size());
+  }
+  EXPECT_LT(diff / bytes, 0.5) << "mean difference per byte";
 }
 
 TEST_F(LoaderTest, FolderListAndShardsGiveTheSameBatches) {

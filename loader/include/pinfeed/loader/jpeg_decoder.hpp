@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pinfeed/loader/scratch_buffer.hpp"
@@ -97,35 +98,17 @@ class JpegDecoder {
   };
 
   /// Reads the header once, asks `plan(header)` what to decode, decodes it.
-  /// The per-sample path: the header is parsed a single time.
+  /// The header is parsed a single time.
   template <typename PlanFn>
   ImageHeader decode_planned(std::span<const std::byte> data, PlanFn&& plan, DecodedImage& out, const std::string& name) {
-    const ImageHeader h = read_header(data, name, /*keep=*/true);
-    Plan p;
-    try {
-      p = plan(h);
-    } catch (...) {
-      abandon();
-      throw;
-    }
-    decode_kept(data, p.region, p.scale, &out, nullptr, name);
-    return h;
+    return planned(data, std::forward<PlanFn>(plan), &out, nullptr, name);
   }
 
   /// The same, streaming: each row goes to `sink` as libjpeg produces it, so
   /// the region never exists whole in memory (the per-sample path).
   template <typename PlanFn>
   ImageHeader decode_planned(std::span<const std::byte> data, PlanFn&& plan, RowSink& sink, const std::string& name) {
-    const ImageHeader h = read_header(data, name, /*keep=*/true);
-    Plan p;
-    try {
-      p = plan(h);
-    } catch (...) {
-      abandon();
-      throw;
-    }
-    decode_kept(data, p.region, p.scale, nullptr, &sink, name);
-    return h;
+    return planned(data, std::forward<PlanFn>(plan), nullptr, &sink, name);
   }
 
   /// Decodes the whole image at full size (the "full decode" reference).
@@ -137,6 +120,20 @@ class JpegDecoder {
   void decode_kept(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image,
                    RowSink* sink, const std::string& name);
   void abandon() noexcept;
+  template <typename PlanFn>
+  ImageHeader planned(std::span<const std::byte> data, PlanFn&& plan, DecodedImage* image, RowSink* sink,
+                      const std::string& name) {
+    const ImageHeader h = read_header(data, name, /*keep=*/true);
+    Plan p;
+    try {
+      p = plan(h);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    decode_kept(data, p.region, p.scale, image, sink, name);
+    return h;
+  }
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -60,6 +60,9 @@ struct CropPlan {
   bool flip = false;
 };
 
+/// `region` clamped to a width x height image; an empty region is the whole image.
+Region clamp_region(const Region& region, int width, int height) noexcept;
+
 /// The crop, scale and flip for one sample. Pure: depends on the header,
 /// the config and the rng only.
 CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, SampleRng& rng);
