@@ -7,10 +7,10 @@ table format, or JSON with --json. Needs build/<preset>/python on PYTHONPATH.
 import argparse
 import json
 import os
-import statistics
-import time
 
 import pinfeed
+
+from epoch_timer import time_epochs
 
 
 def main() -> None:
@@ -27,21 +27,7 @@ def main() -> None:
 
     loader = pinfeed.Loader(a.data, batch_size=a.batch, transform=a.crop, size=a.size, layout=a.layout,
                             threads=a.threads, shuffle=True)
-    for i, _ in enumerate(loader):  # warm-up: page cache, first-touch of scratch buffers
-        if i == 2:
-            break
-    images, seconds, rates = 0, 0.0, []
-    for epoch in range(a.epochs):
-        loader.set_epoch(epoch + 1)
-        t0 = time.perf_counter()
-        n = 0
-        for x, _ in loader:
-            n += x.shape[0]
-        dt = time.perf_counter() - t0
-        images += n
-        seconds += dt
-        rates.append(n / dt)
-    rate = statistics.median(rates)
+    images, seconds, rate = time_epochs(loader, a.epochs, before_epoch=lambda e: loader.set_epoch(e + 1))
     if a.json:
         print(json.dumps({"loader": "pinfeed-python", "threads": a.threads, "images": images, "seconds": seconds,
                           "images_per_s": rate}))

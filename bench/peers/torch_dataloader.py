@@ -9,12 +9,12 @@ or JSON with --json. Uses Debian's python3-torch / python3-torchvision.
 import argparse
 import json
 import os
-import statistics
-import time
 
 import torch
 import torchvision
 from torchvision import transforms
+
+from epoch_timer import time_epochs
 
 
 def main() -> None:
@@ -40,21 +40,7 @@ def main() -> None:
     dl = torch.utils.data.DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=a.workers,
                                      pin_memory=a.pin_memory and torch.cuda.is_available(),
                                      persistent_workers=a.workers > 0)
-    # Warm-up: start the workers, fill the page cache.
-    for i, _ in enumerate(dl):
-        if i == 2:
-            break
-    images, seconds, rates = 0, 0.0, []
-    for _ in range(a.epochs):
-        t0 = time.perf_counter()
-        n = 0
-        for x, _ in dl:
-            n += x.shape[0]
-        dt = time.perf_counter() - t0
-        images += n
-        seconds += dt
-        rates.append(n / dt)
-    rate = statistics.median(rates)
+    images, seconds, rate = time_epochs(dl, a.epochs)
     if a.json:
         print(json.dumps({"loader": "pytorch", "torch": torch.__version__, "workers": a.workers,
                           "images": images, "seconds": seconds, "images_per_s": rate}))
