@@ -61,6 +61,13 @@ double rss_now_mib() {
   return n == 2 ? static_cast<double>(resident) * static_cast<double>(pinfeed::page_size()) / (1024.0 * 1024.0) : 0;
 }
 
+/// A mapping from a HostResource, returned to it when the Block goes.
+using Block = std::unique_ptr<std::byte, std::function<void(std::byte*)>>;
+Block allocate_block(pinfeed::memory::HostResource& resource, std::size_t bytes) {
+  return Block(static_cast<std::byte*>(resource.allocate(bytes)),
+               [&resource, bytes](std::byte* p) { resource.deallocate(p, bytes); });
+}
+
 struct Ceiling {
   std::size_t files = 0;
   double single_thread_images_per_s = 0;
@@ -119,8 +126,7 @@ Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::Tra
   }
   pinfeed::memory::PageableResource memory;
   const std::size_t block_bytes = std::max<std::size_t>(total, 1);
-  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> block(
-      static_cast<std::byte*>(memory.allocate(block_bytes)), [&](std::byte* p) { memory.deallocate(p, block_bytes); });
+  const Block block = allocate_block(memory, block_bytes);
   std::vector<std::span<const std::byte>> files(n);
   for (std::size_t i = 0, at = 0; i < n; ++i) {
     data.read(i * stride, one);
@@ -289,8 +295,7 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
   // loader epoch's decoding and output do between two reads of a file.
   pinfeed::memory::PageableResource pageable;
   const std::size_t evict_bytes = evict_mib << 20U;
-  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> evict(
-      static_cast<std::byte*>(pageable.allocate(evict_bytes)), [&](std::byte* p) { pageable.deallocate(p, evict_bytes); });
+  const Block evict = allocate_block(pageable, evict_bytes);
   std::vector<std::byte> bytes;
   std::vector<double> reads;
   for (std::size_t r = 0; r < repeat; ++r) {
@@ -341,8 +346,7 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
   pinfeed::memory::PinnedResource pinned;
   const std::size_t places = std::max<std::size_t>(1, config.batch_size * config.prefetch);
   const std::size_t pool_bytes = places * t.sample_bytes();
-  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> pool(
-      static_cast<std::byte*>(pinned.allocate(pool_bytes)), [&](std::byte* p) { pinned.deallocate(p, pool_bytes); });
+  const Block pool = allocate_block(pinned, pool_bytes);
   std::vector<double> outputs;
   for (std::size_t r = 0; r < repeat; ++r) {
     const auto t0 = Clock::now();
