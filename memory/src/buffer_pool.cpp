@@ -418,9 +418,13 @@ void BufferPool::free_retired(std::unique_lock<std::mutex>& lock) {
   if (retired_.empty()) return;
   std::vector<Retired> batch;
   batch.swap(retired_);
+  // wait_idle() must not see an empty retired_ while this memory is still
+  // held: callers compare resource statistics right after it returns.
+  freeing_ = true;
   lock.unlock();
   for (const Retired& r : batch) r.owner->deallocate(r.data, r.bytes, page_size());
   lock.lock();
+  freeing_ = false;
 }
 
 void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
@@ -504,7 +508,7 @@ void BufferPool::maintain(const std::stop_token& stop) {
 bool BufferPool::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   return idle_cv_.wait_for(lock, timeout, [this] {
-    return !moving_ && retired_.empty() && (!prepared_ || !slab_idle_locked(slabs_[prepared_->job.slab])) &&
+    return !moving_ && !freeing_ && retired_.empty() && (!prepared_ || !slab_idle_locked(slabs_[prepared_->job.slab])) &&
            !next_job_locked(/*idle_only=*/true);
   });
 }

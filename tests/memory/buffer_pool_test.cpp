@@ -213,6 +213,21 @@ TEST(BufferPoolTest, CriticalUnpinsIdleSlabsDownToTheFloorAndNeverTouchesALease)
   EXPECT_EQ(r.pageable.stats().current_bytes, 0U) << "pageable slabs were freed after re-pinning";
 }
 
+TEST(BufferPoolTest, WaitIdleWaitsUntilSwappedOutMemoryIsFreed) {
+  Resources r;
+  BufferPool pool(pool_config(1, 64_KiB, 64_KiB), r.pinned, r.pageable);
+  r.pinned_checked.hold_frees();  // the maintenance thread stalls returning the old pinned slab
+  pool.on_pressure(PressureLevel::critical);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (pool.stats().pinned_slots != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
+  EXPECT_EQ(pool.stats().pinned_slots, 0U) << "the slab moved to pageable memory";
+  EXPECT_FALSE(pool.wait_idle(100ms)) << "idle while the old pinned memory is still held";
+  EXPECT_EQ(r.pinned.stats().current_bytes, 64_KiB) << "still held";
+  r.pinned_checked.release_frees();  // no ASSERT above: the pool's destructor would wait forever
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(r.pinned.stats().current_bytes, 0U) << "idle means the swapped-out memory is back";
+}
+
 TEST(BufferPoolTest, ElevatedPressurePinsNothingNew) {
   Resources r;
   BufferPool pool(pool_config(2, 64_KiB, 64_KiB), r.pinned, r.pageable);

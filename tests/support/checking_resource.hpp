@@ -2,11 +2,13 @@
 // CheckingResource: a HostResource for tests that wraps an upstream and
 // catches misuse: every block is recorded, a guard word is written just past
 // the requested bytes and checked on return, double frees and size or
-// alignment mismatches fail the test, leaks are reported at destruction, and
-// it can be told to refuse the next N allocations with OutOfMemory.
+// alignment mismatches fail the test, leaks are reported at destruction, it
+// can be told to refuse the next N allocations with OutOfMemory, and to hold
+// every deallocation until released (to catch callers that do not wait).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -32,6 +34,18 @@ class CheckingResource final : public memory::HostResource {
     const std::scoped_lock lock(mutex_);
     fail_next_ = n;
     fail_reason_ = std::move(reason);
+  }
+  /// Deallocations block from now until release_frees().
+  void hold_frees() {
+    const std::scoped_lock lock(mutex_);
+    hold_frees_ = true;
+  }
+  void release_frees() {
+    {
+      const std::scoped_lock lock(mutex_);
+      hold_frees_ = false;
+    }
+    frees_cv_.notify_all();
   }
   [[nodiscard]] std::size_t live_blocks() const {
     const std::scoped_lock lock(mutex_);
@@ -63,7 +77,8 @@ class CheckingResource final : public memory::HostResource {
   }
   void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
     {
-      const std::scoped_lock lock(mutex_);
+      std::unique_lock lock(mutex_);
+      frees_cv_.wait(lock, [this] { return !hold_frees_; });
       const auto it = live_.find(p);
       if (it == live_.end()) {
         ADD_FAILURE() << "deallocate of a pointer not live (double free or foreign): " << p;
@@ -80,7 +95,9 @@ class CheckingResource final : public memory::HostResource {
   }
 
   memory::HostResource& upstream_;
-  mutable std::mutex mutex_;  // guards live_, fail_next_, fail_reason_
+  mutable std::mutex mutex_;  // guards live_, fail_next_, fail_reason_, hold_frees_
+  std::condition_variable frees_cv_;
+  bool hold_frees_ = false;
   std::unordered_map<void*, Block> live_;
   int fail_next_ = 0;
   std::string fail_reason_;

@@ -235,6 +235,7 @@ class BufferPool {
   bool moving_ = false;                   // replacement memory is being prepared
   std::optional<Prepared> prepared_;      // ready, waiting for its slab to be idle
   std::vector<Retired> retired_;          // swapped out, to be freed off the lock
+  bool freeing_ = false;                  // retired memory taken off retired_, not yet returned
   std::size_t pinned_slots_ = 0;          // slots in pinned slabs
   std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
   Clock::time_point no_pin_before_{};
