@@ -80,6 +80,12 @@ TEST(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
   EXPECT_GT(j["ceiling"]["single_thread_images_per_s"].get<double>(), 0);
   EXPECT_EQ(j["memory"]["pool_slots"], 4);
   EXPECT_GT(j["memory"]["loading_rss_mib_max"].get<double>(), 0);
+  // Reading's share, from the loader's read time and the matching decode rate.
+  const double read_us = j["loader"]["per_image_us"]["read"].get<double>();
+  const double planned_us = 2.0 / j["ceiling"]["planned_images_per_s"].get<double>() * 1e6;
+  EXPECT_GT(read_us, 0);
+  EXPECT_NEAR(j["read_share_of_matching_decode"].get<double>(), read_us / planned_us, 1e-9);
+  EXPECT_NEAR(j["overhead_from_reading_alone"].get<double>(), read_us / (planned_us + read_us), 1e-9);
   EXPECT_EQ(run(PINFEED_BENCH, "loader --data /nonexistent").rc, 1);
   EXPECT_EQ(run(PINFEED_BENCH, "loader --data x --crop diagonal").rc, 2);
 #endif
@@ -97,11 +103,17 @@ TEST(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   const auto& us = j["per_image_us"];
-  for (const char* part : {"matching_decode_per_thread", "read_cold", "horizontal_resize", "output_write"}) {
+  for (const char* part :
+       {"matching_decode_per_thread", "read_cold", "read_after_an_epoch", "horizontal_resize", "output_write"}) {
     EXPECT_GT(us[part].get<double>(), 0) << part;
   }
   EXPECT_NEAR(us["sum"].get<double>(),
-              us["read_cold"].get<double>() + us["horizontal_resize"].get<double>() + us["output_write"].get<double>(), 1e-6);
+              us["read_after_an_epoch"].get<double>() + us["horizontal_resize"].get<double>() +
+                  us["output_write"].get<double>(),
+              1e-6)
+      << "the sum counts the read a training epoch sees";
+  // The idle wait is one epoch at the matching rate: 16 files over 2 threads.
+  EXPECT_NEAR(j["config"]["epoch_ms"].get<double>(), us["matching_decode_per_thread"].get<double>() * 16 / 2 / 1000, 1e-6);
   const double sum = us["sum"].get<double>(), decode = us["matching_decode_per_thread"].get<double>();
   EXPECT_NEAR(j["floor_time_vs_matching_decode"].get<double>(), sum / decode, 1e-9);
   EXPECT_NEAR(j["floor_overhead_vs_matching_decode"].get<double>(), sum / (decode + sum), 1e-9)
