@@ -20,6 +20,7 @@
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
+#include "plot.hpp"
 #include "tool_main.hpp"
 
 namespace {
@@ -80,31 +81,17 @@ pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
 
 /// Writes prefix.csv and, with gnuplot, prefix.png. Returns the PNG path or "".
 std::string plot(const std::vector<pt::Curve>& curves, const std::string& prefix) {
-  const std::string csv = prefix + ".csv", png = prefix + ".png", gp = prefix + ".gp";
-  {
-    std::ofstream out(csv);
-    out << pt::curves_csv(curves);
-    if (!out) throw pinfeed::DataError(csv, "cannot write");
-  }
-  std::ofstream script(gp);
-  script << "set terminal pngcairo size 900,540\n"
-         << fmt::format("set output '{}'\n", png)
-         << "set datafile separator ','\nset key top right\nset grid\n"
-         << "set xlabel 'epoch'\nset ylabel 'training loss (mean over the global batch)'\n"
-         << "set title 'pinfeed-train --compare: same data, same initial weights'\n";
-  script << "plot ";
+  std::string commands =
+      "set key top right\n"
+      "set xlabel 'epoch'\nset ylabel 'training loss (mean over the global batch)'\n"
+      "set title 'pinfeed-train --compare: same data, same initial weights'\n"
+      "plot ";
   for (std::size_t i = 0; i < curves.size(); ++i) {
-    script << fmt::format("{}'{}' using 6:($1 == {} ? $7 : 1/0) with lines lw {} title '{} (batch {}, peak lr {:.3g})'",
-                          i ? ", " : "", csv, i, i == 0 ? 6 : 2, curves[i].label, curves[i].global_batch, curves[i].peak_lr);
+    commands += fmt::format("{}'{{csv}}' using 6:($1 == {} ? $7 : 1/0) with lines lw {} title '{} (batch {}, peak lr {:.3g})'",
+                            i ? ", " : "", i, i == 0 ? 6 : 2, curves[i].label, curves[i].global_batch, curves[i].peak_lr);
   }
-  script << "\n";
-  script.close();
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    fmt::print(stderr, "pinfeed-train: gnuplot not found: wrote {} and {} only\n", csv, gp);
-    return "";
-  }
-  if (std::system(fmt::format("gnuplot '{}'", gp).c_str()) != 0) throw pinfeed::Error(fmt::format("gnuplot {} failed", gp));
-  return png;
+  commands += "\n";
+  return pinfeed::tools::write_plot(prefix, pt::curves_csv(curves), commands, "pinfeed-train");
 }
 
 }  // namespace

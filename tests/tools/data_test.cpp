@@ -1,8 +1,12 @@
 // pinfeed-data and pinfeed-bench end to end: the real binaries on data they make.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "fixtures.hpp"
 #include "run_tool.hpp"
@@ -120,6 +124,46 @@ TEST(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
       << "the same definition as the loader bench's overhead";
   EXPECT_EQ(run(PINFEED_BENCH, "floor --data /nonexistent").rc, 1);
   EXPECT_EQ(run(PINFEED_BENCH, "floor --data x --evict-mib 0").rc, 2);
+#endif
+}
+
+TEST(BenchToolTest, ThreadsBenchTabulatesEachCountInItsOwnProcess) {
+#ifndef PINFEED_BENCH
+  GTEST_SKIP() << "built with PINFEED_BUILD_BENCH=OFF";
+#else
+  pinfeed::testing::TempDir dir;
+  ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
+  const std::string prefix = (dir.path() / "threads").string();
+  const Result r = run(PINFEED_BENCH, "threads --data " + (dir.path() / "set/train").string() +
+                                          " --counts 1,2 --batch 4 --size 32 --ceiling-files 8 --repeat 1 --out " +
+                                          prefix + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 2U);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& row = j["rows"][i];
+    EXPECT_EQ(row["threads"], i + 1);
+    EXPECT_GT(row["images_per_s"].get<double>(), 0);
+    EXPECT_NEAR(row["pool_mib"].get<double>(), 4 * 4 * 32 * 32 * 3 * 4 / (1024.0 * 1024.0), 0.02)
+        << "4 slots of 4 float32 32x32 samples, page-rounded";
+    EXPECT_NEAR(row["rss_over_pool_mib"].get<double>(),
+                row["loading_rss_mib"].get<double>() - row["pool_mib"].get<double>(), 1e-9);
+    EXPECT_GT(row["loading_rss_mib"].get<double>(), row["pool_mib"].get<double>());
+  }
+  std::ifstream csv(prefix + ".csv");
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(csv, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3U) << "a header and one line per count";
+  EXPECT_EQ(lines[1].substr(0, 2), "1,");
+  EXPECT_EQ(lines[2].substr(0, 2), "2,");
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_EQ(j["png"], prefix + ".png");
+    EXPECT_TRUE(std::filesystem::file_size(prefix + ".png") > 0);
+  }
+  EXPECT_EQ(run(PINFEED_BENCH, "threads --data /nonexistent").rc, 1);
+  EXPECT_EQ(run(PINFEED_BENCH, "threads --data x --counts 0").rc, 2);
+  EXPECT_EQ(run(PINFEED_BENCH, "threads --data x --counts 1,two").rc, 2);
 #endif
 }
 

@@ -1,0 +1,52 @@
+#pragma once
+// Figures for people: a tool writes its data as PREFIX.csv and a gnuplot
+// script as PREFIX.gp, and renders PREFIX.png when gnuplot is installed
+// (scripts/install-deps.sh installs gnuplot-nox). Used by pinfeed-train
+// --compare and pinfeed-bench threads.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::tools {
+
+/// Writes `csv` to prefix.csv and a script (a 900x540 PNG terminal, comma
+/// separated data, then `commands`, in which every {csv} names the data) to
+/// prefix.gp; runs gnuplot on it. Returns the PNG's path, or "" (with a
+/// note on stderr) when gnuplot is not installed. Throws DataError when a
+/// file cannot be written, Error when gnuplot fails.
+inline std::string with_data(std::string commands, const std::string& csv_path) {
+  for (std::size_t at = commands.find("{csv}"); at != std::string::npos; at = commands.find("{csv}", at + csv_path.size())) {
+    commands.replace(at, 5, csv_path);
+  }
+  return commands;
+}
+
+inline std::string write_plot(const std::string& prefix, const std::string& csv, const std::string& commands,
+                              const char* tool) {
+  const std::string csv_path = prefix + ".csv", png = prefix + ".png", gp = prefix + ".gp";
+  {
+    std::ofstream out(csv_path);
+    out << csv;
+    if (!out) throw DataError(csv_path, "cannot write");
+  }
+  {
+    std::ofstream script(gp);
+    script << "set terminal pngcairo size 900,540\n"
+           << fmt::format("set output '{}'\n", png) << "set datafile separator ','\nset grid\n"
+           << with_data(commands, csv_path);
+    if (!script) throw DataError(gp, "cannot write");
+  }
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fmt::print(stderr, "{}: gnuplot not found: wrote {} and {} only\n", tool, csv_path, gp);
+    return "";
+  }
+  if (std::system(fmt::format("gnuplot '{}'", gp).c_str()) != 0) throw Error(fmt::format("gnuplot {} failed", gp));
+  return png;
+}
+
+}  // namespace pinfeed::tools
