@@ -6,7 +6,10 @@
 // TurboJPEG decode of the same files (read into memory first, so it is the
 // decoder alone), times the thread count; and (2) the pinfeed loader over the
 // dataset with the given transforms, per-stage times, peak RSS and the pool's
-// pinned/pageable bytes. Benchmarks, not tests: numbers go to docs/results.md.
+// pinned/pageable bytes. `floor` times the loader's work besides decoding,
+// each part alone; `threads` runs the loader bench per thread count (table,
+// CSV, plot); `copy` times host-to-device copies from pinned and pageable
+// memory. Benchmarks, not tests: numbers go to docs/results.md.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
