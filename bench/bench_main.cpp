@@ -580,14 +580,18 @@ int main(int argc, char** argv) {
   bool as_json = false, no_roi = false, no_dct = false;
   std::string crop = "random", layout = "nchw-f32";
   auto* ld = app.add_subcommand("loader", "images/s of the loader and of a bare full decode, same files, same run");
-  ld->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
-  ld->add_option("--batch", config.batch_size, "batch size")->check(CLI::Range(1, 65536));
+  // What the loader is asked to do, the same flags for every loader subcommand.
+  const auto add_loader_options = [&](CLI::App* sub) {
+    sub->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
+    sub->add_option("--batch", config.batch_size, "batch size")->check(CLI::Range(1, 65536));
+    sub->add_option("--prefetch", config.prefetch, "batches in flight (pool slots)")->check(CLI::Range(1, 256));
+    sub->add_option("--crop", crop, "random (RandomResizedCrop), center (Resize+CenterCrop), full")
+        ->check(CLI::IsMember({"random", "center", "full"}));
+    sub->add_option("--size", config.transform.size, "output size")->check(CLI::Range(8, 4096));
+    sub->add_option("--layout", layout, "nchw-f32 (normalized) or nhwc-u8")->check(CLI::IsMember({"nchw-f32", "nhwc-u8"}));
+  };
+  add_loader_options(ld);
   ld->add_option("--threads", config.threads, "worker threads (0: every core)");
-  ld->add_option("--prefetch", config.prefetch, "batches in flight")->check(CLI::Range(1, 256));
-  ld->add_option("--crop", crop, "random (RandomResizedCrop), center (Resize+CenterCrop), full")
-      ->check(CLI::IsMember({"random", "center", "full"}));
-  ld->add_option("--size", config.transform.size, "output size")->check(CLI::Range(8, 4096));
-  ld->add_option("--layout", layout, "nchw-f32 (normalized) or nhwc-u8")->check(CLI::IsMember({"nchw-f32", "nhwc-u8"}));
   ld->add_option("--epochs", epochs, "loader epochs per round")->check(CLI::Range(1, 1000));
   ld->add_option("--repeat", repeat, "rounds (ceiling + loader); figures are medians")->check(CLI::Range(1, 100));
   ld->add_option("--ceiling-files", ceiling_files, "files decoded for the ceiling")->check(CLI::Range(1, 100000));
@@ -596,13 +600,8 @@ int main(int argc, char** argv) {
   ld->add_flag("--json", as_json, "print JSON");
   std::size_t floor_repeat = 5, evict_mib = 512;
   auto* fl = app.add_subcommand("floor", "the loader's unavoidable work besides decoding, each part alone");
-  fl->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
-  fl->add_option("--crop", crop, "random, center, full")->check(CLI::IsMember({"random", "center", "full"}));
-  fl->add_option("--size", config.transform.size, "output size")->check(CLI::Range(8, 4096));
-  fl->add_option("--layout", layout, "nchw-f32 or nhwc-u8")->check(CLI::IsMember({"nchw-f32", "nhwc-u8"}));
+  add_loader_options(fl);  // --batch x --prefetch: the pool the output is written to
   fl->add_option("--threads", config.threads, "threads of the matching decode (0: every core)");
-  fl->add_option("--batch", config.batch_size, "batch size (with --prefetch: the pool written)")->check(CLI::Range(1, 65536));
-  fl->add_option("--prefetch", config.prefetch, "batches in the pool")->check(CLI::Range(1, 256));
   fl->add_option("--repeat", floor_repeat, "rounds; figures are medians")->check(CLI::Range(1, 100));
   fl->add_option("--evict-mib", evict_mib, "written before each read pass, to push the files out of the CPU caches")
       ->check(CLI::Range(1, 65536));
@@ -610,15 +609,10 @@ int main(int argc, char** argv) {
   std::vector<unsigned> thread_counts{1, 2, 4, 8};
   std::string threads_out = "pinfeed-threads";
   auto* th = app.add_subcommand("threads", "images/s and RSS over the pool for each thread count: table, CSV, plot");
-  th->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
+  add_loader_options(th);
   th->add_option("--counts", thread_counts, "thread counts, comma separated")
       ->delimiter(',')
       ->check(CLI::Range(1, 1024));
-  th->add_option("--batch", config.batch_size, "batch size")->check(CLI::Range(1, 65536));
-  th->add_option("--prefetch", config.prefetch, "batches in flight")->check(CLI::Range(1, 256));
-  th->add_option("--crop", crop, "random, center, full")->check(CLI::IsMember({"random", "center", "full"}));
-  th->add_option("--size", config.transform.size, "output size")->check(CLI::Range(8, 4096));
-  th->add_option("--layout", layout, "nchw-f32 or nhwc-u8")->check(CLI::IsMember({"nchw-f32", "nhwc-u8"}));
   th->add_option("--epochs", epochs, "loader epochs per round")->check(CLI::Range(1, 1000));
   th->add_option("--repeat", repeat, "rounds per count; figures are medians")->check(CLI::Range(1, 100));
   th->add_option("--ceiling-files", ceiling_files, "files decoded for the matching decode")->check(CLI::Range(1, 100000));

@@ -69,14 +69,29 @@ TEST(DataToolTest, BadFlagsExitTwo) {
   EXPECT_EQ(data("scan /nonexistent-dataset").rc, 1) << "a missing dataset is a named error";
 }
 
-TEST(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
+/// pinfeed-bench over a small generated set (16 images of 2 classes).
+class BenchToolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
 #ifndef PINFEED_BENCH
-  GTEST_SKIP() << "built with PINFEED_BUILD_BENCH=OFF";
+    GTEST_SKIP() << "built with PINFEED_BUILD_BENCH=OFF";
 #else
-  pinfeed::testing::TempDir dir;
-  ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
-  const Result r = run(PINFEED_BENCH, "loader --data " + (dir.path() / "set/train").string() +
-                                          " --batch 4 --size 32 --threads 2 --ceiling-files 8 --repeat 1 --json");
+    ASSERT_EQ(data("-q make --out " + (dir_.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
+#endif
+  }
+  [[nodiscard]] std::string train() const { return (dir_.path() / "set/train").string(); }
+  [[nodiscard]] static Result bench(const std::string& args) {
+#ifdef PINFEED_BENCH
+    return run(PINFEED_BENCH, args);
+#else
+    return Result{};
+#endif
+  }
+  pinfeed::testing::TempDir dir_;
+};
+
+TEST_F(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
+  const Result r = bench("loader --data " + train() + " --batch 4 --size 32 --threads 2 --ceiling-files 8 --repeat 1 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["loader"]["images"], 16);
@@ -90,20 +105,13 @@ TEST(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
   EXPECT_GT(read_us, 0);
   EXPECT_NEAR(j["read_share_of_matching_decode"].get<double>(), read_us / planned_us, 1e-9);
   EXPECT_NEAR(j["overhead_from_reading_alone"].get<double>(), read_us / (planned_us + read_us), 1e-9);
-  EXPECT_EQ(run(PINFEED_BENCH, "loader --data /nonexistent").rc, 1);
-  EXPECT_EQ(run(PINFEED_BENCH, "loader --data x --crop diagonal").rc, 2);
-#endif
+  EXPECT_EQ(bench("loader --data /nonexistent").rc, 1);
+  EXPECT_EQ(bench("loader --data x --crop diagonal").rc, 2);
 }
 
-TEST(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
-#ifndef PINFEED_BENCH
-  GTEST_SKIP() << "built with PINFEED_BUILD_BENCH=OFF";
-#else
-  pinfeed::testing::TempDir dir;
-  ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
-  const Result r = run(PINFEED_BENCH, "floor --data " + (dir.path() / "set/train").string() +
-                                          " --crop center --size 32 --threads 2 --batch 4 --prefetch 2 --repeat 1 "
-                                          "--evict-mib 8 --json");
+TEST_F(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
+  const Result r = bench("floor --data " + train() +
+                         " --crop center --size 32 --threads 2 --batch 4 --prefetch 2 --repeat 1 --evict-mib 8 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   const auto& us = j["per_image_us"];
@@ -122,21 +130,14 @@ TEST(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
   EXPECT_NEAR(j["floor_time_vs_matching_decode"].get<double>(), sum / decode, 1e-9);
   EXPECT_NEAR(j["floor_overhead_vs_matching_decode"].get<double>(), sum / (decode + sum), 1e-9)
       << "the same definition as the loader bench's overhead";
-  EXPECT_EQ(run(PINFEED_BENCH, "floor --data /nonexistent").rc, 1);
-  EXPECT_EQ(run(PINFEED_BENCH, "floor --data x --evict-mib 0").rc, 2);
-#endif
+  EXPECT_EQ(bench("floor --data /nonexistent").rc, 1);
+  EXPECT_EQ(bench("floor --data x --evict-mib 0").rc, 2);
 }
 
-TEST(BenchToolTest, ThreadsBenchTabulatesEachCountInItsOwnProcess) {
-#ifndef PINFEED_BENCH
-  GTEST_SKIP() << "built with PINFEED_BUILD_BENCH=OFF";
-#else
-  pinfeed::testing::TempDir dir;
-  ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 8").rc, 0);
-  const std::string prefix = (dir.path() / "threads").string();
-  const Result r = run(PINFEED_BENCH, "threads --data " + (dir.path() / "set/train").string() +
-                                          " --counts 1,2 --batch 4 --size 32 --ceiling-files 8 --repeat 1 --out " +
-                                          prefix + " --json");
+TEST_F(BenchToolTest, ThreadsBenchTabulatesEachCountInItsOwnProcess) {
+  const std::string prefix = (dir_.path() / "threads").string();
+  const Result r = bench("threads --data " + train() + " --counts 1,2 --batch 4 --size 32 --ceiling-files 8 --repeat 1 --out " +
+                         prefix + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 2U);
@@ -161,10 +162,9 @@ TEST(BenchToolTest, ThreadsBenchTabulatesEachCountInItsOwnProcess) {
     EXPECT_EQ(j["png"], prefix + ".png");
     EXPECT_TRUE(std::filesystem::file_size(prefix + ".png") > 0);
   }
-  EXPECT_EQ(run(PINFEED_BENCH, "threads --data /nonexistent").rc, 1);
-  EXPECT_EQ(run(PINFEED_BENCH, "threads --data x --counts 0").rc, 2);
-  EXPECT_EQ(run(PINFEED_BENCH, "threads --data x --counts 1,two").rc, 2);
-#endif
+  EXPECT_EQ(bench("threads --data /nonexistent").rc, 1);
+  EXPECT_EQ(bench("threads --data x --counts 0").rc, 2);
+  EXPECT_EQ(bench("threads --data x --counts 1,two").rc, 2);
 }
 
 }  // namespace
