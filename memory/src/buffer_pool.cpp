@@ -68,6 +68,34 @@ void BufferPool::Config::validate() const {
   if (cap > SIZE_MAX / slots) throw ConfigError("buffer pool slots x slot_bytes overflows");
 }
 
+namespace {
+/// Every live pool of the process, for process_pool_stats(). Lock order:
+/// the registry's mutex, then a pool's (stats()); never the other way.
+struct PoolRegistry {
+  std::mutex mutex;  // guards pools
+  std::vector<const BufferPool*> pools;
+};
+PoolRegistry& pool_registry() {
+  static PoolRegistry r;
+  return r;
+}
+}  // namespace
+
+ProcessPoolStats process_pool_stats() {
+  PoolRegistry& r = pool_registry();
+  const std::scoped_lock lock(r.mutex);
+  ProcessPoolStats total;
+  for (const BufferPool* p : r.pools) {
+    const PoolStats st = p->stats();
+    ++total.pools;
+    total.slots += st.slots;
+    total.pinned_slots += st.pinned_slots;
+    total.pinned_bytes += st.pinned_bytes;
+    total.pageable_bytes += st.pageable_bytes;
+  }
+  return total;
+}
+
 BufferPool::BufferPool(Config config, HostResource& pinned, HostResource& pageable)
     : config_(std::move(config)), pinned_resource_(pinned), pageable_resource_(pageable) {
   config_.validate();
@@ -89,6 +117,9 @@ BufferPool::BufferPool(Config config, HostResource& pinned, HostResource& pageab
   allocate_initial();
   for (std::size_t i = 0; i < config_.slots; ++i) free_.push_back(i);
   maintainer_ = std::jthread([this](const std::stop_token& stop) { maintain(stop); });
+  PoolRegistry& r = pool_registry();
+  const std::scoped_lock lock(r.mutex);
+  r.pools.push_back(this);
 }
 
 void BufferPool::allocate_initial() {
@@ -138,6 +169,11 @@ void BufferPool::free_all_slabs() noexcept {
 }
 
 BufferPool::~BufferPool() {
+  {
+    PoolRegistry& r = pool_registry();
+    const std::scoped_lock lock(r.mutex);
+    std::erase(r.pools, this);
+  }
   if (monitor_ != nullptr) monitor_->unsubscribe(subscription_);
   maintainer_.request_stop();
   {

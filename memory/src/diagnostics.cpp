@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "pinfeed/launch_env.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/numa.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
@@ -48,6 +49,7 @@ std::optional<PoolPlanRequest> diagnostics_plan_request(const DiagnosticsRequest
   r.gpus = o.gpus;
   r.batch_bytes = batch;
   r.prefetch = o.prefetch;
+  r.local_ranks = o.local_ranks != 0 ? o.local_ranks : static_cast<unsigned>(std::max(1, read_launch_env().local_size));
   r.gpu_memory_bytes = o.gpu_memory_bytes;
   if (r.gpu_memory_bytes == 0 && live_root(o.root)) {
     const auto devices = cuda::devices();
@@ -126,6 +128,7 @@ json pool_plan_json(const PoolPlanRequest& r, const PoolPlan& p) {
   return {{"gpus", r.gpus},
           {"batch_bytes", r.batch_bytes},
           {"prefetch", r.prefetch},
+          {"local_ranks", r.local_ranks},
           {"pin_method", to_string(r.policy.method)},
           {"fraction", r.policy.fraction},
           {"slot_bytes", p.slot_bytes},
@@ -136,6 +139,14 @@ json pool_plan_json(const PoolPlanRequest& r, const PoolPlan& p) {
           {"terms", terms},
           {"slots_fit", p.slots_fit},
           {"prefetch_fit", p.prefetch_fit},
+          {"fit",
+           {{"fits", p.fit.fits},
+            {"pool_bytes", p.fit.pool_bytes},
+            {"allowed_bytes", p.fit.allowed_bytes},
+            {"available_bytes", p.fit.available_bytes},
+            {"slots_fit", p.fit.slots_fit},
+            {"largest_slot_bytes", p.fit.largest_slot_bytes},
+            {"limiting", p.fit.limiting}}},
           {"verdict", to_string(p.verdict)},
           {"reasons", p.reasons},
           {"rule_of_thumb",

@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 
 #include <charconv>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/file_io.hpp"
 
 namespace fs = std::filesystem;
 
@@ -28,13 +28,12 @@ namespace {
 // value (9223372036854771712); anything this large is no limit in practice.
 constexpr std::uint64_t kUnlimitedFloor = std::uint64_t{1} << 62U;
 
-std::optional<std::string> slurp(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
+/// Largest procfs / cgroup file read: a snapshot's files are a few KiB; a
+/// `--root` pointing meminfo at /dev/zero or a huge file must not allocate
+/// until the host runs out.
+constexpr std::size_t kMaxProcFileBytes = 1U << 20U;
+
+std::optional<std::string> slurp(const fs::path& path) { return read_text_file(path, kMaxProcFileBytes); }
 
 std::optional<std::uint64_t> to_u64(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -71,6 +70,7 @@ std::optional<std::uint64_t> field(const std::string& text, std::string_view key
     const std::size_t end = rest.find(' ');
     const auto v = to_u64(rest.substr(0, end));
     if (!v) return std::nullopt;
+    if (kilobytes && *v > std::numeric_limits<std::uint64_t>::max() / 1024) return std::nullopt;  // overflow: unusable
     return kilobytes ? *v * 1024 : *v;
   }
   return std::nullopt;
@@ -152,7 +152,11 @@ CgroupPaths parse_proc_cgroup(const std::string& text) {
 /// is the process's own cgroup.
 fs::path cgroup_dir(const fs::path& mount, const std::string& path) {
   std::error_code ec;
-  fs::path candidate = mount / fs::path(path).relative_path();
+  // A path that climbs out ("/../../etc") must not leave the mount (nor,
+  // with --root, the snapshot): such a path is no cgroup of ours.
+  const fs::path rel = fs::path(path).relative_path().lexically_normal();
+  if (!rel.empty() && *rel.begin() == "..") return mount;
+  fs::path candidate = mount / rel;
   if (fs::is_directory(candidate, ec)) return candidate;
   return mount;
 }
@@ -214,7 +218,7 @@ MemorySnapshot MemorySnapshot::read(const fs::path& root) {
   const auto meminfo = slurp(meminfo_path);
   if (!meminfo) throw DataError(meminfo_path, "cannot read (is this a procfs root?)");
   const auto total = field(*meminfo, "MemTotal", true);
-  if (!total || *total == 0) throw DataError(meminfo_path, "no MemTotal line");
+  if (!total || *total == 0) throw DataError(meminfo_path, "no usable MemTotal line (missing, zero, not a number or too large)");
   s.mem_total = *total;
   // Kernels before 3.14 lack MemAvailable: MemFree + Cached is the usual estimate.
   s.mem_available = field(*meminfo, "MemAvailable", true)
@@ -304,7 +308,12 @@ std::vector<LockedMemoryUser> locked_memory_users(const fs::path& root) {
     int pid = 0;
     const auto [ptr, perr] = std::from_chars(name.data(), name.data() + name.size(), pid);
     if (perr != std::errc{} || ptr != name.data() + name.size()) continue;
-    const auto status = slurp(it->path() / "status");  // vanished or unreadable: skip
+    std::optional<std::string> status;
+    try {
+      status = slurp(it->path() / "status");  // vanished or unreadable: skip
+    } catch (const DataError&) {
+      continue;  // not a process's status file (a crafted --root): skip it too
+    }
     if (!status) continue;
     LockedMemoryUser u;
     u.pid = pid;

@@ -15,6 +15,7 @@ std::string_view to_string(Verdict v) noexcept {
     case Verdict::pin: return "pin";
     case Verdict::pin_reduced: return "pin-reduced";
     case Verdict::pageable: return "pageable";
+    case Verdict::does_not_fit: return "does-not-fit";
   }
   return "?";
 }
@@ -51,6 +52,41 @@ std::uint64_t batch_bytes_from_shape(std::string_view shape) {
   return total;
 }
 
+PoolFit check_pool_fit(const MemorySnapshot& s, std::uint64_t slots, std::uint64_t slot_bytes, unsigned local_ranks) {
+  if (local_ranks == 0) throw ConfigError("local ranks must be >= 1");
+  PoolFit f;
+  const std::uint64_t slot = round_up_to_page(slot_bytes);
+  f.local_ranks = local_ranks;
+  f.pool_bytes = slot != 0 && slots > std::numeric_limits<std::uint64_t>::max() / slot
+                     ? std::numeric_limits<std::uint64_t>::max()
+                     : slots * slot;
+  f.available_bytes = s.effective_available();
+  const auto room = s.cgroup.room_bytes();
+  f.limiting = room && *room < s.mem_available ? "cgroup room" : "MemAvailable";
+  f.allowed_bytes = static_cast<std::uint64_t>(static_cast<double>(f.available_bytes) * kPoolMaxShareOfAvailable /
+                                               static_cast<double>(local_ranks));
+  f.slots_fit = slot == 0 ? slots : f.allowed_bytes / slot;
+  f.largest_slot_bytes = slots == 0 ? f.allowed_bytes : f.allowed_bytes / slots / page_size() * page_size();
+  f.fits = f.pool_bytes <= f.allowed_bytes;
+  return f;
+}
+
+std::string PoolFit::explain(std::string_view prefetch_name, std::string_view batch_name) const {
+  const std::string share =
+      local_ranks > 1 ? fmt::format(", split across {} local ranks", local_ranks) : std::string();
+  std::string what = fmt::format(
+      "the pool needs {} but only {} may be used: {:.0f}% of the {} really available ({}{})", format_bytes(pool_bytes),
+      format_bytes(allowed_bytes), kPoolMaxShareOfAvailable * 100, format_bytes(available_bytes), limiting, share);
+  if (slots_fit > 0) {
+    what += fmt::format("; {} slot(s) of this size fit: lower {} to {}, or lower {} so that one slot is at most {}",
+                        slots_fit, prefetch_name, slots_fit, batch_name, format_bytes(largest_slot_bytes));
+  } else {
+    what += fmt::format("; not one slot of this size fits: lower {} so that one slot is at most {}", batch_name,
+                        format_bytes(largest_slot_bytes));
+  }
+  return what;
+}
+
 void PoolPlanRequest::validate() const {
   if (gpus == 0 || gpus > 1024) throw ConfigError(fmt::format("gpus must be 1..1024, got {}", gpus));
   if (batch_bytes == 0) throw ConfigError("batch bytes must be > 0");
@@ -59,6 +95,7 @@ void PoolPlanRequest::validate() const {
                                   format_bytes(kMaxRegistrationBytes)));
   }
   if (prefetch == 0 || prefetch > 64) throw ConfigError(fmt::format("prefetch must be 1..64, got {}", prefetch));
+  if (local_ranks == 0 || local_ranks > 4096) throw ConfigError(fmt::format("local ranks must be 1..4096, got {}", local_ranks));
   policy.validate();
 }
 
@@ -68,13 +105,22 @@ PoolPlan plan_pool(const MemorySnapshot& s, const PoolPlanRequest& req) {
   p.slot_bytes = round_up_to_page(req.batch_bytes);
   p.slots_needed = req.gpus * req.prefetch;
   p.need_bytes = p.slot_bytes * p.slots_needed;
-  p.budget = PinnedBudget::compute(s, req.policy, p.need_bytes);
+  BudgetPolicy policy = req.policy;
+  policy.local_ranks = req.local_ranks;
+  p.budget = PinnedBudget::compute(s, policy, p.need_bytes);
+  p.fit = check_pool_fit(s, p.slots_needed, p.slot_bytes, req.local_ranks);
   p.slots_fit = static_cast<unsigned>(std::min<std::uint64_t>(p.budget.bytes / p.slot_bytes, p.slots_needed));
   p.prefetch_fit = p.slots_fit / req.gpus;
 
   const std::string need = fmt::format("{} slots of {} ({} GPU(s) x prefetch {}) = {}", p.slots_needed,
                                        format_bytes(p.slot_bytes), req.gpus, req.prefetch, format_bytes(p.need_bytes));
-  if (p.slots_fit == p.slots_needed) {
+  if (!p.fit.fits) {
+    // Pinned or pageable, this pool is more memory than the host has.
+    p.verdict = Verdict::does_not_fit;
+    p.prefetch_fit = static_cast<unsigned>(std::min<std::uint64_t>(p.fit.slots_fit / req.gpus, req.prefetch));
+    p.reasons.push_back(fmt::format("the pool does not fit in memory, pinned or not: {}", need));
+    p.reasons.push_back(p.fit.explain("--prefetch", "--batch"));
+  } else if (p.slots_fit == p.slots_needed) {
     p.verdict = Verdict::pin;
     p.reasons.push_back(fmt::format("the pool fits: {} within a pinned budget of {}", need,
                                     format_bytes(std::max(p.budget.bytes, p.need_bytes))));

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "fixtures.hpp"
 #include "pinfeed/error.hpp"
@@ -104,6 +105,50 @@ TEST(MemorySnapshotTest, GarbageMeminfoIsADataError) {
   testing::TempDir dir;
   testing::write_file(dir.path() / "proc" / "meminfo", "hello\n");
   EXPECT_THROW((void)MemorySnapshot::read(dir.path()), DataError);
+}
+
+TEST(MemorySnapshotTest, ASnapshotOfDevicesFifosAndHugeFilesIsRefusedNotFollowed) {
+  testing::TempDir dir;
+  testing::copy_fixture("v1-host", dir.path());
+  const auto meminfo = dir.path() / "proc" / "meminfo";
+  // /dev/zero as meminfo used to allocate until bad_alloc.
+  std::filesystem::remove(meminfo);
+  std::filesystem::create_symlink("/dev/zero", meminfo);
+  try {
+    (void)MemorySnapshot::read(dir.path());
+    FAIL() << "read /dev/zero as meminfo";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path(), meminfo);
+    EXPECT_NE(e.reason().find("character device"), std::string::npos) << e.reason();
+  }
+  // A FIFO: refused at once, never waited on.
+  std::filesystem::remove(meminfo);
+  ASSERT_EQ(::mkfifo(meminfo.c_str(), 0600), 0);
+  EXPECT_THROW((void)MemorySnapshot::read(dir.path()), DataError);
+  // A regular file of 2 MiB: over the cap for a procfs file.
+  std::filesystem::remove(meminfo);
+  testing::write_file(meminfo, "MemTotal: 1000 kB\n" + std::string(2U << 20U, ' '));
+  EXPECT_THROW((void)MemorySnapshot::read(dir.path()), DataError);
+  // kB values that overflow 64 bits when multiplied by 1024.
+  testing::write_file(meminfo, "MemTotal:       18446744073709551615 kB\nMemAvailable: 1 kB\n");
+  EXPECT_THROW((void)MemorySnapshot::read(dir.path()), DataError);
+  testing::write_file(meminfo, "MemTotal:       1048576 kB\nMemAvailable:   18446744073709551615 kB\n");
+  EXPECT_EQ(MemorySnapshot::read(dir.path()).mem_available, 0U) << "an overflowing figure is unusable, not wrapped";
+}
+
+TEST(MemorySnapshotTest, ACgroupPathThatClimbsOutStaysInsideTheRoot) {
+  testing::TempDir dir;
+  testing::copy_fixture("v2-container", dir.path());
+  // A crafted cgroup path "/../../../outside" would read a memory.max
+  // outside the snapshot; it is treated as the mount's own cgroup.
+  const auto outside = dir.path() / "outside";
+  std::filesystem::create_directories(outside);
+  testing::write_file(outside / "memory.max", "1024\n");
+  testing::write_file(dir.path() / "proc" / "self" / "cgroup", "0::/../../../outside\n");
+  const auto s = MemorySnapshot::read(dir.path());
+  ASSERT_TRUE(s.cgroup.limit_bytes.has_value());
+  EXPECT_NE(*s.cgroup.limit_bytes, 1024U) << "read a file outside the cgroup mount";
+  EXPECT_EQ(s.cgroup.dir, dir.path() / "sys" / "fs" / "cgroup");
 }
 
 TEST(MemorySnapshotTest, ReadsThisHost) {

@@ -28,6 +28,21 @@ TEST(PinnedBudgetTest, OnAnUnconstrainedHostThePoolNeedDecides) {
   EXPECT_EQ(term(b, "memlock limit"), nullptr) << "CAP_IPC_LOCK lifts the memlock limit";
 }
 
+TEST(PinnedBudgetTest, RanksOnOneHostEachGetTheirShareOfTheRoom) {
+  // 8 ranks on the v1 host: each may pin 50% of 20 GiB / 8, not 50% of it.
+  BudgetPolicy p{0.5, PinMethod::mlock, 0};
+  p.local_ranks = 8;
+  const auto b = PinnedBudget::compute(fixture("v1-host"), p, 4_GiB);
+  EXPECT_EQ(term(b, "MemAvailable")->bytes, 10_GiB / 8);
+  EXPECT_EQ(b.bytes, 10_GiB / 8);
+  EXPECT_NE(term(b, "MemAvailable")->detail.find("8 local ranks"), std::string::npos) << term(b, "MemAvailable")->detail;
+  // In a container the cgroup room is shared the same way.
+  const auto c = PinnedBudget::compute(fixture("v2-container"), p, 4_GiB);
+  EXPECT_EQ(term(c, "cgroup room")->bytes, 2_GiB / 8);
+  p.local_ranks = 0;
+  EXPECT_THROW((void)PinnedBudget::compute(fixture("v1-host"), p, 1_GiB), ConfigError);
+}
+
 TEST(PinnedBudgetTest, InAContainerTheCgroupRoomDecides) {
   const auto b = PinnedBudget::compute(fixture("v2-container"), BudgetPolicy{0.5, PinMethod::mlock, 0}, 4_GiB);
   EXPECT_EQ(term(b, "MemAvailable")->bytes, 100_GiB);  // the host's figure, misleading in here

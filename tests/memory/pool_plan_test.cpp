@@ -32,6 +32,35 @@ TEST(PoolPlanTest, ParsesBatchShapes) {
   EXPECT_THROW((void)batch_bytes_from_shape(""), ConfigError);
 }
 
+TEST(PoolPlanTest, APoolLargerThanTheHostDoesNotFitPinnedOrNot) {
+  // 30 GiB batches x prefetch 4 on a host with 20 GiB available: 120 GiB
+  // would have been "pageable" and mapped slab after slab until mmap failed.
+  const auto p = plan_pool(fixture("v1-host"), request(1, 30_GiB, 4, PinMethod::cuda_register));
+  EXPECT_EQ(p.verdict, Verdict::does_not_fit);
+  EXPECT_FALSE(p.fit.fits);
+  EXPECT_EQ(p.fit.slots_fit, 0U);
+  EXPECT_EQ(p.fit.allowed_bytes, static_cast<std::uint64_t>(20.0 * (1ULL << 30U) * kPoolMaxShareOfAvailable));
+  ASSERT_GE(p.reasons.size(), 2U);
+  EXPECT_NE(p.reasons[1].find("not one slot of this size fits"), std::string::npos) << p.reasons[1];
+  // 8 GiB batches: two fit, and the plan says which prefetch would do.
+  const auto q = plan_pool(fixture("v1-host"), request(1, 8_GiB, 4, PinMethod::cuda_register));
+  EXPECT_EQ(q.verdict, Verdict::does_not_fit);
+  EXPECT_EQ(q.fit.slots_fit, 2U);
+  EXPECT_EQ(q.prefetch_fit, 2U);
+  EXPECT_NE(q.reasons[1].find("lower --prefetch to 2"), std::string::npos) << q.reasons[1];
+  // In a container the cgroup room decides (8 GiB limit, 4 GiB room).
+  const auto c = plan_pool(fixture("v2-container"), request(1, 2_GiB, 2, PinMethod::cuda_register));
+  EXPECT_EQ(c.verdict, Verdict::does_not_fit);
+  EXPECT_EQ(c.fit.limiting, "cgroup room");
+  // Ranks on one host each get their share.
+  auto r = request(1, 1_GiB, 2, PinMethod::cuda_register);
+  EXPECT_NE(plan_pool(fixture("v1-host"), r).verdict, Verdict::does_not_fit);
+  r.local_ranks = 16;
+  const auto shared = plan_pool(fixture("v1-host"), r);
+  EXPECT_EQ(shared.verdict, Verdict::does_not_fit);
+  EXPECT_NE(shared.reasons[1].find("16 local ranks"), std::string::npos) << shared.reasons[1];
+}
+
 TEST(PoolPlanTest, PinsWhenThePoolFits) {
   // 8 GPUs x prefetch 2 x 38.5 MB batches on a 24 GiB host with 20 GiB available.
   const auto p = plan_pool(fixture("v1-host"), request(8, batch_bytes_from_shape("256x3x224x224:u8"), 2, PinMethod::mlock));

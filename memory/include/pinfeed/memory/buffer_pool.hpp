@@ -111,6 +111,15 @@ struct PoolStats {
   PressureLevel level = PressureLevel::normal;
 };
 
+/// Every live BufferPool of this process added up: what the process holds
+/// pinned and pageable for batches (every loader, training and validation,
+/// every worker). Compare with VmLck in /proc/self/status. Thread-safe.
+struct ProcessPoolStats {
+  std::size_t pools = 0, slots = 0, pinned_slots = 0;
+  std::uint64_t pinned_bytes = 0, pageable_bytes = 0;
+};
+ProcessPoolStats process_pool_stats();
+
 class BufferPool {
  public:
   struct Config {

@@ -20,6 +20,7 @@ struct DiagnosticsRequest {
   std::uint64_t batch_bytes = 0;       ///< one batch in host memory; or:
   std::string batch_shape;             ///< "256x3x224x224:u8" (no plan when both are empty)
   unsigned prefetch = 2;               ///< batches in flight per GPU
+  unsigned local_ranks = 0;            ///< processes on this host sharing its memory; 0: from the launcher's variables
   double fraction = 0.5;               ///< share of the really available memory pinning may take
   std::uint64_t reserve_bytes = 0;     ///< kept free before the fraction applies
   std::string pin_method = "auto";     ///< auto, mlock, cuda

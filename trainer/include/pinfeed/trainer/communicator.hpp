@@ -17,13 +17,14 @@
 // reported as a CommError naming the ranks that did not arrive, and the
 // group is aborted, so no rank hangs forever.
 #include <chrono>
-#include <functional>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/launch_env.hpp"
 #include "pinfeed/trainer/device_backend.hpp"
 
 namespace pinfeed::trainer {
@@ -77,18 +78,9 @@ class Communicator {
 std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<CpuBackend*>& backends,
                                                              CommConfig config = {});
 
-/// Where this process sits in a multi-process launch.
-struct LaunchEnv {
-  int rank = 0, world_size = 1;        ///< processes
-  int local_rank = 0, local_size = 1;  ///< processes on this machine (device selection)
-  std::string launcher = "single";     ///< "single", "mpi" (OMPI_/PMI_ variables), "torchrun" (RANK, WORLD_SIZE, LOCAL_RANK)
-};
-
-/// Reads the launcher's variables once (OpenMPI's OMPI_COMM_WORLD_*, then
-/// PMI_*, then torchrun's RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE).
-/// `getenv` is injectable for tests. Throws ConfigError on malformed values.
-LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv);
-LaunchEnv read_launch_env();
+// Where this process sits in a launch: one reader for the whole project.
+using pinfeed::LaunchEnv;
+using pinfeed::read_launch_env;
 
 /// True when pinfeed was built with MPI.
 bool mpi_compiled() noexcept;

@@ -4,9 +4,10 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "pinfeed/trainer/communicator.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/launch_env.hpp"
 
-namespace pinfeed::trainer {
+namespace pinfeed {
 namespace {
 
 int parse_int(const char* name, const char* text) {
@@ -29,6 +30,7 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv)
       {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
       {"mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
       {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
   };
   LaunchEnv env;
   for (const Names& n : kLaunchers) {
@@ -40,6 +42,14 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv)
     env.world_size = parse_int(n.size, size);
     const char* lr = getenv(n.local_rank);
     const char* ls = getenv(n.local_size);
+    // SLURM_NTASKS_PER_NODE may read "4(x2)" for a uniform layout: the count
+    // before the parenthesis is the one for this node.
+    std::string local_size_text;
+    if (ls != nullptr) {
+      local_size_text = ls;
+      if (const auto paren = local_size_text.find('('); paren != std::string::npos) local_size_text.resize(paren);
+      ls = local_size_text.c_str();
+    }
     env.local_rank = lr != nullptr ? parse_int(n.local_rank, lr) : env.rank;
     env.local_size = ls != nullptr ? parse_int(n.local_size, ls) : env.world_size;
     if (env.world_size < 1 || env.rank >= env.world_size) {
@@ -57,4 +67,4 @@ LaunchEnv read_launch_env() {
   return read_launch_env([](const char* name) -> const char* { return std::getenv(name); });
 }
 
-}  // namespace pinfeed::trainer
+}  // namespace pinfeed

@@ -1,0 +1,50 @@
+#pragma once
+// Opening and reading files that someone else made, safely: only regular
+// files are opened (a FIFO or a device named like an image would block
+// open() or read() forever, or never end), and the check itself never
+// blocks. Every failure is a DataError naming the file and the reason.
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace pinfeed {
+
+/// What kind of file `mode` (st_mode) is, in words: "a FIFO", "a directory".
+std::string_view file_kind(unsigned mode) noexcept;
+
+/// A read-only descriptor of a regular file, closed on scope exit.
+///
+/// Opens with O_NONBLOCK (so a FIFO does not wait for a writer), checks with
+/// fstat that it is a regular file, then clears O_NONBLOCK. Throws
+/// DataError(path, "cannot open <what>: ...") when it cannot be opened and
+/// DataError(path, "is a FIFO, not a regular file") and the like otherwise.
+class RegularFile {
+ public:
+  RegularFile(const std::filesystem::path& path, std::string_view what);
+  ~RegularFile();
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  RegularFile(RegularFile&& other) noexcept;
+  RegularFile& operator=(RegularFile&&) = delete;
+
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// Size from fstat at open time.
+  [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
+  /// Gives the descriptor up: the caller closes it.
+  [[nodiscard]] int release() noexcept;
+
+ private:
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+/// The whole text of a regular file, read until end of file (procfs files
+/// report size 0), refusing more than `max_bytes`: DataError "is over N
+/// bytes". std::nullopt when the file does not exist or cannot be opened
+/// (permissions); DataError when it exists but is not a regular file.
+std::optional<std::string> read_text_file(const std::filesystem::path& path, std::size_t max_bytes);
+
+}  // namespace pinfeed
