@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtbb-dev            # oneTBB: flow graph, task arena
   libturbojpeg0-dev libjpeg62-turbo-dev  # libjpeg-turbo: TurboJPEG and the libjpeg API (crop, skip)
+  libspng-dev libwebp-dev  # PNG (libspng: limits on size and chunks) and WebP images
   libyuv-dev            # scaling (box filter when downscaling)
   libhwloc-dev          # NUMA topology, memory binding
   libgtest-dev libgmock-dev libbenchmark-dev

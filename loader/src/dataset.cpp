@@ -10,12 +10,13 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
+#include <sstream>
 #include <map>
 #include <optional>
 #include <set>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/file_io.hpp"
 
 namespace fs = std::filesystem;
 
@@ -28,36 +29,26 @@ std::string lower(std::string s) {
   return s;
 }
 
-bool is_image_name(const fs::path& p) {
-  static const std::set<std::string> kExt{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
-  return kExt.contains(lower(p.extension().string()));
+/// Member extensions (lower case, no dot) TarShards takes as the image.
+bool is_image_extension(const std::string& ext) { return ext == "jpg" || ext == "jpeg" || ext == "png" || ext == "webp"; }
+
+/// torchvision's IMG_EXTENSIONS: a file with one of these is an image of
+/// the dataset. JPEG, PNG and WebP are decoded; the others are refused
+/// when the dataset is opened, never replaced sample by sample.
+enum class NameKind { other, decodable, undecodable };
+NameKind image_name_kind(const fs::path& p) {
+  static const std::set<std::string> kDecodable{".jpg", ".jpeg", ".png", ".webp"};
+  static const std::set<std::string> kOther{".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".gif"};
+  const std::string ext = lower(p.extension().string());
+  if (kDecodable.contains(ext)) return NameKind::decodable;
+  return kOther.contains(ext) ? NameKind::undecodable : NameKind::other;
 }
 
-/// A read-only descriptor closed on scope exit; opening failures are a
-/// DataError naming the file and `what` it is.
-class ReadOnlyFile {
- public:
-  ReadOnlyFile(const fs::path& path, std::string_view what) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    if (fd_ < 0) throw DataError(path, fmt::format("cannot open {}: {}", what, std::strerror(errno)));
-  }
-  ~ReadOnlyFile() { ::close(fd_); }
-  ReadOnlyFile(const ReadOnlyFile&) = delete;
-  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
-  [[nodiscard]] int fd() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
-
-/// Reads a whole file, refusing directories and absurd sizes.
+/// Reads a whole file, refusing anything but regular files and absurd sizes.
 void read_whole_file(const fs::path& path, std::vector<std::byte>& out) {
-  const ReadOnlyFile file(path, "file");
+  const RegularFile file(path, "an image file");
   const int fd = file.fd();
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw DataError(path, fmt::format("cannot stat: {}", std::strerror(errno)));
-  if (S_ISDIR(st.st_mode)) throw DataError(path, "is a directory, not an image file");
-  if (!S_ISREG(st.st_mode)) throw DataError(path, "is not a regular file");
-  const auto size = static_cast<std::uint64_t>(st.st_size);
+  const std::uint64_t size = file.size();
   if (size > kMaxSampleBytes) {
     throw DataError(path, fmt::format("is {} bytes, over the {} byte limit for one sample", size, kMaxSampleBytes));
   }
@@ -81,11 +72,28 @@ std::optional<std::int64_t> parse_label(std::string_view s) {
   return v;
 }
 
+/// The label's class count must stay under the limit: the model's output
+/// layer and every buffer sized by it follow from the largest label.
+void check_label(std::int64_t label, std::size_t max_classes, const fs::path& file, const std::string& where) {
+  if (static_cast<std::uint64_t>(label) >= max_classes) {
+    throw DataError(file, fmt::format("{}: label {} means at least {} classes, over the limit of {} (raise max_classes "
+                                      "/ --max-classes if the dataset really has that many)",
+                                      where, label, static_cast<std::uint64_t>(label) + 1, max_classes));
+  }
+}
+
 }  // namespace
+
+void check_max_classes(std::size_t max_classes) {
+  if (max_classes == 0 || max_classes > kMaxClassesCeiling) {
+    throw ConfigError(fmt::format("max_classes must be 1..{}, got {}", kMaxClassesCeiling, max_classes));
+  }
+}
 
 // ---------------------------------------------------------------- ImageFolder
 
-ImageFolder::ImageFolder(fs::path root) : root_(std::move(root)) {
+ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::move(root)) {
+  check_max_classes(max_classes);
   std::error_code ec;
   if (!fs::exists(root_, ec)) throw DataError(root_, "dataset folder does not exist");
   if (!fs::is_directory(root_, ec)) throw DataError(root_, "is not a folder (expected one sub-folder per class)");
@@ -94,12 +102,32 @@ ImageFolder::ImageFolder(fs::path root) : root_(std::move(root)) {
   }
   if (ec) throw DataError(root_, fmt::format("cannot list: {}", ec.message()));
   if (classes_.empty()) throw DataError(root_, "has no class sub-folders");
+  if (classes_.size() > max_classes) {
+    throw DataError(root_, fmt::format("has {} class folders, over the limit of {} (max_classes / --max-classes)",
+                                       classes_.size(), max_classes));
+  }
   std::sort(classes_.begin(), classes_.end());
   for (std::size_t c = 0; c < classes_.size(); ++c) {
     std::vector<fs::path> files;
     const auto opts = fs::directory_options::follow_directory_symlink;
     for (fs::recursive_directory_iterator it(root_ / classes_[c], opts, ec), end; !ec && it != end; it.increment(ec)) {
-      if (!it->is_directory() && is_image_name(it->path())) files.push_back(it->path());
+      if (it->is_directory(ec)) continue;
+      const NameKind kind = image_name_kind(it->path());
+      if (kind == NameKind::other) continue;
+      if (kind == NameKind::undecodable) {
+        throw DataError(it->path(), fmt::format("is a {} image: pinfeed decodes JPEG, PNG and WebP; convert it or move it "
+                                                "out of the dataset",
+                                                lower(it->path().extension().string()).substr(1)));
+      }
+      // A FIFO or device named like an image would block or never end when
+      // read: refuse the dataset now, naming it, rather than hang later.
+      if (!it->is_regular_file(ec)) {
+        struct stat st {};
+        const bool seen = ::stat(it->path().c_str(), &st) == 0;
+        throw DataError(it->path(), seen ? fmt::format("is {}, not a regular image file", file_kind(st.st_mode))
+                                         : fmt::format("cannot stat: {}", std::strerror(errno)));
+      }
+      files.push_back(it->path());
     }
     if (ec) throw DataError(root_ / classes_[c], fmt::format("cannot list: {}", ec.message()));
     std::sort(files.begin(), files.end());
@@ -119,9 +147,23 @@ std::string ImageFolder::summary() const {
 
 // ---------------------------------------------------------------- FileList
 
-FileList::FileList(const fs::path& list, fs::path root) : list_(list) {
-  std::ifstream in(list);
-  if (!in) throw DataError(list, fmt::format("cannot open file list: {}", std::strerror(errno)));
+FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes) : list_(list) {
+  check_max_classes(max_classes);
+  const RegularFile file(list, "a file list");
+  if (file.size() > kMaxFileListBytes) {
+    throw DataError(list, fmt::format("file list of {} bytes is over the {} byte limit", file.size(), kMaxFileListBytes));
+  }
+  std::string text(file.size(), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(file.fd(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw DataError(list, fmt::format("read failed: {}", std::strerror(errno)));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  text.resize(got);
+  std::istringstream in(std::move(text));
   std::string line;
   std::size_t lineno = 0;
   std::int64_t max_label = -1;
@@ -140,6 +182,7 @@ FileList::FileList(const fs::path& list, fs::path root) : list_(list) {
       throw DataError(list, fmt::format("line {}: label '{}' is not a non-negative whole number", lineno,
                                         body.substr(sep + 1)));
     }
+    check_label(*label, max_classes, list, fmt::format("line {}", lineno));
     std::string rel = body.substr(0, body.find_last_not_of(" \t", sep) + 1);
     files_.push_back(root / rel);
     labels_.push_back(*label);
@@ -161,12 +204,28 @@ namespace {
 
 constexpr std::size_t kBlock = 512;
 
+/// A numeric header field: octal text, or GNU base-256 (first byte's top bit
+/// set) for large values. Sets *ok = false on anything malformed: stray
+/// characters, a negative base-256 value, or a value over 2^63 (no file is
+/// that large, and sums with it must not wrap).
 std::uint64_t tar_number(const char* field, std::size_t len, bool* ok) {
+  constexpr std::uint64_t kMax = std::uint64_t{1} << 63U;
   const auto* u = reinterpret_cast<const unsigned char*>(field);
   if ((u[0] & 0x80U) != 0) {  // GNU base-256 for large sizes
-    std::uint64_t v = u[0] & 0x7fU;
-    for (std::size_t i = 1; i < len; ++i) v = (v << 8U) | u[i];
-    return v;
+    if ((u[0] & 0x40U) != 0) {  // negative
+      *ok = false;
+      return 0;
+    }
+    std::uint64_t v = u[0] & 0x3fU;
+    for (std::size_t i = 1; i < len; ++i) {
+      if (v > (kMax >> 8U)) {
+        *ok = false;
+        return 0;
+      }
+      v = (v << 8U) | u[i];
+    }
+    if (v > kMax) *ok = false;
+    return *ok ? v : 0;
   }
   std::uint64_t v = 0;
   std::size_t i = 0;
@@ -175,7 +234,7 @@ std::uint64_t tar_number(const char* field, std::size_t len, bool* ok) {
   for (; i < len; ++i) {
     if (field[i] != ' ' && field[i] != '\0') *ok = false;
   }
-  return v;
+  return v;  // at most 11 octal digits in a 12-byte field: cannot overflow
 }
 
 std::string field_string(const char* f, std::size_t len) { return std::string(f, strnlen(f, len)); }
@@ -191,29 +250,37 @@ void pread_exact(int fd, void* buf, std::size_t n, std::uint64_t off, const fs::
   }
 }
 
-std::vector<TarShards::Member> scan_fd(int fd, const fs::path& path) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw DataError(path, fmt::format("cannot stat: {}", std::strerror(errno)));
-  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs::path& path) {
   std::vector<TarShards::Member> members;
   std::array<char, kBlock> h{};
   std::uint64_t off = 0;
   std::string long_name;  // from a GNU 'L' or pax 'x' record, for the next member
-  while (off + kBlock <= file_size) {
+  std::string last = "(none)";  // the last member's name, for messages
+  bool ended = false;
+  if (file_size == 0) throw DataError(path, "is empty (0 bytes), not a tar archive");
+  // Every step below moves `off` forward by at least one block, and every
+  // size is compared with what is left of the file before any sum: a crafted
+  // header can neither loop the index nor make it allocate.
+  while (file_size - off >= kBlock) {
     pread_exact(fd, h.data(), kBlock, off, path, "tar header");
-    if (std::all_of(h.begin(), h.end(), [](char c) { return c == 0; })) break;  // end of archive
+    if (std::all_of(h.begin(), h.end(), [](char c) { return c == 0; })) {
+      ended = true;  // end of archive
+      break;
+    }
+    const std::string name_here = long_name.empty() ? field_string(&h[0], 100) : long_name;
     bool ok = true;
     const std::uint64_t size = tar_number(&h[124], 12, &ok);
     const std::uint64_t stored = tar_number(&h[148], 8, &ok);
     std::uint64_t sum = 0;
     for (std::size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? std::uint64_t{' '} : std::uint64_t{static_cast<unsigned char>(h[i])};
-    if (!ok || sum != stored) throw DataError(path, fmt::format("bad tar header at byte {} (checksum or size field)", off));
+    if (!ok || sum != stored) {
+      throw DataError(path, fmt::format("bad tar header at byte {} (member '{}'; checksum or size field)", off, name_here));
+    }
     const char type = h[156];
-    const std::uint64_t data = off + kBlock;
-    if (data + size > file_size) {
-      throw DataError(path, fmt::format("member '{}' is cut short: {} bytes declared, {} present",
-                                        long_name.empty() ? field_string(&h[0], 100) : long_name, size,
-                                        file_size - std::min(file_size, data)));
+    const std::uint64_t data = off + kBlock;  // <= file_size: a whole block was read at off
+    const std::uint64_t left = file_size - data;
+    if (size > left) {
+      throw DataError(path, fmt::format("member '{}' is cut short: {} bytes declared, {} present", name_here, size, left));
     }
     if (type == 'L' || type == 'x') {
       if (size > (1U << 20U)) throw DataError(path, fmt::format("long-name record of {} bytes at byte {}", size, off));
@@ -225,7 +292,7 @@ std::vector<TarShards::Member> scan_fd(int fd, const fs::path& path) {
         std::size_t p = 0;
         while (p < rec.size()) {
           const auto sp = rec.find(' ', p), nl = rec.find('\n', p);
-          if (sp == std::string::npos || nl == std::string::npos) break;
+          if (sp == std::string::npos || nl == std::string::npos || nl < sp) break;
           const std::string kv = rec.substr(sp + 1, nl - sp - 1);
           if (kv.rfind("path=", 0) == 0) long_name = kv.substr(5);
           p = nl + 1;
@@ -238,12 +305,20 @@ std::vector<TarShards::Member> scan_fd(int fd, const fs::path& path) {
         const std::string prefix = field_string(&h[345], 155);
         if (std::memcmp(&h[257], "ustar", 5) == 0 && !prefix.empty()) name = prefix + "/" + name;
       }
+      last = name;
       members.push_back(TarShards::Member{std::move(name), data, size});
       long_name.clear();
     } else {
       long_name.clear();  // directories, links, global pax headers: skipped
     }
-    off = data + (size + kBlock - 1) / kBlock * kBlock;
+    // size <= left, so the padded size cannot wrap; the step is >= one block.
+    const std::uint64_t padded = size + (kBlock - size % kBlock) % kBlock;
+    off = data + std::min(padded, left);
+  }
+  if (!ended) {
+    throw DataError(path, fmt::format("has no end-of-archive blocks: it ends after member '{}' ({} members), so it "
+                                      "was cut short or is still being written",
+                                      last, members.size()));
   }
   return members;
 }
@@ -251,31 +326,34 @@ std::vector<TarShards::Member> scan_fd(int fd, const fs::path& path) {
 }  // namespace
 
 std::vector<TarShards::Member> TarShards::scan(const fs::path& tar) {
-  const ReadOnlyFile file(tar, "shard");
-  return scan_fd(file.fd(), tar);
+  const RegularFile file(tar, "a tar shard");
+  return scan_fd(file.fd(), file.size(), tar);
 }
 
-TarShards::TarShards(std::vector<fs::path> shards) : shards_(std::move(shards)) {
+TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : shards_(std::move(shards)) {
+  check_max_classes(max_classes);
   if (shards_.empty()) throw ConfigError("tar shards: no shard given");
   std::int64_t max_label = -1;
   try {
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       const fs::path& path = shards_[s];
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw DataError(path, fmt::format("cannot open shard: {}", std::strerror(errno)));
+      RegularFile file(path, "a tar shard");
+      const std::uint64_t file_size = file.size();
+      const int fd = file.release();
       fds_.push_back(fd);
       // key -> (image member, label); WebDataset keys are the name up to the
       // first dot of the base name.
       std::map<std::string, std::pair<std::optional<Member>, std::optional<std::int64_t>>> by_key;
       std::vector<std::string> order;
-      for (Member& m : scan_fd(fd, path)) {
+      for (Member& m : scan_fd(fd, file_size, path)) {
         const auto slash = m.name.rfind('/');
         const auto dot = m.name.find('.', slash == std::string::npos ? 0 : slash + 1);
         if (dot == std::string::npos) continue;
         const std::string key = m.name.substr(0, dot), ext = lower(m.name.substr(dot + 1));
         auto& entry = by_key[key];
         if (!entry.first && !entry.second) order.push_back(key);
-        if (ext == "jpg" || ext == "jpeg") {
+        if (is_image_extension(ext)) {
+          if (entry.first) throw DataError(path, fmt::format("{}: a second image for key '{}' ({})", m.name, key, entry.first->name));
           entry.first = m;
         } else if (ext == "cls") {
           if (m.size > 64) throw DataError(path, fmt::format("{}: label member of {} bytes", m.name, m.size));
@@ -283,6 +361,7 @@ TarShards::TarShards(std::vector<fs::path> shards) : shards_(std::move(shards)) 
           pread_exact(fd, text.data(), m.size, m.offset, path, m.name.c_str());
           const auto label = parse_label(text);
           if (!label) throw DataError(path, fmt::format("{}: label '{}' is not a non-negative whole number", m.name, text));
+          check_label(*label, max_classes, path, m.name);
           entry.second = *label;
         }
       }
@@ -363,15 +442,16 @@ std::vector<fs::path> expand_shard_pattern(const std::string& pattern) {
   return out;
 }
 
-std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& root) {
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& root, std::size_t max_classes) {
   std::error_code ec;
   if (spec.empty()) throw ConfigError("dataset: no path given");
-  if (fs::is_directory(spec, ec)) return std::make_unique<ImageFolder>(spec);
+  if (fs::is_directory(spec, ec)) return std::make_unique<ImageFolder>(spec, max_classes);
+  check_max_classes(max_classes);
   const bool tar = spec.find('{') != std::string::npos || spec.find(',') != std::string::npos ||
                    lower(fs::path(spec).extension().string()) == ".tar";
-  if (tar) return std::make_unique<TarShards>(expand_shard_pattern(spec));
+  if (tar) return std::make_unique<TarShards>(expand_shard_pattern(spec), max_classes);
   if (!fs::exists(spec, ec)) throw DataError(spec, "dataset path does not exist");
-  return std::make_unique<FileList>(spec, root.empty() ? fs::path(spec).parent_path() : root);
+  return std::make_unique<FileList>(spec, root.empty() ? fs::path(spec).parent_path() : root, max_classes);
 }
 
 }  // namespace pinfeed::loader

@@ -11,11 +11,14 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stop_token>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/launch_env.hpp"
+#include "pinfeed/memory/pool_plan.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/sample_stage.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
@@ -35,12 +38,19 @@ BadSamplePolicy parse_bad_sample_policy(std::string_view text) {
 void LoaderConfig::validate() const {
   if (dataset.empty()) throw ConfigError("loader dataset: no path given");
   if (batch_size == 0 || batch_size > 65536) throw ConfigError(fmt::format("loader batch_size must be 1..65536, got {}", batch_size));
-  if (prefetch == 0 || prefetch > 256) throw ConfigError(fmt::format("loader prefetch must be 1..256, got {}", prefetch));
+  if (prefetch == 0 || prefetch > kMaxPrefetch) {
+    throw ConfigError(fmt::format("loader prefetch must be 1..{}, got {}", kMaxPrefetch, prefetch));
+  }
   if (threads > 1024) throw ConfigError(fmt::format("loader threads must be 0..1024, got {}", threads));
   if (!(pinned_fraction > 0 && pinned_fraction <= 1)) {
     throw ConfigError(fmt::format("loader pinned_fraction must be in (0, 1], got {}", pinned_fraction));
   }
   if (max_image_pixels == 0) throw ConfigError("loader max_image_pixels must be > 0");
+  if (!(max_replaced_share >= 0 && max_replaced_share <= 1)) {
+    throw ConfigError(fmt::format("loader max_replaced_share must be in [0, 1], got {}", max_replaced_share));
+  }
+  check_max_classes(max_classes);
+  if (local_ranks > 4096) throw ConfigError(fmt::format("loader local_ranks must be 0..4096, got {}", local_ranks));
   transform.validate();
   const std::uint64_t slot = static_cast<std::uint64_t>(batch_size) * transform.sample_bytes();
   if (slot > memory::kMaxRegistrationBytes) {
@@ -108,6 +118,11 @@ struct EpochRun {
   std::atomic<std::size_t> in_flight{0};
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
+  // Bad samples, for the replacement budget and the class check.
+  std::atomic<std::uint32_t>* class_good = nullptr;  // per label: samples decoded (the Loader's, reset per run)
+  std::mutex bad_mutex;                               // guards bad_classes
+  std::map<std::int64_t, std::pair<std::uint64_t, std::string>> bad_classes;  // label -> (count, a file and its reason)
+
   EpochRun(const Dataset& d, const LoaderConfig& c) : dataset(&d), stage(d, c.transform, c.seed), config(c) {}
 
   void fail(std::exception_ptr e) {
@@ -150,9 +165,11 @@ struct EpochRun {
       input_bytes += s.bytes.size();
       b.indices[i] = index;
       b.labels[i] = dataset->label(index);
+      class_good[b.labels[i]].fetch_add(1, std::memory_order_relaxed);
       return;
     } catch (const DataError& e) {
       if (config.on_bad_sample == BadSamplePolicy::fail) throw;
+      note_bad(index, e);
       // A deterministic substitute from this rank's own shard: the choice
       // depends on (seed, epoch, position) and on which files are bad only.
       SampleRng pick(config.seed ^ 0x7265706c61636521ULL, epoch, pos);
@@ -166,8 +183,10 @@ struct EpochRun {
         input_bytes += s.bytes.size();
         b.indices[i] = sub;
         b.labels[i] = dataset->label(sub);
+        class_good[b.labels[i]].fetch_add(1, std::memory_order_relaxed);
         ++b.replaced;
         const std::uint64_t n = ++replaced;
+        check_budget(n, e);
         if (n <= 20 || n % 1000 == 0) {
           pinfeed::detail::log().warn("replaced bad sample {} ({}) with {} [{} replaced this epoch]", e.path().string(),
                                       e.reason(), dataset->describe(sub), n);
@@ -175,6 +194,56 @@ struct EpochRun {
         return;
       }
       throw DataError(e.path(), fmt::format("{}; and {} substitutes also failed", e.reason(), config.max_replacements));
+    }
+  }
+
+  void note_bad(std::size_t index, const DataError& e) {
+    const std::scoped_lock lock(bad_mutex);
+    auto& [count, example] = bad_classes[dataset->label(index)];
+    if (count++ == 0) example = fmt::format("{}: {}", e.path().string(), e.reason());
+  }
+
+  /// Which classes the bad samples came from, in words (the first few).
+  std::string bad_classes_text() {
+    const std::scoped_lock lock(bad_mutex);
+    std::string text = fmt::format("{} class(es) affected:", bad_classes.size());
+    std::size_t shown = 0;
+    for (const auto& [label, bad] : bad_classes) {
+      if (shown++ == 5) {
+        text += " ...";
+        break;
+      }
+      text += fmt::format(" class {} ({} bad, e.g. {}){}", label, bad.first, bad.second,
+                          shown < std::min<std::size_t>(bad_classes.size(), 5) ? ";" : "");
+    }
+    return text;
+  }
+
+  // Note [Replacement budget]: replacing a few corrupt files keeps every
+  // rank's batches full; replacing many hides a systematic problem (a
+  // format we cannot read, a broken mount) behind other classes' samples.
+  // Past max_replaced_share of this rank's epoch the epoch fails, with the
+  // counts; a class with bad samples and none decoded fails it at its end.
+  void check_budget(std::uint64_t replaced_now, const DataError& last) {
+    const auto limit = static_cast<std::uint64_t>(config.max_replaced_share * static_cast<double>(order.size()));
+    if (replaced_now <= limit) return;
+    throw DataError(last.path(), fmt::format("{} bad samples replaced this epoch, over the budget of {} ({:g}% of this "
+                                             "rank's {} samples, max_replaced_share): this is a systematic problem, not "
+                                             "a few corrupt files. {}. Last: {}",
+                                             replaced_now, limit, config.max_replaced_share * 100, order.size(),
+                                             bad_classes_text(), last.reason()));
+  }
+
+  /// At the end of a run: a class whose every sample in it was bad.
+  void check_classes() {
+    const std::scoped_lock lock(bad_mutex);
+    for (const auto& [label, bad] : bad_classes) {
+      if (class_good[label].load(std::memory_order_relaxed) != 0) continue;
+      const auto colon = bad.second.find(": ");
+      throw DataError(bad.second.substr(0, colon),
+                      fmt::format("class {}: none of its {} sample(s) in this rank's epoch could be decoded (e.g. {}); "
+                                  "they were all replaced by other classes' samples (Note [Replacement budget])",
+                                  label, bad.first, colon == std::string::npos ? bad.second : bad.second.substr(colon + 2)));
     }
   }
 
@@ -370,12 +439,13 @@ SamplerConfig sampler_config(const LoaderConfig& c, std::size_t n) {
 
 Loader::Loader(LoaderConfig config)
     : config_((config.validate(), std::move(config))),
-      dataset_(open_dataset(config_.dataset, config_.list_root)),
+      dataset_(open_dataset(config_.dataset, config_.list_root, config_.max_classes)),
       sampler_(sampler_config(config_, dataset_->size())),
       pinned_(memory::PinnedResource::Config{config_.pin_method, std::nullopt}) {
   const unsigned threads =
       config_.threads != 0 ? config_.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
-  engine_ = std::make_unique<Engine>(threads);
+  const unsigned local_ranks =
+      config_.local_ranks != 0 ? config_.local_ranks : static_cast<unsigned>(std::max(1, read_launch_env().local_size));
 
   memory::BufferPool::Config pc;
   pc.slots = config_.prefetch;
@@ -385,19 +455,55 @@ Loader::Loader(LoaderConfig config)
   pc.slab_bytes = pc.slot_bytes;
   pc.pin = config_.pin;
   const auto snapshot = memory::MemorySnapshot::read(config_.watch_pressure ? config_.pressure.root : "/");
+  // Pinned or pageable, a pool larger than the host's memory is refused
+  // before a byte is mapped (Note [Pool fit] in pool_plan.hpp).
+  const memory::PoolFit fit = memory::check_pool_fit(snapshot, pc.slots, pc.slot_bytes, local_ranks);
+  if (!fit.fits) throw ConfigError(fmt::format("loader: {}", fit.explain("prefetch", "batch_size")));
   const auto budget = memory::PinnedBudget::compute(
-      snapshot, memory::BudgetPolicy{config_.pinned_fraction, pinned_.method(), 0},
+      snapshot, memory::BudgetPolicy{config_.pinned_fraction, pinned_.method(), 0, local_ranks},
       static_cast<std::uint64_t>(pc.slots) * round_up_to_page(pc.slot_bytes));
   pc.pinned_budget_bytes = budget.bytes;
+  pin_report_.slots = pc.slots;
+  pin_report_.slot_bytes = pc.slot_bytes;
+  pin_report_.budget_bytes = budget.bytes;
+  pin_report_.limiting = budget.limiting;
+  pin_report_.local_ranks = local_ranks;
+  if (config_.pin) {
+    const std::uint64_t fit_slots = budget.bytes / round_up_to_page(pc.slot_bytes);
+    if (fit_slots < pc.slots) {
+      pin_report_.reason = fmt::format("{} of {} slots of {} fit the pinned budget of {}, limited by {}{}", fit_slots,
+                                       pc.slots, format_bytes(round_up_to_page(pc.slot_bytes)), format_bytes(budget.bytes),
+                                       budget.limiting,
+                                       local_ranks > 1 ? fmt::format(" (shared by {} local ranks)", local_ranks) : "");
+    }
+  } else {
+    pin_report_.reason = "pinning is off (pin = false)";
+  }
+  if (config_.require_pinned && !pin_report_.reason.empty()) {
+    throw ConfigError(fmt::format("loader: pinned memory was required but {}", pin_report_.reason));
+  }
+
+  engine_ = std::make_unique<Engine>(threads);
+  class_good_ = std::make_unique<std::atomic<std::uint32_t>[]>(std::max<std::size_t>(1, dataset_->num_classes()));
   if (config_.watch_pressure) monitor_ = std::make_unique<memory::PressureMonitor>(config_.pressure);
   pool_ = std::make_unique<memory::BufferPool>(pc, pinned_, pageable_);
   if (monitor_) {
     pool_->follow(*monitor_);
     monitor_->start();
   }
-  pinfeed::detail::log().info("loader: {}; {} samples per rank per epoch; pool {} x {} ({} pinned, budget limited by {})",
+  pin_report_.pinned_slots = pool_->stats().pinned_slots;
+  if (config_.pin && pin_report_.pinned_slots < pc.slots && pin_report_.reason.empty()) {
+    pin_report_.reason = fmt::format("only {} of {} slots could be pinned (see the pool's log)", pin_report_.pinned_slots,
+                                     pc.slots);
+  }
+  if (config_.require_pinned && pin_report_.pinned_slots < pc.slots) {
+    throw ConfigError(fmt::format("loader: pinned memory was required but {}", pin_report_.reason));
+  }
+  pinfeed::detail::log().info("loader: {}; {} samples per rank per epoch; pool {} x {} ({} pinned, budget {} limited by "
+                              "{}{})",
                               dataset_->summary(), sampler_.num_samples(), pc.slots, format_bytes(pc.slot_bytes),
-                              pool_->stats().pinned_slots, budget.limiting);
+                              pin_report_.pinned_slots, format_bytes(budget.bytes), budget.limiting,
+                              local_ranks > 1 ? fmt::format(", split across {} local ranks", local_ranks) : "");
 }
 
 Loader::~Loader() {
@@ -430,6 +536,8 @@ void Loader::start(std::uint64_t epoch, std::size_t position) {
   run->pool = pool_.get();
   run->arena = &engine_->arena;
   run->scratch = &engine_->scratch;
+  run->class_good = class_good_.get();
+  for (std::size_t c = 0; c < std::max<std::size_t>(1, dataset_->num_classes()); ++c) class_good_[c].store(0);
   run->epoch = epoch;
   run->order = sampler_.indices(epoch);
   run->start = position;
@@ -456,6 +564,14 @@ void Loader::stop() noexcept {
   undelivered.clear();  // their slots go back to the pool
 }
 
+bool Loader::wait_ready(std::chrono::milliseconds timeout) {
+  if (!run_) return true;  // next() throws at once
+  detail::EpochRun& run = *run_;
+  std::unique_lock lock(run.mutex);
+  return run.cv.wait_for(lock, timeout,
+                         [&] { return run.error || !run.ready.empty() || run.delivered >= run.num_batches; });
+}
+
 std::optional<Batch> Loader::next() {
   if (!run_) throw ConfigError("loader: next() before begin_epoch() or restore()");
   detail::EpochRun& run = *run_;
@@ -464,7 +580,11 @@ std::optional<Batch> Loader::next() {
     std::unique_lock lock(run.mutex);
     run.cv.wait(lock, [&] { return run.error || !run.ready.empty() || run.delivered >= run.num_batches; });
     if (run.error) std::rethrow_exception(run.error);
-    if (run.ready.empty()) return std::nullopt;  // the epoch is complete
+    if (run.ready.empty()) {  // the epoch is complete
+      lock.unlock();
+      run.check_classes();
+      return std::nullopt;
+    }
     b = std::move(run.ready.front());
     run.ready.pop_front();
     if (b->skipped) return std::nullopt;

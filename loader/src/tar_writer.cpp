@@ -13,18 +13,24 @@ namespace {
 constexpr std::size_t kBlock = 512;
 }
 
-TarWriter::TarWriter(std::filesystem::path path) : path_(std::move(path)), out_(path_, std::ios::binary | std::ios::trunc) {
+// The shard is written under a temporary name and renamed by finish(): a
+// pack that fails half way leaves no shard that looks complete.
+TarWriter::TarWriter(std::filesystem::path path)
+    : path_(std::move(path)),
+      partial_(path_.string() + ".partial"),
+      out_(partial_, std::ios::binary | std::ios::trunc) {
   if (!out_) throw DataError(path_, "cannot create tar shard");
 }
 
 TarWriter::~TarWriter() {
-  try {
-    if (!finished_) finish();
-  } catch (...) {
-  }
+  if (finished_) return;
+  out_.close();
+  std::error_code ec;
+  std::filesystem::remove(partial_, ec);  // abandoned: never leave half a shard behind
 }
 
 void TarWriter::write(const void* data, std::size_t n) {
+  if (finished_) throw Error(fmt::format("{}: tar shard written after finish()", path_.string()));
   out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
   if (!out_) throw DataError(path_, "write failed (disk full?)");
   written_ += n;
@@ -65,11 +71,14 @@ void TarWriter::add(const std::string& name, std::span<const std::byte> data) {
 
 void TarWriter::finish() {
   if (finished_) return;
-  finished_ = true;
   const std::array<char, 2 * kBlock> zero{};
   write(zero.data(), zero.size());
+  finished_ = true;
   out_.close();
-  if (!out_) throw DataError(path_, "closing the shard failed");
+  if (!out_) throw DataError(path_, "closing the shard failed (disk full?)");
+  std::error_code ec;
+  std::filesystem::rename(partial_, path_, ec);
+  if (ec) throw DataError(path_, fmt::format("cannot rename {} to it: {}", partial_.string(), ec.message()));
 }
 
 }  // namespace pinfeed::loader

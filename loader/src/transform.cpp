@@ -44,7 +44,9 @@ std::string_view to_string(CropMode m) noexcept {
 std::string_view to_string(Layout l) noexcept { return l == Layout::nhwc_u8 ? "nhwc-u8" : "nchw-f32"; }
 
 void TransformConfig::validate() const {
-  if (size < 8 || size > 4096) throw ConfigError(fmt::format("transform size must be 8..4096, got {}", size));
+  if (size < kMinImageSize || size > kMaxImageSize) {
+    throw ConfigError(fmt::format("transform size must be {}..{}, got {}", kMinImageSize, kMaxImageSize, size));
+  }
   if (crop == CropMode::center && (resize < size || resize > 8192)) {
     throw ConfigError(fmt::format("transform resize must be size..8192 ({}..8192), got {}", size, resize));
   }

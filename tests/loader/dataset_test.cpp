@@ -1,11 +1,20 @@
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
 #include <fstream>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/tar_writer.hpp"
 
 namespace pinfeed::loader {
 namespace {
@@ -53,6 +62,7 @@ TEST_F(DatasetTest, TarIndexHandlesGnuLongNames) {
     std::vector<std::byte> jpeg(1000, std::byte{7});
     w.add(long_key + ".jpg", jpeg);
     w.add(long_key + ".cls", std::as_bytes(std::span(label)));
+    w.finish();
   }
   const auto members = TarShards::scan(dir_.path() / "long.tar");
   ASSERT_EQ(members.size(), 2U);
@@ -113,8 +123,176 @@ TEST_F(DatasetTest, ClearErrorsNameTheFile) {
     const std::string label = "cat";
     w.add("a.jpg", std::vector<std::byte>(10));
     w.add("a.cls", std::as_bytes(std::span(label)));
+    w.finish();
   }
   EXPECT_THROW(TarShards({dir_.path() / "badcls.tar"}), DataError);
+}
+
+/// One ustar header block for `name` whose size field is `size_field` (12
+/// raw bytes), with a correct checksum.
+std::array<char, 512> tar_header(const std::string& name, const std::array<unsigned char, 12>& size_field) {
+  std::array<char, 512> h{};
+  std::memcpy(h.data(), name.data(), name.size());
+  std::memcpy(&h[100], "0000644", 7);
+  std::memcpy(&h[124], size_field.data(), 12);
+  h[156] = '0';
+  std::memcpy(&h[257], "ustar", 6);
+  h[263] = '0';
+  h[264] = '0';
+  std::memset(&h[148], ' ', 8);
+  unsigned sum = 0;
+  for (const char c : h) sum += static_cast<unsigned char>(c);
+  std::snprintf(&h[148], 8, "%06o", sum);
+  h[155] = ' ';
+  return h;
+}
+
+void write_blocks(const std::filesystem::path& p, const std::vector<std::array<char, 512>>& blocks) {
+  std::ofstream out(p, std::ios::binary);
+  for (const auto& b : blocks) out.write(b.data(), 512);
+}
+
+/// Runs `f` on another thread; fails the test if it takes over 10 s (the
+/// bugs these tests hold down were infinite loops and blocking opens).
+/// (A detached thread, so a regression fails here instead of hanging the
+/// suite; the process ends it.)
+template <class F>
+void within_seconds(F f) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> result = done->get_future();
+  std::thread([f = std::move(f), done]() mutable {
+    try {
+      f();
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  }).detach();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "hung";
+  result.get();
+}
+
+TEST_F(DatasetTest, ABase256SizeNearTwoToThe64IsADataErrorNotAnEndlessIndex) {
+  const auto shard = dir_.path() / "overflow.tar";
+  // GNU base-256: top bit set, then the value 2^64 - 512, which wrapped
+  // `data + size` back to this header, so the index looped forever.
+  std::array<unsigned char, 12> size{0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe, 0x00};
+  write_blocks(shard, {tar_header("evil.jpg", size), {}, {}});
+  within_seconds([&] {
+    try {
+      TarShards tar({shard});
+      ADD_FAILURE() << "expected DataError";
+    } catch (const DataError& e) {
+      EXPECT_EQ(e.path(), shard);
+      EXPECT_NE(e.reason().find("evil.jpg"), std::string::npos) << e.reason();
+    }
+  });
+  // A large size under 2^63 is a member cut short, named.
+  std::array<unsigned char, 12> huge{0x80, 0, 0, 0, 0x40, 0, 0, 0, 0, 0, 0, 0};
+  write_blocks(shard, {tar_header("evil2.jpg", huge), {}, {}});
+  within_seconds([&] { EXPECT_THROW(TarShards({shard}), DataError); });
+}
+
+TEST_F(DatasetTest, AShardWithoutItsEndOfArchiveBlocksIsReported) {
+  const auto shard = dir_.path() / "shard-0.tar";
+  const auto size = std::filesystem::file_size(shard);
+  EXPECT_NO_THROW(TarShards({shard}));
+  std::filesystem::resize_file(shard, size - 1024);  // cut at a member boundary
+  try {
+    TarShards tar({shard});
+    FAIL() << "a shard cut at a member boundary read as complete";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path(), shard);
+    EXPECT_NE(e.reason().find("end-of-archive"), std::string::npos) << e.reason();
+  }
+  std::ofstream(dir_.path() / "empty.tar").close();
+  EXPECT_THROW(TarShards({dir_.path() / "empty.tar"}), DataError);
+}
+
+TEST_F(DatasetTest, AnAbandonedTarWriterLeavesNoShard) {
+  const auto shard = dir_.path() / "half.tar";
+  {
+    TarWriter w(shard);
+    w.add("a.jpg", std::vector<std::byte>(100));
+    // no finish(): the pack failed half way
+  }
+  EXPECT_FALSE(std::filesystem::exists(shard));
+  EXPECT_FALSE(std::filesystem::exists(shard.string() + ".partial"));
+}
+
+TEST_F(DatasetTest, AFifoNamedLikeAnImageIsRefusedWithoutBlocking) {
+  const auto fifo = data_.folder / "class01" / "pipe.jpg";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  within_seconds([&] {
+    try {
+      ImageFolder folder(data_.folder);
+      ADD_FAILURE() << "a FIFO in a class folder was listed";
+    } catch (const DataError& e) {
+      EXPECT_EQ(e.path(), fifo);
+      EXPECT_NE(e.reason().find("FIFO"), std::string::npos) << e.reason();
+    }
+  });
+  // As a file-list entry: the read names it (and never waits for a writer).
+  testing::write_file(dir_.path() / "fifo.txt", "folder/class01/pipe.jpg 1\n");
+  within_seconds([&] {
+    FileList list(dir_.path() / "fifo.txt", dir_.path());
+    std::vector<std::byte> out;
+    try {
+      list.read(0, out);
+      ADD_FAILURE() << "read a FIFO";
+    } catch (const DataError& e) {
+      EXPECT_NE(e.reason().find("FIFO"), std::string::npos) << e.reason();
+    }
+  });
+  // As a shard, and as the file list itself.
+  const auto fifo_tar = dir_.path() / "pipe.tar";
+  ASSERT_EQ(::mkfifo(fifo_tar.c_str(), 0600), 0);
+  within_seconds([&] { EXPECT_THROW(TarShards({fifo_tar}), DataError); });
+  within_seconds([&] { EXPECT_THROW(FileList(fifo, dir_.path()), DataError); });
+}
+
+TEST_F(DatasetTest, AbsurdLabelsAreRefusedNamingTheFileAndLine) {
+  for (const std::string label : {"500000000", "2147483648", "9223372036854775807"}) {
+    testing::write_file(dir_.path() / "big.txt", "folder/class00/img000.jpg 0\nfolder/class00/img001.jpg " + label + "\n");
+    try {
+      FileList list(dir_.path() / "big.txt", dir_.path());
+      FAIL() << "label " << label << " accepted: " << list.num_classes() << " classes";
+    } catch (const DataError& e) {
+      EXPECT_EQ(e.path(), dir_.path() / "big.txt");
+      EXPECT_NE(e.reason().find("line 2"), std::string::npos) << e.reason();
+      EXPECT_NE(e.reason().find("limit"), std::string::npos) << e.reason();
+    }
+  }
+  // The limit is a default, raised where a dataset really has that many.
+  testing::write_file(dir_.path() / "big.txt", "folder/class00/img000.jpg 1500000\n");
+  EXPECT_THROW(FileList(dir_.path() / "big.txt", dir_.path()), DataError);
+  EXPECT_EQ(FileList(dir_.path() / "big.txt", dir_.path(), 2'000'000).num_classes(), 1'500'001U);
+  EXPECT_THROW(FileList(dir_.path() / "big.txt", dir_.path(), 0), ConfigError);
+  // In a shard: the member is named.
+  {
+    TarWriter w(dir_.path() / "biglabel.tar");
+    const std::string label = "4000000000";
+    w.add("k.jpg", std::vector<std::byte>(10));
+    w.add("k.cls", std::as_bytes(std::span(label)));
+    w.finish();
+  }
+  try {
+    TarShards tar({dir_.path() / "biglabel.tar"});
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("k.cls"), std::string::npos) << e.reason();
+  }
+}
+
+TEST_F(DatasetTest, ImagesInFormatsWeCannotDecodeRefuseTheFolderWhenOpened) {
+  testing::write_file(data_.folder / "class02" / "scan.BMP", "BM....");
+  try {
+    ImageFolder folder(data_.folder);
+    FAIL() << "a .bmp would have been replaced sample by sample";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path(), data_.folder / "class02" / "scan.BMP");
+    EXPECT_NE(e.reason().find("bmp"), std::string::npos) << e.reason();
+  }
 }
 
 TEST(ShardPatternTest, ExpandsBracesAndLists) {

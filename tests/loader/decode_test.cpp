@@ -6,11 +6,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
 #include "pinfeed/loader/jpeg_decoder.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/synthetic.hpp"
@@ -218,6 +222,126 @@ TEST(JpegDecoderTest, BadInputIsADataErrorNamingTheFile) {
   }
   d.decode_full(good, img, "good.jpg");  // the decoder is still usable afterwards
   EXPECT_EQ(img.width, 64);
+}
+
+/// Collects streamed rows (BGRA) into one packed buffer.
+class CollectRows final : public RowSink {
+ public:
+  int width = 0, height = 0;
+  std::vector<std::uint8_t> pixels;
+  void begin(int w, int h) override {
+    width = w;
+    height = h;
+    pixels.clear();
+  }
+  void row(const std::uint8_t* bgra) override { pixels.insert(pixels.end(), bgra, bgra + static_cast<std::size_t>(width) * 4); }
+};
+
+/// The RGB pixels of `rgb` in region r, as BGRA with alpha 255.
+std::vector<std::uint8_t> rgb_region_as_bgra(const std::vector<std::uint8_t>& rgb, int width, const Region& r) {
+  std::vector<std::uint8_t> out;
+  for (int y = r.y; y < r.y + r.height; ++y) {
+    for (int x = r.x; x < r.x + r.width; ++x) {
+      const std::uint8_t* p = &rgb[(static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 3];
+      out.insert(out.end(), {p[2], p[1], p[0], 255});
+    }
+  }
+  return out;
+}
+
+TEST(ImageDecoderTest, LosslessPngAndWebPDecodeToTheExactPixelsFullAndByRegion) {
+  const int w = 97, h = 61;
+  const auto rgb = render_synthetic_rgb(5, 2, 1, w, h);
+  ImageDecoder d;
+  const Region whole{0, 0, w, h}, part{13, 7, 40, 30};
+  for (const auto& [name, data] : {std::pair{std::string("a.png"), encode_png(rgb.data(), w, h)},
+                                   std::pair{std::string("a-interlaced.png"), encode_png(rgb.data(), w, h, true)},
+                                   std::pair{std::string("a.webp"), encode_webp(rgb.data(), w, h, true)}}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(sniff_format(data), name.ends_with("webp") ? ImageFormat::webp : ImageFormat::png);
+    const ImageHeader hd = d.header(data, name);
+    EXPECT_EQ(hd.width, w);
+    EXPECT_EQ(hd.height, h);
+    DecodedImage full;
+    d.decode_full(data, full, name);
+    EXPECT_EQ(packed(full), rgb_region_as_bgra(rgb, w, whole));
+    for (const Region& r : {whole, part}) {
+      CollectRows rows;
+      d.decode_planned(data, [&](const ImageHeader&) { return JpegDecoder::Plan{r, 4}; }, rows, name);  // scale ignored
+      EXPECT_EQ(rows.width, r.width);
+      EXPECT_EQ(rows.height, r.height);
+      EXPECT_EQ(rows.pixels, rgb_region_as_bgra(rgb, w, r));
+    }
+    EXPECT_NO_THROW((void)d.verify(data, name));
+  }
+  // A lossy WebP is close to the source.
+  const auto lossy = encode_webp(rgb.data(), w, h, false, 95);
+  DecodedImage img;
+  d.decode_full(lossy, img, "lossy.webp");
+  EXPECT_LT(mean_abs_diff(packed(img), rgb_region_as_bgra(rgb, w, whole)), 12.0);
+}
+
+TEST(ImageDecoderTest, BadPngAndWebPAreDataErrorsNamingTheFile) {
+  const int w = 64, h = 48;
+  const auto rgb = render_synthetic_rgb(5, 2, 1, w, h);
+  ImageDecoder d(1U << 20U);
+  DecodedImage img;
+  CollectRows rows;
+  const auto whole = [](const ImageHeader& hd) { return JpegDecoder::Plan{Region{0, 0, hd.width, hd.height}, 1}; };
+  const auto expect_error = [&](const std::vector<std::byte>& data, const std::string& name, const char* needle) {
+    for (int way = 0; way < 3; ++way) {
+      try {
+        if (way == 0) d.decode_full(data, img, name);
+        if (way == 1) d.decode_planned(data, whole, rows, name);
+        if (way == 2) (void)d.verify(data, name);
+        ADD_FAILURE() << name << " way " << way << ": no error";
+      } catch (const DataError& e) {
+        EXPECT_EQ(e.path(), name);
+        EXPECT_NE(e.reason().find(needle), std::string::npos) << name << ": " << e.reason();
+      }
+    }
+  };
+  for (const auto& [name, data] : {std::pair{std::string("t.png"), encode_png(rgb.data(), w, h)},
+                                   std::pair{std::string("t.webp"), encode_webp(rgb.data(), w, h, false)}}) {
+    expect_error(std::vector<std::byte>(data.begin(), data.begin() + static_cast<long>(data.size() / 2)), name,
+                 name.ends_with("png") ? "PNG" : "WebP");
+  }
+  // A PNG header claiming 20000 x 20000 (over the 1 MP limit): refused
+  // before any pixel buffer is sized.
+  auto big = encode_png(rgb.data(), w, h);
+  const std::uint8_t dims[8] = {0, 0, 0x4e, 0x20, 0, 0, 0x4e, 0x20};
+  std::memcpy(big.data() + 16, dims, 8);  // IHDR width, height
+  expect_error(big, "big.png", "exceeds the limit");
+  expect_error(std::vector<std::byte>(300, std::byte{'x'}), "noise.jpg", "not a JPEG, PNG or WebP");
+  expect_error({}, "empty.png", "empty");
+  // The decoder is still usable afterwards.
+  d.decode_full(encode_png(rgb.data(), w, h), img, "good.png");
+  EXPECT_EQ(img.width, w);
+}
+
+TEST(ImageDecoderTest, VerifyingAHugeClaimedJpegKeepsOnlyRows) {
+  // 13000 x 13000 claimed by a few KB: decoding it whole costs 676 MB; the
+  // check keeps a few rows. Peak RSS growth stays far below the image.
+  auto data = jpeg(64, 48);
+  for (std::size_t i = 0; i + 8 < data.size(); ++i) {
+    if (data[i] == std::byte{0xff} && data[i + 1] == std::byte{0xc0}) {
+      data[i + 5] = std::byte{0x32}, data[i + 6] = std::byte{0xc8}, data[i + 7] = std::byte{0x32}, data[i + 8] = std::byte{0xc8};
+      break;
+    }
+  }
+  ImageDecoder d;
+  EXPECT_EQ(d.header(data, "claims.jpg").width, 13000);
+  const auto rss_peak_kb = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+    }
+    return 0L;
+  };
+  const long before = rss_peak_kb();
+  EXPECT_THROW((void)d.verify(data, "claims.jpg"), DataError);  // its data ends early
+  EXPECT_LT(rss_peak_kb() - before, 64 * 1024) << "kB of peak RSS added by verifying one image";
 }
 
 TEST(TransformTest, RandomResizedCropFollowsTorchvisionBounds) {

@@ -13,7 +13,10 @@
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
 #include "pinfeed/loader/loader.hpp"
+#include "pinfeed/loader/synthetic.hpp"
+#include "pinfeed/loader/tar_writer.hpp"
 
 namespace pinfeed::loader {
 namespace {
@@ -227,6 +230,7 @@ std::filesystem::path corrupt_list(const testing::TempDir& dir, const testing::S
 TEST_F(LoaderTest, BadSamplesAreReplacedDeterministicallyAndCounted) {
   auto cfg = config(corrupt_list(dir_, data_).string());
   cfg.shuffle = false;
+  cfg.max_replaced_share = 0.5;  // 7 of 22: far over the default budget (see the next test)
   Loader loader(cfg);
   loader.begin_epoch(0);
   const Collected c = drain(loader);
@@ -237,6 +241,154 @@ TEST_F(LoaderTest, BadSamplesAreReplacedDeterministicallyAndCounted) {
   Loader again(cfg);
   again.begin_epoch(0);
   EXPECT_EQ(drain(again).indices, c.indices) << "substitutes are deterministic";
+}
+
+TEST_F(LoaderTest, ReplacingMoreThanTheBudgetFailsTheEpochWithCounts) {
+  auto cfg = config(corrupt_list(dir_, data_).string());
+  cfg.shuffle = false;  // default max_replaced_share: 1% of 22 samples, so no replacement at all
+  Loader loader(cfg);
+  loader.begin_epoch(0);
+  try {
+    while (loader.next()) {
+    }
+    FAIL() << "7 bad files of 22 were replaced silently";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.path().string().find("bad/"), std::string::npos) << e.what();
+    EXPECT_NE(e.reason().find("budget"), std::string::npos) << e.reason();
+    EXPECT_NE(e.reason().find("class 1"), std::string::npos) << e.reason();
+  }
+  cfg.max_replaced_share = 0.2;  // 4 of 22 allowed: the fifth bad sample fails it
+  Loader some(cfg);
+  some.begin_epoch(0);
+  EXPECT_THROW(while (some.next()) {}, DataError);
+}
+
+TEST_F(LoaderTest, AClassWithNoDecodableSampleFailsTheEpoch) {
+  // Class 3 exists only as corrupt files: replacing them all would train
+  // on a dataset without it.
+  std::ofstream list(dir_.path() / "lost.txt");
+  for (const auto& e : std::filesystem::recursive_directory_iterator(data_.folder)) {
+    if (e.is_regular_file()) list << std::filesystem::relative(e.path(), dir_.path()).string() << " 0\n";
+  }
+  for (int i = 0; i < 3; ++i) {
+    testing::write_file(dir_.path() / fmt::format("lost/{}.jpg", i), "not an image");
+    list << "lost/" << i << ".jpg 3\n";
+  }
+  list.close();
+  auto cfg = config((dir_.path() / "lost.txt").string());
+  cfg.max_replaced_share = 1.0;  // the budget alone would let it through
+  Loader loader(cfg);
+  loader.begin_epoch(0);
+  try {
+    while (loader.next()) {
+    }
+    FAIL() << "a class with no decodable sample passed";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("class 3"), std::string::npos) << e.reason();
+    EXPECT_NE(e.path().string().find("lost/"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LoaderTest, PngAndWebPClassesAreDecodedNotReplaced) {
+  // A folder with a JPEG class, a PNG class and a WebP class (one WebP file
+  // named .jpg: the bytes decide), as torchvision's ImageFolder reads it.
+  const auto root = dir_.path() / "mixed";
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    SyntheticImageSpec spec;
+    spec.width = 80 + 4 * static_cast<int>(i);
+    spec.height = 60;
+    testing::write_bytes(root / "a_jpeg" / fmt::format("{}.jpg", i), make_synthetic_image(3, 0, i, spec, "jpeg"));
+    testing::write_bytes(root / "b_png" / fmt::format("{}.png", i), make_synthetic_image(3, 1, i, spec, "png"));
+    testing::write_bytes(root / "c_webp" / fmt::format("{}.{}", i, i == 0 ? "jpg" : "webp"),
+                         make_synthetic_image(3, 2, i, spec, "webp"));
+  }
+  auto cfg = config(root.string());
+  cfg.max_replaced_share = 0;
+  Loader loader(cfg);
+  loader.begin_epoch(0);
+  const Collected c = drain(loader);
+  EXPECT_EQ(c.replaced, 0U);
+  std::map<std::int64_t, int> per_class;
+  for (const auto l : c.labels) ++per_class[l];
+  EXPECT_EQ(per_class, (std::map<std::int64_t, int>{{0, 4}, {1, 4}, {2, 4}}));
+  // The same through tar shards (pinfeed-data pack keeps each format's extension).
+  {
+    TarWriter tar(dir_.path() / "mixed.tar");
+    ImageFolder folder(root);
+    std::vector<std::byte> bytes;
+    for (std::size_t i = 0; i < folder.size(); ++i) {
+      folder.read(i, bytes);
+      const auto key = fmt::format("{:04}", i);
+      tar.add(key + "." + std::string(extension(sniff_format(bytes))), bytes);
+      const std::string label = std::to_string(folder.label(i));
+      tar.add(key + ".cls", std::as_bytes(std::span(label)));
+    }
+    tar.finish();
+  }
+  auto tcfg = config((dir_.path() / "mixed.tar").string());
+  tcfg.max_replaced_share = 0;
+  Loader shards(tcfg);
+  shards.begin_epoch(0);
+  const Collected t = drain(shards);
+  EXPECT_EQ(t.replaced, 0U);
+  EXPECT_EQ(t.labels.size(), 12U);
+}
+
+TEST_F(LoaderTest, APoolLargerThanTheHostsMemoryIsRefusedBeforeMapping) {
+  // swap-active: MemAvailable 3 GiB. 4 slots of 64 x 3 x 1024 x 1024 float32 (768 MiB each) = 3 GiB.
+  auto cfg = config(data_.folder.string());
+  cfg.watch_pressure = true;
+  cfg.pressure.root = testing::data_dir() / "procfs" / "swap-active";
+  cfg.batch_size = 64;
+  cfg.transform.size = 1024;
+  cfg.prefetch = 4;
+  cfg.local_ranks = 1;
+  try {
+    Loader loader(cfg);
+    FAIL() << "a 3 GiB pool was accepted with 3 GiB available";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("3 slot(s) of this size fit"), std::string::npos) << what;
+    EXPECT_NE(what.find("prefetch"), std::string::npos) << what;
+  }
+  // Eight ranks on the host: each may use an eighth; not one slot fits.
+  cfg.local_ranks = 8;
+  try {
+    Loader loader(cfg);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not one slot"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("8 local ranks"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LoaderTest, LocalRanksComeFromTheLauncherAndRequirePinnedSaysWhy) {
+  auto cfg = config(data_.folder.string());
+  cfg.watch_pressure = true;
+  cfg.pressure.root = testing::data_dir() / "procfs" / "tight-memlock";  // RLIMIT_MEMLOCK 64 KiB, no CAP_IPC_LOCK
+  cfg.pin_method = memory::PinMethod::mlock;
+  ::setenv("LOCAL_WORLD_SIZE", "4", 1);
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  cfg.local_ranks = 0;
+  const Loader from_env(cfg);
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(from_env.pin_report().local_ranks, 4U);
+  // Two 48 KiB slots, 64 KiB of memlock: one is pinned, and the reason says why.
+  cfg.local_ranks = 1;
+  const Loader lax(cfg);
+  EXPECT_EQ(lax.pin_report().slots, 2U);
+  EXPECT_EQ(lax.pin_report().pinned_slots, 1U);
+  EXPECT_NE(lax.pin_report().reason.find("memlock"), std::string::npos) << lax.pin_report().reason;
+  cfg.require_pinned = true;
+  try {
+    Loader loader(cfg);
+    FAIL() << "require_pinned with a tight memlock limit";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("memlock"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(LoaderTest, TheFailPolicyStopsWithAnErrorNamingTheFile) {

@@ -2,14 +2,20 @@
 // Datasets: an indexed list of (encoded image, label). Three layouts:
 //  - ImageFolder: root/<class>/<file>, classes and files sorted by name, the
 //    class index being the position of the folder in sorted order (the same
-//    indices torchvision's ImageFolder gives). Files are kept when their
-//    extension is an image one (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff
-//    .webp, any case), as torchvision does; non-JPEG ones fail at decode.
+//    indices torchvision's ImageFolder gives). Files with an image extension
+//    (any case) are the samples: .jpg .jpeg .png .webp are decoded; .ppm
+//    .bmp .pgm .tif .tiff .gif refuse the dataset when it is opened (named),
+//    so no class is silently replaced by others.
 //  - FileList: a text file of "relative/path label" lines ('#' comments and
 //    blank lines skipped), paths relative to a root folder.
-//  - TarShards: WebDataset-style tar files holding key.jpg (or .jpeg) and
-//    key.cls members; indexed once by scanning the headers (ustar and GNU
-//    long names), then read by offset with pread.
+//  - TarShards: WebDataset-style tar files holding key.jpg (.jpeg, .png,
+//    .webp) and key.cls members; indexed once by scanning the headers (ustar
+//    and GNU long names; every size checked against the file before use; a
+//    shard without its end-of-archive blocks is refused), then read by offset
+//    with pread.
+// Only regular files are opened (a FIFO named x.jpg is refused, never waited
+// on). A label at or over `max_classes` refuses the dataset, naming the file
+// and line or member: the class count sizes the model.
 // All are immutable after construction and safe to read from many threads.
 #include <cstddef>
 #include <cstdint>
@@ -42,11 +48,21 @@ class Dataset {
 
 /// Largest sample file accepted (a corrupt size field must not allocate terabytes).
 inline constexpr std::uint64_t kMaxSampleBytes = 256ULL << 20U;
+/// Default bound on the class count (labels 0..max_classes-1).
+inline constexpr std::size_t kDefaultMaxClasses = 1'000'000;
+/// The most max_classes may be raised to.
+inline constexpr std::size_t kMaxClassesCeiling = 100'000'000;
+/// Largest file list read (ImageNet's is ~40 MB).
+inline constexpr std::uint64_t kMaxFileListBytes = 4ULL << 30U;
+/// ConfigError unless 1 <= max_classes <= kMaxClassesCeiling.
+void check_max_classes(std::size_t max_classes);
 
 class ImageFolder final : public Dataset {
  public:
-  /// Throws DataError: missing or unreadable root, no class folders, no images.
-  explicit ImageFolder(std::filesystem::path root);
+  /// Throws DataError: missing or unreadable root, no class folders, no
+  /// images, more than max_classes folders, an image that is not a regular
+  /// file or not in a decodable format.
+  explicit ImageFolder(std::filesystem::path root, std::size_t max_classes = kDefaultMaxClasses);
   [[nodiscard]] std::size_t size() const noexcept override { return files_.size(); }
   [[nodiscard]] std::int64_t label(std::size_t i) const override { return labels_.at(i); }
   [[nodiscard]] std::string describe(std::size_t i) const override { return files_.at(i).string(); }
@@ -67,8 +83,9 @@ class ImageFolder final : public Dataset {
 class FileList final : public Dataset {
  public:
   /// Throws DataError naming the list file and line: unreadable, a line
-  /// without a label, a label that is not a non-negative number, no entries.
-  FileList(const std::filesystem::path& list, std::filesystem::path root);
+  /// without a label, a label that is not a non-negative number or is at or
+  /// over max_classes, no entries, a list that is not a regular file.
+  FileList(const std::filesystem::path& list, std::filesystem::path root, std::size_t max_classes = kDefaultMaxClasses);
   [[nodiscard]] std::size_t size() const noexcept override { return files_.size(); }
   [[nodiscard]] std::int64_t label(std::size_t i) const override { return labels_.at(i); }
   [[nodiscard]] std::string describe(std::size_t i) const override { return files_.at(i).string(); }
@@ -87,8 +104,9 @@ class TarShards final : public Dataset {
  public:
   /// Opens and indexes every shard. Throws DataError naming the shard: missing,
   /// a member cut short, a bad header checksum, a .cls that is not a number,
-  /// an image without a label, no samples at all.
-  explicit TarShards(std::vector<std::filesystem::path> shards);
+  /// an image without a label, a label at or over max_classes, a shard that
+  /// is not a regular file or has no end-of-archive blocks, no samples.
+  explicit TarShards(std::vector<std::filesystem::path> shards, std::size_t max_classes = kDefaultMaxClasses);
   ~TarShards() override;
   [[nodiscard]] std::size_t size() const noexcept override { return samples_.size(); }
   [[nodiscard]] std::int64_t label(std::size_t i) const override { return samples_.at(i).label; }
@@ -125,6 +143,7 @@ std::vector<std::filesystem::path> expand_shard_pattern(const std::string& patte
 /// Opens a dataset by what `spec` names: a directory -> ImageFolder; a .tar
 /// file, a brace pattern or a comma list of them -> TarShards; any other file
 /// -> FileList with paths relative to the list's folder (or `root` if given).
-std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::filesystem::path& root = {});
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::filesystem::path& root = {},
+                                      std::size_t max_classes = kDefaultMaxClasses);
 
 }  // namespace pinfeed::loader

@@ -22,7 +22,8 @@ struct SyntheticDatasetConfig {
   int per_class = 100;           ///< images per class, before the split
   double val_fraction = 0.0;     ///< share of each class written to val/, [0, 0.9]
   std::uint64_t seed = 0;
-  int quality = 90;              ///< JPEG quality 1..100
+  int quality = 90;              ///< JPEG (and lossy WebP) quality 1..100
+  std::string format = "jpeg";   ///< jpeg (.jpg), png (.png) or webp (.webp)
   unsigned threads = 0;          ///< 0: every core
   void validate() const;         ///< ConfigError naming the field
 };

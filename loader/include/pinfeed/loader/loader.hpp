@@ -16,6 +16,8 @@
 // sharding, padding, seeds, explicit epochs, resumption from (epoch,
 // position), deterministic augmentation from (seed, epoch, sample index), so
 // batches are byte-identical with 1 thread or 16.
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +39,9 @@
 
 namespace pinfeed::loader {
 
+/// Pool slots (LoaderConfig::prefetch) limit, for validate() and every CLI.
+inline constexpr std::size_t kMaxPrefetch = 256;
+
 enum class BadSamplePolicy { replace, fail };
 BadSamplePolicy parse_bad_sample_policy(std::string_view text);  ///< "replace", "fail"
 
@@ -54,13 +59,27 @@ struct LoaderConfig {
   TransformConfig transform;                 ///< crop, size, flip, layout, normalization
   BadSamplePolicy on_bad_sample = BadSamplePolicy::replace;  ///< replace with a substitute, or fail the epoch
   unsigned max_replacements = 16;            ///< substitutes tried for one bad sample before failing
+  double max_replaced_share = 0.01;          ///< the epoch fails once more than this share of its samples was replaced, [0, 1]
+  std::size_t max_classes = kDefaultMaxClasses;  ///< a label at or over it refuses the dataset (it sizes the model)
   std::uint64_t max_image_pixels = kDefaultMaxPixels;  ///< larger images are bad samples
   bool pin = true;                           ///< pin pool slots (within the budget)
+  bool require_pinned = false;               ///< ConfigError when fewer slots than asked can be pinned
   memory::PinMethod pin_method = memory::PinMethod::automatic;  ///< cuda with a device, else mlock
   double pinned_fraction = 0.5;              ///< share of really available memory the pool may pin
+  unsigned local_ranks = 0;                  ///< processes on this host sharing its memory; 0: from the launcher's variables
   bool watch_pressure = true;                ///< run a PressureMonitor the pool follows
   memory::PressureMonitor::Config pressure;  ///< its root, period, thresholds
   void validate() const;                     ///< ConfigError naming the field
+};
+
+/// How the pool was pinned at construction, and why not more.
+struct PinReport {
+  std::size_t slots = 0, pinned_slots = 0;
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t budget_bytes = 0;   ///< pinned budget of this process
+  std::string limiting;             ///< the budget term that decides ("MemAvailable", "memlock limit", ...)
+  unsigned local_ranks = 1;         ///< processes sharing the host's memory
+  std::string reason;               ///< in words, when pinned_slots < slots (or pinning is off)
 };
 
 /// Where an epoch stands: enough to resume exactly where it stopped.
@@ -161,6 +180,10 @@ class Loader {
   /// The next batch of the epoch, in order; nullopt at the end. Throws the
   /// epoch's error (DataError naming the file under the fail policy).
   std::optional<Batch> next();
+  /// Waits up to `timeout` until next() would not block (a batch is ready,
+  /// the epoch is over, or it failed); true then. For callers that must stay
+  /// responsive while waiting (Python's signal handlers run between slices).
+  bool wait_ready(std::chrono::milliseconds timeout);
 
   [[nodiscard]] LoaderState state() const;
   [[nodiscard]] LoaderStats stats() const;
@@ -170,6 +193,7 @@ class Loader {
   [[nodiscard]] const Dataset& dataset() const noexcept { return *dataset_; }
   [[nodiscard]] memory::BufferPool& pool() noexcept { return *pool_; }
   [[nodiscard]] const LoaderConfig& config() const noexcept { return config_; }
+  [[nodiscard]] const PinReport& pin_report() const noexcept { return pin_report_; }
 
   /// Range-for over the rest of the current epoch.
   class Iterator {
@@ -208,6 +232,10 @@ class Loader {
   struct Engine;                      // TBB arena and per-thread scratch
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<detail::EpochRun> run_;
+  PinReport pin_report_;
+  // Per class: samples decoded this run (reset by start()). With the bad
+  // samples' classes, it tells a class with nothing decodable.
+  std::unique_ptr<std::atomic<std::uint32_t>[]> class_good_;
 };
 
 }  // namespace pinfeed::loader

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "pinfeed/loader/dataset.hpp"
-#include "pinfeed/loader/jpeg_decoder.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
 #include "pinfeed/loader/transform.hpp"
 
 namespace pinfeed::loader {
@@ -19,7 +19,7 @@ struct SampleScratch {
   explicit SampleScratch(const TransformConfig& config, std::uint64_t max_pixels = kDefaultMaxPixels)
       : decoder(max_pixels), writer(config) {}
   std::vector<std::byte> bytes;
-  JpegDecoder decoder;
+  ImageDecoder decoder;
   SampleWriter writer;
 };
 

@@ -12,16 +12,20 @@ namespace pinfeed::loader {
 
 class TarWriter {
  public:
-  /// Creates (truncates) `path`. Throws DataError naming it.
+  /// Creates (truncates) `path`.partial; finish() renames it to `path`.
+  /// Throws DataError naming it.
   explicit TarWriter(std::filesystem::path path);
-  /// Finishes the archive if finish() was not called; never throws.
+  /// Without finish(), the archive is abandoned: the partial file is
+  /// removed, so a failed pack never leaves a shard that reads as whole.
+  /// Never throws.
   ~TarWriter();
   TarWriter(const TarWriter&) = delete;
   TarWriter& operator=(const TarWriter&) = delete;
 
   /// Appends a regular-file member. Throws DataError on a write failure.
   void add(const std::string& name, std::span<const std::byte> data);
-  /// Writes the two zero blocks that end an archive and closes the file.
+  /// Writes the two zero blocks that end an archive, closes the file and
+  /// renames it to its final name.
   void finish();
   [[nodiscard]] std::uint64_t bytes_written() const noexcept { return written_; }
 
@@ -29,6 +33,7 @@ class TarWriter {
   void header(const std::string& name, std::uint64_t size, char type);
   void write(const void* data, std::size_t n);
   std::filesystem::path path_;
+  std::filesystem::path partial_;  // written here until finish()
   std::ofstream out_;
   std::uint64_t written_ = 0;
   bool finished_ = false;

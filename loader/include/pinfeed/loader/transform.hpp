@@ -28,6 +28,10 @@
 
 namespace pinfeed::loader {
 
+/// Output side limits (TransformConfig::size), for validate() and every CLI.
+inline constexpr int kMinImageSize = 8;
+inline constexpr int kMaxImageSize = 4096;
+
 enum class CropMode { random_resized, center, full };
 enum class Layout { nhwc_u8, nchw_f32 };
 CropMode parse_crop_mode(std::string_view text);  ///< "random", "center", "full"; ConfigError otherwise
