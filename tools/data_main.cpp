@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
   mk->add_option("--per-class", make.per_class, "images per class")->check(CLI::Range(1, 100000));
   mk->add_option("--val", make.val_fraction, "share of each class written to val/")->check(CLI::Range(0.0, 0.9));
   mk->add_option("--seed", make.seed, "seed: the same seed writes the same bytes");
-  mk->add_option("--quality", make.quality, "JPEG quality")->check(CLI::Range(1, 100));
+  mk->add_option("--quality", make.quality, "JPEG (and WebP) quality")->check(CLI::Range(1, 100));
+  mk->add_option("--format", make.format, "image format: jpeg, png or webp")
+      ->check(CLI::IsMember({"jpeg", "png", "webp"}))
+      ->capture_default_str();
   mk->add_option("--threads", make.threads, "threads (0: every core)");
 
   std::string pack_from, pack_out;

@@ -3,7 +3,8 @@
 // every figure and verdict comes from pinfeed::memory.
 //
 // Exit codes: 0 report printed; 1 the host could not be read (message names
-// the file); 2 bad flags or an absurd request (message names the flag).
+// the file); 2 bad flags or an absurd request (message names the flag); 3 the
+// planned pool does not fit in memory at all (verdict does-not-fit).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -46,6 +47,9 @@ struct Options : pm::DiagnosticsRequest {
 };
 
 std::atomic<bool> g_interrupted{false};
+
+/// The planned pool does not fit in memory at all (verdict does-not-fit).
+constexpr int kExitDoesNotFit = 3;
 
 std::string or_none(const std::optional<std::uint64_t>& v, std::string_view none = "none") {
   return v ? format_bytes(*v) : std::string(none);
@@ -125,8 +129,9 @@ void print_report(const json& j, const pm::MemorySnapshot& s, const std::optiona
 }
 
 void print_plan(const pm::PoolPlanRequest& r, const pm::PoolPlan& p) {
-  fmt::print("\nPlan: {} GPU(s), batch {}, prefetch {}, pinning by {}\n", r.gpus, format_bytes(r.batch_bytes), r.prefetch,
-             pm::to_string(r.policy.method));
+  fmt::print("\nPlan: {} GPU(s), batch {}, prefetch {}, pinning by {}{}\n", r.gpus, format_bytes(r.batch_bytes), r.prefetch,
+             pm::to_string(r.policy.method),
+             r.local_ranks > 1 ? fmt::format(", {} ranks on this host share its memory", r.local_ranks) : "");
   fmt::print("  pool needs {} slots x {} = {}\n", p.slots_needed, format_bytes(p.slot_bytes), format_bytes(p.need_bytes));
   fmt::print("  pinned budget {} (limited by {}):\n", format_bytes(p.budget.bytes), p.budget.limiting);
   for (const auto& t : p.budget.terms) {
@@ -151,11 +156,13 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
   if (o.with_pool) {
     if (!req) throw pinfeed::ConfigError("--with-pool needs --batch or --batch-bytes to size the pool");
     const pm::PoolPlan plan = pm::plan_pool(pm::MemorySnapshot::read(o.root), *req);
+    if (plan.verdict == pm::Verdict::does_not_fit) throw pinfeed::ConfigError(fmt::format("--with-pool: {}", plan.fit.explain("--prefetch", "--batch")));
     pinned.emplace(pm::PinnedResource::Config{req->policy.method, std::nullopt});
     pageable.emplace();
     pm::BufferPool::Config pc;
     pc.slots = plan.slots_needed;
     pc.slot_bytes = req->batch_bytes;
+    pc.slab_bytes = pc.slot_bytes;  // the Loader's rule: one slot per slab, so the budget pins whole slots
     pc.pinned_budget_bytes = plan.budget.bytes;
     pool.emplace(pc, *pinned, *pageable);
     pool->follow(monitor);
@@ -231,7 +238,7 @@ int run(const Options& o) {
     if (plan) print_plan(*req, *plan);
     if (!plan) fmt::print("\n(no plan: give --batch 256x3x224x224:u8 or --batch-bytes N to size a pinned pool)\n");
   }
-  return 0;
+  return plan && plan->verdict == pm::Verdict::does_not_fit ? kExitDoesNotFit : 0;
 }
 
 }  // namespace
@@ -248,6 +255,10 @@ int main(int argc, char** argv) {
                  ->transform(CLI::AsSizeValue(false));
   app.add_option("--batch", o.batch_shape, "batch shape, e.g. 256x3x224x224:u8 (u8 f16 bf16 f32 f64)")->excludes(bb);
   app.add_option("--prefetch", o.prefetch, "batches in flight per GPU")->check(CLI::Range(1U, 64U));
+  app.add_option("--local-ranks", o.local_ranks,
+                 "processes on this host sharing its memory (default: LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, "
+                 "SLURM_NTASKS_PER_NODE, else 1)")
+      ->check(CLI::Range(1U, 4096U));
   app.add_option("--fraction", o.fraction, "share of the really available memory pinning may take")
       ->check(CLI::Range(0.01, 1.0));
   app.add_option("--reserve", o.reserve_bytes, "memory to keep free before the fraction applies (e.g. 4GiB)")

@@ -4,6 +4,7 @@
 //
 // Exit codes: 0 done; 1 an error (named: file, rank, reason); 2 bad flags.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -120,12 +121,21 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", config.checkpoint_every, "also every N steps");
   app.add_flag("--resume", config.resume, "continue from --checkpoint");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
-  app.add_option("--size", config.loader.transform.size, "image side the loader produces")->check(CLI::Range(8, 1024));
+  app.add_option("--size", config.loader.transform.size, "image side the loader produces")->check(CLI::Range(pl::kMinImageSize, pl::kMaxImageSize));
   app.add_option("--crop", crop, "random (RandomResizedCrop), center, full")->check(CLI::IsMember({"random", "center", "full"}));
   app.add_option("--pool", config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
   app.add_option("--hidden", hidden, "hidden layer widths, comma separated");
   app.add_option("--threads", config.loader.threads, "loader threads in all (0: every core)");
-  app.add_option("--prefetch", config.loader.prefetch, "batches in flight per worker (pool slots)")->check(CLI::Range(2, 256));
+  app.add_option("--prefetch", config.loader.prefetch, "batches in flight per worker (pool slots)")
+      ->check(CLI::Range(std::size_t{1}, pl::kMaxPrefetch));
+  app.add_option("--max-classes", config.loader.max_classes,
+                 "refuse a dataset whose labels mean more classes than this (they size the model)")
+      ->check(CLI::Range(std::size_t{1}, pl::kMaxClassesCeiling))
+      ->capture_default_str();
+  app.add_option("--max-replaced-share", config.loader.max_replaced_share,
+                 "share of an epoch that bad samples may replace before it fails")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
   app.add_flag("--host-normalize", host_normalize, "normalize on the host (float32 batches) instead of on the device");
   app.add_flag("--no-pin", no_pin, "pageable pool slots");
@@ -142,11 +152,12 @@ int main(int argc, char** argv) {
     for (std::size_t start = 0; start <= hidden.size();) {
       const auto comma = hidden.find(',', start);
       const std::string item = hidden.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      try {
-        config.model.hidden.push_back(std::stoi(item));
-      } catch (const std::exception&) {
-        throw pinfeed::ConfigError(fmt::format("--hidden '{}': '{}' is not a number", hidden, item));
+      int width = 0;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), width);
+      if (item.empty() || ec != std::errc{} || end != item.data() + item.size() || width < 1 || width > 65536) {
+        throw pinfeed::ConfigError(fmt::format("--hidden '{}': '{}' is not a width in 1..65536", hidden, item));
       }
+      config.model.hidden.push_back(width);
       if (comma == std::string::npos) break;
       start = comma + 1;
     }

@@ -1,10 +1,13 @@
 // pinfeed-data and pinfeed-bench end to end: the real binaries on data they make.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -59,6 +62,56 @@ TEST(DataToolTest, ScanNamesEveryBadFileAndExitsOne) {
   EXPECT_NE(all.find("not a JPEG"), std::string::npos);
 }
 
+TEST(DataToolTest, PngAndWebPSetsMakeScanAndPackWithTheirOwnExtensions) {
+  pinfeed::testing::TempDir dir;
+  for (const std::string format : {"png", "webp"}) {
+    const auto root = dir.path() / format;
+    Result r = data("-q make --out " + root.string() + " --classes 2 --per-class 3 --format " + format);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_TRUE(std::filesystem::exists(root / ("train/class_001/000002." + format)));
+    r = data("scan --json " + (root / "train").string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["samples"], 6);
+    r = data("-q pack --from " + (root / "train").string() + " --out " + (root / "shard").string() + " --per-shard 10");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    r = data("scan --json " + (root / "shard-000000.tar").string());
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["samples"], 6) << "the ." << format << " members are the samples";
+  }
+}
+
+TEST(DataToolTest, HostileShardsAndFifosAreNamedErrorsNotHangs) {
+  pinfeed::testing::TempDir dir;
+  // A shard whose one header carries a base-256 size of 2^64 - 512.
+  std::string header(512, '\0');
+  header.replace(0, 5, "x.jpg");
+  header.replace(100, 7, "0000644");
+  const unsigned char size[12] = {0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe, 0};
+  header.replace(124, 12, reinterpret_cast<const char*>(size), 12);
+  header[156] = '0';
+  header.replace(257, 6, std::string("ustar\0", 6));
+  header.replace(263, 2, "00");
+  header.replace(148, 8, "        ");
+  unsigned sum = 0;
+  for (const char c : header) sum += static_cast<unsigned char>(c);
+  char sum_text[8];
+  std::snprintf(sum_text, sizeof sum_text, "%06o", sum);
+  header.replace(148, 7, std::string(sum_text, 6) + '\0');
+  header[155] = ' ';
+  std::ofstream(dir.path() / "evil.tar", std::ios::binary) << header << std::string(1024, '\0');
+  Result r = run("timeout 20 " PINFEED_DATA, "scan " + (dir.path() / "evil.tar").string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("evil.tar"), std::string::npos) << r.err;
+  // A FIFO named like an image in a class folder: refused at once.
+  ASSERT_EQ(data("-q make --out " + (dir.path() / "set").string() + " --classes 2 --per-class 2").rc, 0);
+  const auto fifo = dir.path() / "set/train/class_000/pipe.jpg";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = run("timeout 20 " PINFEED_DATA, "scan " + (dir.path() / "set/train").string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("pipe.jpg"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("FIFO"), std::string::npos) << r.err;
+}
+
 TEST(DataToolTest, BadFlagsExitTwo) {
   for (const char* args : {"", "make", "make --out /tmp/x --classes 0", "make --out /tmp/x --quality 101", "pack --from /nonexistent --out x",
                            "frobnicate"}) {
@@ -107,6 +160,25 @@ TEST_F(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
   EXPECT_NEAR(j["overhead_from_reading_alone"].get<double>(), read_us / (planned_us + read_us), 1e-9);
   EXPECT_EQ(bench("loader --data /nonexistent").rc, 1);
   EXPECT_EQ(bench("loader --data x --crop diagonal").rc, 2);
+}
+
+TEST_F(BenchToolTest, TheCeilingSkipsFilesTheLoaderWouldReplace) {
+  // A file whose header claims 65000 x 65000 once made the ceiling die with
+  // an unnamed bad_alloc; now it is skipped, as the loader replaces it.
+  const auto victim = dir_.path() / "set/train/class_000/000001.jpg";
+  std::ifstream in(victim, std::ios::binary);
+  std::ostringstream read;
+  read << in.rdbuf();
+  in.close();
+  std::string bytes = read.str();
+  const auto sof = bytes.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  bytes[sof + 5] = '\xfd', bytes[sof + 6] = '\xe8', bytes[sof + 7] = '\xfd', bytes[sof + 8] = '\xe8';
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  const Result r = bench("loader --data " + train() + " --batch 4 --size 32 --threads 2 --ceiling-files 16 --repeat 1 "
+                         "--max-replaced-share 0.1 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["loader"]["images"], 16);
 }
 
 TEST_F(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {

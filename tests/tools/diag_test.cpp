@@ -114,6 +114,63 @@ TEST(DiagTest, WatchWithAPoolShowsItsSlotsOnThisHost) {
   EXPECT_EQ(lines.size(), 2U);
 }
 
+TEST(DiagTest, APoolThatDoesNotFitInMemoryExitsThreeWithWhatWouldFit) {
+  const std::string root = "--root " + (pinfeed::testing::data_dir() / "procfs" / "v1-host").string();
+  // 4 x 30 GiB on a host with 20 GiB available: once "pageable".
+  Result r = diag(root + " --batch-bytes 30GiB --prefetch 4 --json");
+  EXPECT_EQ(r.rc, 3) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["plan"]["verdict"], "does-not-fit");
+  EXPECT_FALSE(j["plan"]["fit"]["fits"].get<bool>());
+  r = diag(root + " --batch-bytes 8GiB --prefetch 4");
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.out.find("verdict: does-not-fit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lower --prefetch to 2"), std::string::npos) << r.out;
+  // Eight ranks on the host share it: 1 GiB x 2 no longer fits for each.
+  EXPECT_EQ(diag(root + " --batch-bytes 1GiB --prefetch 2").rc, 0);
+  r = diag(root + " --batch-bytes 1GiB --prefetch 2 --local-ranks 16");
+  EXPECT_EQ(r.rc, 3) << r.out;
+  EXPECT_NE(r.out.find("16 ranks on this host"), std::string::npos) << r.out;
+  // From the launcher's variables (torchrun) when not given.
+  ::setenv("LOCAL_WORLD_SIZE", "16", 1);
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "16", 1);
+  r = diag("--json " + root + " --batch-bytes 1GiB --prefetch 2");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(r.rc, 3);
+  EXPECT_NE(r.out.find("\"local_ranks\": 16"), std::string::npos) << r.out;
+}
+
+TEST(DiagTest, WithPoolPinsAsManySlotsAsThePlanSays) {
+  // tight-memlock: 64 KiB of RLIMIT_MEMLOCK; 16 KiB slots: the plan fits a
+  // few, and the pool must pin exactly those (not 0, as one 256 MiB slab did).
+  const std::string args = "--root " + (pinfeed::testing::data_dir() / "procfs" / "tight-memlock").string() +
+                           " --batch-bytes 16KiB --prefetch 4 --pin-method mlock";
+  Result r = diag(args + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const int fit = json::parse(r.out)["plan"]["slots_fit"];
+  ASSERT_GT(fit, 0);
+  ASSERT_LT(fit, 4);
+  r = diag(args + " --watch 0.02 --count 1 --json --with-pool");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1U);
+  EXPECT_EQ(lines[0]["pool"]["pinned_slots"].get<int>(), fit);
+}
+
+TEST(DiagTest, ASnapshotWithADeviceForMeminfoExitsOneNamingIt) {
+  pinfeed::testing::TempDir dir;
+  pinfeed::testing::copy_fixture("v1-host", dir.path());
+  std::filesystem::remove(dir.path() / "proc/meminfo");
+  std::filesystem::create_symlink("/dev/zero", dir.path() / "proc/meminfo");
+  const Result r = diag("--root " + dir.path().string() + " --sample-ms 0");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("meminfo"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("character device"), std::string::npos) << r.err;
+}
+
 TEST(DiagTest, ReportsThisHostAsJson) {
   const Result r = diag("--json --sample-ms 50");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -127,7 +184,7 @@ TEST(DiagTest, ReportsThisHostAsJson) {
 TEST(DiagTest, BadFlagsExitTwoWithAMessage) {
   for (const char* args : {"--gpus 0", "--batch 3x0x2", "--batch 3x2:q7", "--bogus", "--fraction 2", "--count 3",
                            "--root /nonexistent-dir", "--pin-method magic", "--batch 2x2 --batch-bytes 4",
-                           "--watch 0.1 --count 1 --with-pool"}) {
+                           "--watch 0.1 --count 1 --with-pool", "--local-ranks 0", "--local-ranks x"}) {
     const Result r = diag(args);
     EXPECT_EQ(r.rc, 2) << args;
     EXPECT_FALSE(r.err.empty()) << args << ": no message";

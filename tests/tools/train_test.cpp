@@ -108,6 +108,36 @@ TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
   EXPECT_NE(r.err.find("pool 4 must divide"), std::string::npos) << r.err;
   r = train(d + "--resume --devices cpu:1");
   EXPECT_EQ(r.rc, 2);
+  for (const char* hidden : {"4x", "4,", "0", "-3", "99999999999"}) {
+    r = train(d + "--devices cpu:1 --batch-size 8 --hidden " + hidden);
+    EXPECT_EQ(r.rc, 2) << "--hidden " << hidden;
+    EXPECT_NE(r.err.find("--hidden"), std::string::npos) << r.err;
+  }
+  // The library's ranges, not narrower or wider ones of the tool's own.
+  EXPECT_EQ(train(d + "--devices cpu:1 --batch-size 8 --size 5000").rc, 2);
+  EXPECT_EQ(train(d + "--devices cpu:1 --batch-size 8 --prefetch 300").rc, 2);
+}
+
+TEST_F(TrainToolTest, AnUnwritableCheckpointIsFoundBeforeTheFirstEpoch) {
+  pinfeed::testing::TempDir tmp;
+  const Result r = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 --checkpoint " +
+                         (tmp.path() / "no/such/folder/m.ckpt").string());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("no/such/folder"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("epoch"), std::string::npos) << "trained before finding out: " << r.out;
+}
+
+TEST_F(TrainToolTest, AbsurdLabelsAreRefusedNamingTheLine) {
+  pinfeed::testing::TempDir tmp;
+  const auto list = tmp.path() / "list.txt";
+  std::ofstream(list) << (dir_->path() / "set/train/class_000/000000.jpg").string() << " 0\n"
+                      << (dir_->path() / "set/train/class_000/000001.jpg").string() << " 500000000\n";
+  Result r = train("--data " + list.string() + " --devices cpu:1 --batch-size 2 --size 16 --pool 2");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("list.txt"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("line 2"), std::string::npos) << r.err;
+  r = train("--data " + list.string() + " --devices cpu:1 --batch-size 2 --size 16 --pool 2 --max-classes 0");
+  EXPECT_EQ(r.rc, 2);
 }
 
 }  // namespace

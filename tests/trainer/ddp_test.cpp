@@ -7,7 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <cmath>
+#include <fstream>
+#include <sstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "fixtures.hpp"
@@ -218,6 +223,122 @@ TEST_F(DdpTest, AWriterKilledBeforeTheRenameLeavesTheOldCheckpoint) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("model.ckpt"), std::string::npos);
   }
+}
+
+std::string read_all(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST_F(DdpTest, ACheckpointOfAnotherShapeIsRefusedAndNotRewritten) {
+  testing::TempDir tmp;
+  TrainConfig c = config(1);
+  c.epochs = 1;
+  // 192 inputs (3 x 8 x 8), 4 classes: hidden 1,38 and 2,5 both have 425
+  // parameters, so a parameter count check alone lets one resume as the other.
+  c.model.hidden = {1, 38};
+  c.checkpoint = tmp.path() / "run.ckpt";
+  c.max_steps = 1;
+  (void)train(c);
+  const auto bytes = [&] { return read_all(c.checkpoint); };
+  const auto before = bytes();
+  c.model.hidden = {2, 5};
+  c.resume = true;
+  c.max_steps = 0;
+  try {
+    (void)train(c);
+    FAIL() << "resumed a checkpoint of another model shape";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("hidden"), std::string::npos) << what;
+  }
+  EXPECT_EQ(bytes(), before) << "a refused checkpoint was rewritten";
+}
+
+TEST_F(DdpTest, CraftedAndMisplacedCheckpointsAreNamedErrors) {
+  testing::TempDir tmp;
+  const auto path = tmp.path() / "c.ckpt";
+  Checkpoint ok;
+  ok.weights = {1, 2, 3};
+  ok.momentum = {0, 0, 0};
+  save_checkpoint(path, ok);
+  // A parameter count that makes 2 * n * 4 wrap to the real data size.
+  {
+    const std::string text = read_all(path);
+    const auto at = text.find("\"params\":3");
+    ASSERT_NE(at, std::string::npos);
+    // 2^62 + 3: 2 * n * 4 == 24 (mod 2^64), the size of the real data. Same length
+    // header is impossible, so rewrite the header and its length and checksum.
+    nlohmann::json h = nlohmann::json::parse(text.substr(16, text.size() - 16 - 24 - 8));
+    h["params"] = (std::uint64_t{1} << 62U) + 3;
+    const std::string header = h.dump();
+    std::string out = text.substr(0, 8);
+    const std::uint64_t len = header.size();
+    out.append(reinterpret_cast<const char*>(&len), 8);
+    out += header;
+    out += text.substr(text.size() - 8 - 24, 24);
+    std::uint64_t sum = 0xcbf29ce484222325ULL;
+    for (const char ch : out) {
+      sum ^= static_cast<unsigned char>(ch);
+      sum *= 0x100000001b3ULL;
+    }
+    out.append(reinterpret_cast<const char*>(&sum), 8);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+  }
+  try {
+    (void)load_checkpoint(path);
+    FAIL() << "a crafted parameter count was accepted";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path(), path);
+    EXPECT_NE(e.reason().find("parameter"), std::string::npos) << e.reason();
+  }
+  // Not a regular file: refused without blocking.
+  const auto fifo = tmp.path() / "fifo.ckpt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW((void)load_checkpoint(fifo), DataError);
+  EXPECT_THROW(check_checkpoint_writable(fifo), DataError);
+  // A folder that does not exist is found before training, naming it.
+  TrainConfig c = config(1);
+  c.checkpoint = tmp.path() / "missing" / "run.ckpt";
+  try {
+    (void)train(c);
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path(), tmp.path() / "missing");
+  }
+  // A write that fails leaves no temporary behind (a directory in the way of the rename).
+  std::filesystem::create_directories(tmp.path() / "dir.ckpt" / "x");
+  EXPECT_THROW(save_checkpoint(tmp.path() / "dir.ckpt", ok), DataError);
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  }
+}
+
+TEST_F(DdpTest, ThePinnedFigureCountsEveryPoolOfTheProcessAsVmLckDoes) {
+  // Two workers, each with a training and a validation loader: four pools.
+  TrainConfig c = config(2);
+  c.epochs = 1;
+  c.val_dataset = data_->folder.string();
+  c.loader.pin_method = memory::PinMethod::mlock;
+  std::uint64_t reported = 0, locked = 0;
+  const auto vm_lck = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    }
+    return 0ULL;
+  };
+  TrainCallbacks cb;
+  cb.on_epoch = [&](const EpochSummary& s) {
+    reported = s.pool_pinned_bytes;
+    locked = vm_lck();
+  };
+  (void)train(c, cb);
+  ASSERT_GT(locked, 0U) << "nothing was pinned (memlock limit?)";
+  EXPECT_EQ(reported, locked) << "the report must count every pool the process holds";
 }
 
 TEST_F(DdpTest, BadConfigurationsAreClearErrors) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/file_io.hpp"
 
 namespace pinfeed::trainer {
 namespace {
@@ -76,11 +77,14 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
 
   const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
   const std::filesystem::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
-  {
+  try {
     Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
     if (f.fd < 0) throw DataError(tmp, fmt::format("cannot create: {}", std::strerror(errno)));
     write_all(f.fd, out.data(), out.size(), tmp);
     if (::fsync(f.fd) != 0) throw DataError(tmp, fmt::format("fsync failed: {}", std::strerror(errno)));
+  } catch (...) {
+    ::unlink(tmp.c_str());  // a failed write (disk full) leaves no temporary behind
+    throw;
   }
   if (hooks.before_rename) hooks.before_rename();
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -95,17 +99,25 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
 Checkpoint load_checkpoint(const std::filesystem::path& path) {
   std::vector<std::byte> in;
   {
-    Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-    if (f.fd < 0) throw DataError(path, fmt::format("cannot open checkpoint: {}", std::strerror(errno)));
-    std::byte buf[1 << 16];
-    for (;;) {
-      const ssize_t r = ::read(f.fd, buf, sizeof buf);
+    const RegularFile f(path, "a checkpoint");
+    if (f.size() > kMaxCheckpointBytes) {
+      throw DataError(path, fmt::format("is {} bytes, over the {} byte limit for a checkpoint", f.size(), kMaxCheckpointBytes));
+    }
+    in.resize(f.size());  // checked against the file, never against a header field
+    std::size_t got = 0;
+    while (got < in.size()) {
+      const ssize_t r = ::read(f.fd(), in.data() + got, in.size() - got);
       if (r < 0 && errno == EINTR) continue;
       if (r < 0) throw DataError(path, fmt::format("read failed: {}", std::strerror(errno)));
       if (r == 0) break;
-      in.insert(in.end(), buf, buf + r);
+      got += static_cast<std::size_t>(r);
     }
+    in.resize(got);
   }
+  return parse_checkpoint(in, path);
+}
+
+Checkpoint parse_checkpoint(std::span<const std::byte> in, const std::filesystem::path& path) {
   if (in.size() < sizeof kMagic + 16 || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0) {
     throw DataError(path, "not a pinfeed checkpoint (bad magic or too short)");
   }
@@ -129,8 +141,15 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
     c.model.pool = h.at("model").at("pool");
     c.model.hidden = h.at("model").at("hidden").get<std::vector<int>>();
     c.model.classes = h.at("model").at("classes");
-    const std::size_t n = h.at("params");
-    if (24 + len + 2 * n * sizeof(float) != in.size()) throw DataError(path, "parameter data does not match the header");
+    const std::uint64_t n = h.at("params").get<std::uint64_t>();
+    // Compared without multiplying a header field: a crafted count must not
+    // wrap into a small allocation size, nor size one past the file.
+    const std::uint64_t data_bytes = in.size() - 24 - len;
+    if (n > data_bytes / (2 * sizeof(float)) || 2 * n * sizeof(float) != data_bytes) {
+      throw DataError(path, fmt::format("parameter data does not match the header ({} parameters declared, {} bytes of "
+                                        "data)",
+                                        n, data_bytes));
+    }
     c.weights.resize(n);
     c.momentum.resize(n);
     std::memcpy(c.weights.data(), in.data() + 16 + len, n * sizeof(float));
@@ -139,6 +158,24 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
     throw DataError(path, fmt::format("bad checkpoint header: {}", e.what()));
   }
   return c;
+}
+
+void check_checkpoint_writable(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (!ec && fs::exists(st) && !fs::is_regular_file(st)) {
+    throw DataError(path, "exists and is not a regular file: a checkpoint cannot be written there");
+  }
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  if (!fs::is_directory(dir, ec)) throw DataError(dir, "checkpoint folder does not exist");
+  const fs::path probe = dir / fmt::format(".{}.probe.{}", path.filename().string(), ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw DataError(dir, fmt::format("checkpoint folder does not take a new file: {}", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace pinfeed::trainer

@@ -1,6 +1,7 @@
 #include "pinfeed/trainer/trainer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
@@ -273,6 +274,10 @@ void Worker::run() {
     mismatch("model image_size", ck.model.image_size, mc.image_size);
     mismatch("model pool", ck.model.pool, mc.pool);
     mismatch("model classes", ck.model.classes, mc.classes);
+    // The same parameter count can be another shape (--hidden 4,8 vs 8,4):
+    // every field of the shape must match.
+    mismatch("model hidden widths", fmt::format("{}", fmt::join(ck.model.hidden, ",")),
+             fmt::format("{}", fmt::join(mc.hidden, ",")));
     w = std::move(ck.weights);
     m = std::move(ck.momentum);
     global_step_ = ck.step;
@@ -439,8 +444,11 @@ void Worker::run() {
     summary.replaced = static_cast<std::uint64_t>(extra[3]);
     summary.images_per_second = summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0;
     const memory::PoolStats pool = loader_->pool().stats();
-    summary.pool_pinned_bytes = pool.pinned_bytes;
-    summary.pool_pageable_bytes = pool.pageable_bytes;
+    // Every pool of the process (all workers' training and validation
+    // loaders), not this worker's alone: what VmLck shows.
+    const memory::ProcessPoolStats all = memory::process_pool_stats();
+    summary.pool_pinned_bytes = all.pinned_bytes;
+    summary.pool_pageable_bytes = all.pageable_bytes;
     summary.pool_transitions = pool.to_pageable + pool.to_pinned;
     summary.pressure = std::string(memory::to_string(pool.level));
     validate_epoch(summary);
@@ -472,6 +480,9 @@ void Worker::run() {
 
 TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   config.validate();
+  // Found before the first epoch, not after it: a checkpoint that cannot be
+  // written (missing or read-only folder, a directory in its place).
+  if (!config.checkpoint.empty()) check_checkpoint_writable(config.checkpoint);
   const LaunchEnv env = config.launch ? *config.launch : read_launch_env();
   const bool multi_process = env.world_size > 1;
   Job job(config, callbacks);

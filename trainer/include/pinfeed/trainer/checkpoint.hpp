@@ -7,10 +7,11 @@
 // weights and momentum as raw float32, and an FNV-1a 64 checksum of all that.
 // Written atomically: a temporary file in the same folder, fsync, rename over
 // the old checkpoint, fsync of the folder. A writer killed at any point leaves
-// the previous checkpoint intact.
+// the previous checkpoint intact; a write that fails removes its temporary.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "pinfeed/trainer/model.hpp"
@@ -34,7 +35,20 @@ struct SaveHooks {
 
 /// Throws DataError(path, reason) when the file cannot be written.
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt, const SaveHooks& hooks = {});
-/// Throws DataError(path, reason): missing, truncated, not a checkpoint, checksum mismatch.
+/// Throws DataError(path, reason): missing, not a regular file, over
+/// kMaxCheckpointBytes, truncated, not a checkpoint, checksum mismatch, a
+/// header whose sizes disagree with the file.
 Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+/// The same checks on bytes already in memory (`path` names them in errors).
+Checkpoint parse_checkpoint(std::span<const std::byte> bytes, const std::filesystem::path& path);
+
+/// Largest checkpoint read (the reference models are far smaller).
+inline constexpr std::uint64_t kMaxCheckpointBytes = 16ULL << 30U;
+
+/// Throws DataError naming the folder (or the path) unless a checkpoint
+/// can be written there: the folder exists and takes a new file, and the
+/// path is not something other than a regular file. Run before training.
+void check_checkpoint_writable(const std::filesystem::path& path);
 
 }  // namespace pinfeed::trainer

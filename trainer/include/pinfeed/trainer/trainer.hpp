@@ -81,7 +81,7 @@ struct EpochSummary {
   double data_wait_fraction = 0;        ///< mean over workers: share of the epoch a worker waited for its next batch
   double lr = 0;                        ///< at the epoch's last step
   std::uint64_t pinned_batches = 0, pageable_batches = 0, replaced = 0;
-  std::size_t pool_pinned_bytes = 0, pool_pageable_bytes = 0;  ///< worker 0's pool at the epoch's end
+  std::size_t pool_pinned_bytes = 0, pool_pageable_bytes = 0;  ///< every pool of the process at the epoch's end (memory::process_pool_stats)
   std::uint64_t pool_transitions = 0;   ///< worker 0's pool: slab moves pinned <-> pageable so far
   std::string pressure = "normal";      ///< worker 0's pool's pressure level at the epoch's end
   std::vector<float> step_loss;         ///< mean training loss of each step, over all workers
