@@ -16,7 +16,10 @@ memory. Under torchrun the rank and world size come from RANK and WORLD_SIZE.
 """
 
 import json
+import numbers
 import os
+import warnings
+import weakref
 
 import torch
 from torch.utils.dlpack import from_dlpack
@@ -42,6 +45,50 @@ def _env_int(name):
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def _int_arg(name, value, lo, hi):
+    """An integer argument within [lo, hi], or ValueError/TypeError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__} ({value!r})")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return int(value)
+
+
+def _bool_arg(name, value):
+    if not isinstance(value, (bool, numbers.Integral)) or value not in (0, 1):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
+
+
+def _float_arg(name, value, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
+    if not lo <= float(value) <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return float(value)
+
+
+def _triple(name, value):
+    """Three finite numbers (R, G, B), or ValueError/TypeError naming the argument."""
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be 3 numbers (R, G, B), not {type(value).__name__}") from None
+    if len(items) != 3:
+        raise ValueError(f"{name} must have 3 values (R, G, B), got {len(items)}")
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name} must be 3 numbers (R, G, B), got {value!r}")
+        if v != v or v in (float("inf"), float("-inf")):
+            raise ValueError(f"{name} must be finite numbers, got {value!r}")
+        out.append(float(v))
+    return out
+
+
+_U64 = 2**64 - 1
+
+
 class Loader:
     """An iterable over (images, labels) batches, like torch.utils.data.DataLoader
     with a DistributedSampler.
@@ -57,34 +104,62 @@ class Loader:
         as `loader.local_rank`: the GPU this process feeds
         (`images.cuda(loader.local_rank, non_blocking=True)`).
     pin_memory: "auto" (pin within the host's budget, pageable beyond it or
-        under memory pressure), True (the same, but say so when it cannot pin),
-        or False (pageable).
+        under memory pressure), True (the same, but a RuntimeWarning names the
+        reason when fewer slots than `prefetch` can be pinned), "require"
+        (raise pinfeed.ConfigError instead), or False (pageable). Ranks on one
+        host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
+        SLURM_NTASKS_PER_NODE) split the host's pinned budget between them.
     bad_sample: "replace" (a deterministic substitute, logged and counted) or
-        "fail" (raise pinfeed.DataError naming the file).
+        "fail" (raise pinfeed.DataError naming the file). With "replace" the
+        epoch still fails once more than `max_replaced_share` (default 1%) of
+        it was replaced, or when a class had no decodable sample.
+    max_classes: a label at or over it refuses the dataset (default 1,000,000).
     copy: yield tensors that own their memory (the slot is returned at once).
     return_indices: yield (images, labels, indices) with the dataset indices.
+
+    Waiting for a batch never blocks Ctrl-C: KeyboardInterrupt comes within
+    ~50 ms and the loader stays usable. One iteration runs at a time: calling
+    iter() again while an earlier iterator is still running raises
+    RuntimeError (exhaust it, or drop it first).
     """
 
     def __init__(self, data, batch_size=64, *, transform="random", size=224, resize=256, flip=True,
                  layout="nchw-f32", mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
                  seed=0, shuffle=True, drop_last=False, drop_last_batch=False, threads=0, prefetch=4,
                  pin_memory="auto", bad_sample="replace", copy=False, return_indices=False, list_root=None,
-                 local_rank=None):
+                 local_rank=None, max_classes=1_000_000, max_replaced_share=0.01):
         if not isinstance(data, (str, os.PathLike)):
             raise TypeError(f"data must be a path or a shard pattern, not {type(data).__name__}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if layout not in _LAYOUTS:
+        batch_size = _int_arg("batch_size", batch_size, 1, 65536)
+        if not isinstance(layout, str) or layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
-        if pin_memory not in ("auto", True, False):
-            raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
+        if not any(pin_memory is v for v in (True, False)) and pin_memory not in ("auto", "require"):
+            raise ValueError(f"pin_memory must be 'auto', True, 'require' or False, got {pin_memory!r}")
+        for name, value, choices in (("transform", transform, ("random", "center", "full")),
+                                     ("bad_sample", bad_sample, ("replace", "fail"))):
+            if not isinstance(value, str) or value not in choices:
+                raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+        size = _int_arg("size", size, 8, 4096)
+        resize = _int_arg("resize", resize, 1, 8192)
+        threads = _int_arg("threads", threads, 0, 1024)
+        prefetch = _int_arg("prefetch", prefetch, 1, 256)
+        seed = _int_arg("seed", seed, 0, _U64)
+        max_classes = _int_arg("max_classes", max_classes, 1, 100_000_000)
+        max_replaced_share = _float_arg("max_replaced_share", max_replaced_share, 0.0, 1.0)
+        mean, std = _triple("mean", mean), _triple("std", std)
+        if any(v <= 0 for v in std):
+            raise ValueError(f"std must be positive, got {std!r}")
+        flip, shuffle = _bool_arg("flip", flip), _bool_arg("shuffle", shuffle)
+        drop_last, drop_last_batch = _bool_arg("drop_last", drop_last), _bool_arg("drop_last_batch", drop_last_batch)
         if rank is None:
             rank = _env_int("RANK") or 0
         if world_size is None:
             world_size = _env_int("WORLD_SIZE") or 1
         if local_rank is None:
             local_rank = _env_int("LOCAL_RANK") or 0
-        self.local_rank = local_rank
+        rank = _int_arg("rank", rank, 0, 2**31 - 1)
+        world_size = _int_arg("world_size", world_size, 1, 2**31 - 1)
+        self.local_rank = _int_arg("local_rank", local_rank, 0, 2**31 - 1)
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.batch_size = batch_size
@@ -93,6 +168,7 @@ class Loader:
         self.pin_memory = pin_memory
         self._epoch = 0
         self._resume = None
+        self._active = None  # (token, weakref to the running iteration's generator)
         self._impl = _pinfeed.Loader({
             "dataset": os.fspath(data), "list_root": None if list_root is None else os.fspath(list_root),
             "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "rank": rank,
@@ -100,7 +176,18 @@ class Loader:
             "drop_last_batch": drop_last_batch, "seed": seed, "crop": transform, "size": size,
             "resize": resize, "flip": flip, "layout": _LAYOUTS[layout], "mean": list(mean), "std": list(std),
             "bad_sample": bad_sample, "pin": pin_memory is not False, "watch_pressure": True,
+            "require_pinned": pin_memory == "require", "max_classes": max_classes,
+            "max_replaced_share": max_replaced_share,
         })
+        if pin_memory is True:
+            report = self._impl.pin_report()
+            if report["pinned_slots"] < report["slots"]:
+                warnings.warn(f"pinfeed: pin_memory=True, but {report['reason']}; the other slots are pageable "
+                              "(pin_memory='require' makes this an error)", RuntimeWarning, stacklevel=2)
+
+    def pin_report(self):
+        """How the pool was pinned: slots, pinned_slots, budget_bytes, limiting, local_ranks, reason."""
+        return dict(self._impl.pin_report())
 
     def set_epoch(self, epoch):
         """The epoch the next iteration runs (its shuffle and augmentation)."""
@@ -116,22 +203,40 @@ class Loader:
         return self._impl.num_classes()
 
     def __iter__(self):
+        if self._active is not None and self._active[1]() is not None:
+            raise RuntimeError("this pinfeed.Loader is already being iterated: an earlier iterator is still running. "
+                               "Exhaust it or drop it (del it) before starting another; one epoch runs at a time")
+        self._start()
+        token = object()
+        batches = self._batches(token)
+        # A weak reference: an iterator dropped before its first batch (its
+        # generator body never ran) does not hold the loader busy.
+        self._active = (token, weakref.ref(batches))
+        return batches
+
+    def _start(self):
         if self._resume is not None:
             s, self._resume = self._resume, None
             self._impl.restore(s["seed"], s["epoch"], s["position"], s["world_size"], s["rank"])
             self._epoch = s["epoch"]
         else:
             self._impl.begin_epoch(self._epoch)
-        while True:
-            item = self._impl.next()
-            if item is None:
-                return
-            images_capsule, labels_capsule, indices, pinned = item
-            images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
-            del images_capsule, labels_capsule
-            if self.copy:
-                images, labels = images.clone(), labels.clone()  # the slot goes back now
-            yield (images, labels, indices) if self.return_indices else (images, labels)
+
+    def _batches(self, token):
+        try:
+            while True:
+                item = self._impl.next()
+                if item is None:
+                    return
+                images_capsule, labels_capsule, indices, pinned = item
+                images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
+                del images_capsule, labels_capsule
+                if self.copy:
+                    images, labels = images.clone(), labels.clone()  # the slot goes back now
+                yield (images, labels, indices) if self.return_indices else (images, labels)
+        finally:
+            if self._active is not None and self._active[0] is token:
+                self._active = None
 
     def state_dict(self):
         """Where the current epoch stands: load_state_dict() continues from here."""

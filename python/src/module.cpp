@@ -5,6 +5,7 @@
 // The Python-facing API (torch tensors, iteration, state_dict) is in
 // pinfeed/__init__.py.
 #include <dlpack/dlpack.h>
+#include <chrono>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -99,6 +100,9 @@ pl::LoaderConfig to_config(const py::dict& d) {
   }
   c.on_bad_sample = pl::parse_bad_sample_policy(text(d, "bad_sample", "replace"));
   c.pin = d["pin"].cast<bool>();
+  if (d.contains("require_pinned")) c.require_pinned = d["require_pinned"].cast<bool>();
+  if (d.contains("max_classes")) c.max_classes = d["max_classes"].cast<std::size_t>();
+  if (d.contains("max_replaced_share")) c.max_replaced_share = d["max_replaced_share"].cast<double>();
   c.watch_pressure = d["watch_pressure"].cast<bool>();
   c.validate();
   return c;
@@ -129,6 +133,18 @@ class PyLoader {
           "all {} pool slots are held by live batches: the next batch cannot be made until one is freed. Drop the "
           "tensors of earlier batches (del images, labels), raise prefetch, or pass copy=True",
           prefetch_));
+    }
+    // Wait in slices with the GIL released, running the interpreter's
+    // signal handlers between them: Ctrl-C raises KeyboardInterrupt within
+    // ~50 ms however long the batch takes, and the loader stays usable.
+    for (;;) {
+      bool ready = false;
+      {
+        py::gil_scoped_release release;
+        ready = loader_->wait_ready(std::chrono::milliseconds(50));
+      }
+      if (ready) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     std::optional<pl::Batch> b;
     {
@@ -165,6 +181,18 @@ class PyLoader {
   [[nodiscard]] std::size_t samples_per_epoch() const { return loader_->samples_per_epoch(); }
   [[nodiscard]] std::size_t num_classes() const { return loader_->dataset().num_classes(); }
   [[nodiscard]] long live_batches() const { return live_->load(); }
+  [[nodiscard]] py::dict pin_report() const {
+    const pl::PinReport& r = loader_->pin_report();
+    py::dict d;
+    d["slots"] = r.slots;
+    d["pinned_slots"] = r.pinned_slots;
+    d["slot_bytes"] = r.slot_bytes;
+    d["budget_bytes"] = r.budget_bytes;
+    d["limiting"] = r.limiting;
+    d["local_ranks"] = r.local_ranks;
+    d["reason"] = r.reason;
+    return d;
+  }
   [[nodiscard]] std::string stats_json() const { return pl::stats_json(loader_->stats()); }
 
  private:
@@ -202,6 +230,7 @@ PYBIND11_MODULE(_pinfeed, m) {
       .def("samples_per_epoch", &PyLoader::samples_per_epoch)
       .def("num_classes", &PyLoader::num_classes)
       .def("live_batches", &PyLoader::live_batches)
+      .def("pin_report", &PyLoader::pin_report)
       .def("stats_json", &PyLoader::stats_json);
   m.def("set_log_level", [](const std::string& level) {
     const auto l = spdlog::level::from_str(level);

@@ -1,0 +1,126 @@
+"""Hostile but fair use of the Python module: bad arguments, Ctrl-C while a
+batch is being made, a second iteration, and pin_memory that cannot pin."""
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import pytest
+
+import pinfeed
+
+
+def small(dataset, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("size", 32)
+    kw.setdefault("threads", 2)
+    return pinfeed.Loader(str(dataset), **kw)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(threads=-1), ValueError, "threads"),
+    (dict(seed=2**70), ValueError, "seed"),
+    (dict(size=2**40), ValueError, "size"),
+    (dict(std=("a", 1, 1)), TypeError, "std"),
+    (dict(std=(0.2, 0.0, 0.2)), ValueError, "std"),
+    (dict(mean=(1, 2)), ValueError, "mean"),
+    (dict(mean=5), TypeError, "mean"),
+    (dict(prefetch="4"), TypeError, "prefetch"),
+    (dict(batch_size=2.5), TypeError, "batch_size"),
+    (dict(shuffle="yes"), TypeError, "shuffle"),
+    (dict(rank=-1, world_size=2), ValueError, "rank"),
+    (dict(max_classes=0), ValueError, "max_classes"),
+    (dict(max_replaced_share=2), ValueError, "max_replaced_share"),
+    (dict(transform=None), ValueError, "transform"),
+])
+def test_arguments_out_of_range_name_the_argument(dataset, kwargs, error, name):
+    with pytest.raises(error, match=name):
+        small(dataset, **kwargs)
+
+
+def test_a_second_iteration_while_one_runs_is_an_error_not_a_theft(dataset):
+    loader = small(dataset, shuffle=False)
+    first = iter(loader)
+    next(first)
+    with pytest.raises(RuntimeError, match="already being iterated"):
+        iter(loader)
+    assert sum(1 for _ in first) == 4  # the first iteration still has all of its batches
+    assert sum(1 for _ in loader) == 5  # over: a new one may start
+    iter(loader)  # an iterator dropped before its first batch holds nothing
+    assert sum(1 for _ in loader) == 5
+    for _ in loader:
+        break  # a loop left early releases the loader too
+    assert sum(1 for _ in loader) == 5
+
+
+def _png_of_zeros(path, side):
+    """A side x side grayscale PNG of zeros: a few hundred KB that decode to side^2 pixels."""
+    row = b"\x00" * (side + 1)  # filter byte + pixels
+    data = zlib.compress(row * side, 9)
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)) +
+           chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
+
+
+def test_ctrl_c_interrupts_a_waiting_next_and_the_loader_stays_usable(tmp_path):
+    # Four 10000 x 10000 PNGs on one thread: the first batch takes seconds.
+    _png_of_zeros(tmp_path / "set" / "a" / "0.png", 10000)
+    for i in range(1, 4):
+        os.link(tmp_path / "set" / "a" / "0.png", tmp_path / "set" / "a" / f"{i}.png")
+    loader = pinfeed.Loader(str(tmp_path / "set"), batch_size=4, threads=1, size=16, transform="center", prefetch=2)
+    it = iter(loader)
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    interrupted_after = time.monotonic() - start
+    timer.join()
+    start = time.monotonic()
+    batches = [labels.tolist() for _, labels in loader]  # usable again: a whole epoch
+    epoch_took = time.monotonic() - start
+    assert batches == [[0, 0, 0, 0]]
+    print(f"interrupted after {interrupted_after:.2f} s; a whole batch took {epoch_took:.2f} s")
+    assert interrupted_after < 0.3 + 0.5
+    assert epoch_took > interrupted_after, "the batch was ready before the interrupt: the test proves nothing"
+
+
+def _without_memlock(code):
+    """Runs `code` in a Python whose RLIMIT_MEMLOCK is 64 KiB and that lacks CAP_IPC_LOCK."""
+    prefix = ["prlimit", "--memlock=65536:65536"]
+    if os.geteuid() == 0:
+        prefix += ["setpriv", "--bounding-set=-ipc_lock", "--inh-caps=-ipc_lock"]
+    return subprocess.run(prefix + [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+
+
+def test_pin_memory_true_warns_with_the_reason_and_require_raises(dataset):
+    common = f"import warnings, pinfeed; warnings.simplefilter('always'); kw = dict(batch_size=8, size=32, threads=1)\n"
+    out = _without_memlock(common + f"l = pinfeed.Loader({str(dataset)!r}, pin_memory=True, **kw)\n"
+                                    "print('pinned', l.pin_report()['pinned_slots'], 'of', l.pin_report()['slots'])\n")
+    assert out.returncode == 0, out.stderr
+    assert "pinned 0 of 4" in out.stdout
+    assert "RuntimeWarning" in out.stderr and "memlock" in out.stderr, out.stderr
+    out = _without_memlock(common + f"pinfeed.Loader({str(dataset)!r}, pin_memory='auto', **kw)\n")
+    assert out.returncode == 0 and "RuntimeWarning" not in out.stderr, out.stderr
+    out = _without_memlock(common + f"pinfeed.Loader({str(dataset)!r}, pin_memory='require', **kw)\n")
+    assert out.returncode != 0
+    assert "ConfigError" in out.stderr and "memlock" in out.stderr, out.stderr
+
+
+def test_ranks_on_one_host_split_its_memory(dataset):
+    code = (f"import pinfeed; l = pinfeed.Loader({str(dataset)!r}, batch_size=8, size=32, threads=1)\n"
+            "print(l.pin_report()['local_ranks'])")
+    for env, expected in (({"LOCAL_WORLD_SIZE": "4", "RANK": "1", "WORLD_SIZE": "4"}, "4"),
+                          ({"OMPI_COMM_WORLD_LOCAL_SIZE": "8", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8"}, "8"),
+                          ({"SLURM_NTASKS_PER_NODE": "2(x3)", "SLURM_PROCID": "0", "SLURM_NTASKS": "6"}, "2")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, **env))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == expected, env
