@@ -156,7 +156,7 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
   if (o.with_pool) {
     if (!req) throw pinfeed::ConfigError("--with-pool needs --batch or --batch-bytes to size the pool");
     const pm::PoolPlan plan = pm::plan_pool(pm::MemorySnapshot::read(o.root), *req);
-    if (plan.verdict == pm::Verdict::does_not_fit) throw pinfeed::ConfigError(fmt::format("--with-pool: {}", plan.fit.explain("--prefetch", "--batch")));
+    if (plan.verdict == pm::Verdict::does_not_fit) throw pinfeed::ConfigError(fmt::format("--with-pool: {}", plan.fit.explain("--prefetch", "--batch", req->gpus)));
     pinned.emplace(pm::PinnedResource::Config{req->policy.method, std::nullopt});
     pageable.emplace();
     pm::BufferPool::Config pc;
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", o.prefetch, "batches in flight per GPU")->check(CLI::Range(1U, 64U));
   app.add_option("--local-ranks", o.local_ranks,
                  "processes on this host sharing its memory (default: LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, "
-                 "SLURM_NTASKS_PER_NODE, else 1)")
+                 "an srun step's SLURM_STEP_TASKS_PER_NODE, else 1)")
       ->check(CLI::Range(1U, 4096U));
   app.add_option("--fraction", o.fraction, "share of the really available memory pinning may take")
       ->check(CLI::Range(0.01, 1.0));

@@ -38,29 +38,15 @@ bool is_image_extension(const std::string& ext) { return ext == "jpg" || ext == 
 enum class NameKind { other, decodable, undecodable };
 NameKind image_name_kind(const fs::path& p) {
   static const std::set<std::string> kDecodable{".jpg", ".jpeg", ".png", ".webp"};
-  static const std::set<std::string> kOther{".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".gif"};
+  static const std::set<std::string> kOther{".ppm", ".bmp", ".pgm", ".tif", ".tiff"};
   const std::string ext = lower(p.extension().string());
   if (kDecodable.contains(ext)) return NameKind::decodable;
   return kOther.contains(ext) ? NameKind::undecodable : NameKind::other;
 }
 
-/// Reads a whole file, refusing anything but regular files and absurd sizes.
+/// Reads a whole sample file, refusing anything but regular files and absurd sizes.
 void read_whole_file(const fs::path& path, std::vector<std::byte>& out) {
-  const RegularFile file(path, "an image file");
-  const int fd = file.fd();
-  const std::uint64_t size = file.size();
-  if (size > kMaxSampleBytes) {
-    throw DataError(path, fmt::format("is {} bytes, over the {} byte limit for one sample", size, kMaxSampleBytes));
-  }
-  out.resize(size);
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, out.data() + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw DataError(path, fmt::format("read failed: {}", std::strerror(errno)));
-    if (n == 0) throw DataError(path, fmt::format("file shrank while reading ({} of {} bytes)", done, size));
-    done += static_cast<std::size_t>(n);
-  }
+  read_regular_file(path, "one sample (an image file)", kMaxSampleBytes, out);
 }
 
 std::optional<std::int64_t> parse_label(std::string_view s) {
@@ -149,20 +135,10 @@ std::string ImageFolder::summary() const {
 
 FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes) : list_(list) {
   check_max_classes(max_classes);
-  const RegularFile file(list, "a file list");
-  if (file.size() > kMaxFileListBytes) {
-    throw DataError(list, fmt::format("file list of {} bytes is over the {} byte limit", file.size(), kMaxFileListBytes));
-  }
-  std::string text(file.size(), '\0');
-  std::size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(file.fd(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw DataError(list, fmt::format("read failed: {}", std::strerror(errno)));
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  text.resize(got);
+  std::vector<std::byte> bytes;
+  read_regular_file(list, "a file list", kMaxFileListBytes, bytes);
+  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  bytes = {};
   std::istringstream in(std::move(text));
   std::string line;
   std::size_t lineno = 0;

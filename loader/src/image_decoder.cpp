@@ -54,25 +54,22 @@ constexpr std::size_t kPngCacheLimit = 64U << 20U;
 /// RAII for a libspng context reading `data`.
 class Png {
  public:
-  Png(std::span<const std::byte> data, const std::string& name) : name_(name), ctx_(spng_ctx_new(0)) {
-    if (ctx_ == nullptr) throw Error("libspng: cannot create a decoder context");
-    check(spng_set_chunk_limits(ctx_, kPngChunkLimit, kPngCacheLimit), "chunk limits");
-    check(spng_set_png_buffer(ctx_, data.data(), data.size()), "reading");
-    check(spng_get_ihdr(ctx_, &ihdr_), "reading the header");
+  Png(std::span<const std::byte> data, const std::string& name) : name_(name), ctx_(spng_ctx_new(0), &spng_ctx_free) {
+    if (!ctx_) throw Error("libspng: cannot create a decoder context");
+    check(spng_set_chunk_limits(ctx_.get(), kPngChunkLimit, kPngCacheLimit), "chunk limits");
+    check(spng_set_png_buffer(ctx_.get(), data.data(), data.size()), "reading");
+    check(spng_get_ihdr(ctx_.get(), &ihdr_), "reading the header");
   }
-  ~Png() { spng_ctx_free(ctx_); }
-  Png(const Png&) = delete;
-  Png& operator=(const Png&) = delete;
 
   void check(int rc, std::string_view what) const {
     if (rc != 0 && rc != SPNG_EOI) throw DataError(name_, fmt::format("corrupt PNG ({}): {}", what, spng_strerror(rc)));
   }
-  [[nodiscard]] spng_ctx* get() const noexcept { return ctx_; }
+  [[nodiscard]] spng_ctx* get() const noexcept { return ctx_.get(); }
   [[nodiscard]] const spng_ihdr& ihdr() const noexcept { return ihdr_; }
 
  private:
   const std::string& name_;
-  spng_ctx* ctx_;
+  std::unique_ptr<spng_ctx, decltype(&spng_ctx_free)> ctx_;  // freed on every path, a throwing constructor's too
   spng_ihdr ihdr_{};
 };
 
@@ -168,6 +165,45 @@ struct ImageDecoder::Impl {
                        h.height);  // RGBA bytes -> BGRA bytes, in place
   }
 
+  /// A WebP region, decoded by libwebp's cropping into scratch of the
+  /// region's size (not the image's), then passed on row by row. The crop
+  /// starts on even coordinates (lossy WebP's chroma grid) and the extra
+  /// column or row is skipped here, so the pixels are exact.
+  void webp_region(std::span<const std::byte> data, const Region& r, RowSink& sink, const std::string& name) {
+    const int x0 = r.x & ~1, y0 = r.y & ~1;
+    const int cw = r.width + (r.x - x0), ch = r.height + (r.y - y0);
+    const std::size_t stride = static_cast<std::size_t>(cw) * 4;
+    whole.pixels.resize(stride * static_cast<std::size_t>(ch));
+    WebPDecoderConfig config;
+    if (WebPInitDecoderConfig(&config) == 0) throw Error("libwebp: version mismatch");
+    config.options.use_cropping = 1;
+    config.options.crop_left = x0;
+    config.options.crop_top = y0;
+    config.options.crop_width = cw;
+    config.options.crop_height = ch;
+    config.output.colorspace = MODE_BGRA;
+    config.output.is_external_memory = 1;
+    config.output.u.RGBA.rgba = whole.pixels.data();
+    config.output.u.RGBA.stride = static_cast<int>(stride);
+    config.output.u.RGBA.size = whole.pixels.size();
+    const VP8StatusCode status =
+        WebPDecode(reinterpret_cast<const std::uint8_t*>(data.data()), data.size(), &config);
+    WebPFreeDecBuffer(&config.output);  // external memory: frees nothing of ours
+    if (status != VP8_STATUS_OK) throw DataError(name, fmt::format("corrupt WebP: {}", webp_status(status)));
+    sink.begin(r.width, r.height);
+    for (int y = 0; y < r.height; ++y) {
+      sink.row(whole.pixels.data() + static_cast<std::size_t>(y + r.y - y0) * stride +
+               static_cast<std::size_t>(r.x - x0) * 4);
+    }
+  }
+
+  /// Scratch over this size is given back after each image: one large
+  /// image must not stay resident per thread for the loader's lifetime.
+  void trim() noexcept {
+    constexpr std::size_t kKeep = 64U << 20U;
+    if (whole.pixels.capacity() > kKeep) ScratchBytes().swap(whole.pixels);
+  }
+
   /// A non-interlaced PNG, row by row: only rows [y0, y1) and columns
   /// [x0, x1) reach the sink; the rest is decoded (PNG has no random access)
   /// and dropped, and decoding stops after the region's last row.
@@ -221,7 +257,15 @@ void ImageDecoder::decode_other(std::span<const std::byte> data, const Region& r
     impl_->png_rows(data, r, sink, name);
     return;
   }
-  impl_->decode_whole(data, f, impl_->whole, name);
+  struct Trim {
+    Impl& impl;
+    ~Trim() { impl.trim(); }
+  } trim{*impl_};
+  if (f == ImageFormat::webp) {
+    impl_->webp_region(data, r, sink, name);
+    return;
+  }
+  impl_->decode_whole(data, f, impl_->whole, name);  // interlaced PNG: the passes need the whole image
   sink.begin(r.width, r.height);
   for (int y = r.y; y < r.y + r.height; ++y) sink.row(impl_->whole.row(y) + static_cast<std::size_t>(r.x) * 4);
 }

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <set>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stop_token>
@@ -120,8 +121,15 @@ struct EpochRun {
 
   // Bad samples, for the replacement budget and the class check.
   std::atomic<std::uint32_t>* class_good = nullptr;  // per label: samples decoded (the Loader's, reset per run)
-  std::mutex bad_mutex;                               // guards bad_classes
-  std::map<std::int64_t, std::pair<std::uint64_t, std::string>> bad_classes;  // label -> (count, a file and its reason)
+  const std::vector<std::size_t>* class_total = nullptr;  // per label: samples in the whole dataset
+  struct BadClass {
+    std::set<std::size_t> samples;  // distinct dataset indices that failed
+    std::uint64_t count = 0;        // replacements (a padded sample can fail twice)
+    std::filesystem::path path;     // the first one, and why
+    std::string reason;
+  };
+  std::mutex bad_mutex;  // guards bad_classes
+  std::map<std::int64_t, BadClass> bad_classes;
 
   EpochRun(const Dataset& d, const LoaderConfig& c) : dataset(&d), stage(d, c.transform, c.seed), config(c) {}
 
@@ -199,8 +207,12 @@ struct EpochRun {
 
   void note_bad(std::size_t index, const DataError& e) {
     const std::scoped_lock lock(bad_mutex);
-    auto& [count, example] = bad_classes[dataset->label(index)];
-    if (count++ == 0) example = fmt::format("{}: {}", e.path().string(), e.reason());
+    BadClass& bad = bad_classes[dataset->label(index)];
+    if (bad.count++ == 0) {
+      bad.path = e.path();
+      bad.reason = e.reason();
+    }
+    bad.samples.insert(index);
   }
 
   /// Which classes the bad samples came from, in words (the first few).
@@ -213,7 +225,7 @@ struct EpochRun {
         text += " ...";
         break;
       }
-      text += fmt::format(" class {} ({} bad, e.g. {}){}", label, bad.first, bad.second,
+      text += fmt::format(" class {} ({} bad, e.g. {}: {}){}", label, bad.count, bad.path.string(), bad.reason,
                           shown < std::min<std::size_t>(bad_classes.size(), 5) ? ";" : "");
     }
     return text;
@@ -222,10 +234,19 @@ struct EpochRun {
   // Note [Replacement budget]: replacing a few corrupt files keeps every
   // rank's batches full; replacing many hides a systematic problem (a
   // format we cannot read, a broken mount) behind other classes' samples.
-  // Past max_replaced_share of this rank's epoch the epoch fails, with the
-  // counts; a class with bad samples and none decoded fails it at its end.
+  // Past max_replaced_share of this rank's epoch (at least one replacement
+  // unless the share is 0, so a small set may lose one file) the epoch
+  // fails, with the counts. And when every sample of a class failed (all of
+  // the dataset's, seen by this rank) the epoch fails as its last batch is
+  // handed out: training on would silently drop the class.
+  [[nodiscard]] std::uint64_t replacement_limit() const {
+    if (config.max_replaced_share <= 0) return 0;
+    return std::max<std::uint64_t>(
+        1, static_cast<std::uint64_t>(config.max_replaced_share * static_cast<double>(order.size())));
+  }
+
   void check_budget(std::uint64_t replaced_now, const DataError& last) {
-    const auto limit = static_cast<std::uint64_t>(config.max_replaced_share * static_cast<double>(order.size()));
+    const std::uint64_t limit = replacement_limit();
     if (replaced_now <= limit) return;
     throw DataError(last.path(), fmt::format("{} bad samples replaced this epoch, over the budget of {} ({:g}% of this "
                                              "rank's {} samples, max_replaced_share): this is a systematic problem, not "
@@ -234,16 +255,16 @@ struct EpochRun {
                                              bad_classes_text(), last.reason()));
   }
 
-  /// At the end of a run: a class whose every sample in it was bad.
+  /// When the run's last batch is handed out: a class all of whose samples
+  /// (the dataset's, not only this rank's) failed here.
   void check_classes() {
     const std::scoped_lock lock(bad_mutex);
     for (const auto& [label, bad] : bad_classes) {
-      if (class_good[label].load(std::memory_order_relaxed) != 0) continue;
-      const auto colon = bad.second.find(": ");
-      throw DataError(bad.second.substr(0, colon),
-                      fmt::format("class {}: none of its {} sample(s) in this rank's epoch could be decoded (e.g. {}); "
-                                  "they were all replaced by other classes' samples (Note [Replacement budget])",
-                                  label, bad.first, colon == std::string::npos ? bad.second : bad.second.substr(colon + 2)));
+      const auto c = static_cast<std::size_t>(label);
+      if (class_good[c].load(std::memory_order_relaxed) != 0 || bad.samples.size() < (*class_total)[c]) continue;
+      throw DataError(bad.path, fmt::format("class {}: none of its {} sample(s) could be decoded (e.g. this one: {}); "
+                                            "they were all replaced by other classes' samples (Note [Replacement budget])",
+                                            label, bad.samples.size(), bad.reason));
     }
   }
 
@@ -458,7 +479,7 @@ Loader::Loader(LoaderConfig config)
   // Pinned or pageable, a pool larger than the host's memory is refused
   // before a byte is mapped (Note [Pool fit] in pool_plan.hpp).
   const memory::PoolFit fit = memory::check_pool_fit(snapshot, pc.slots, pc.slot_bytes, local_ranks);
-  if (!fit.fits) throw ConfigError(fmt::format("loader: {}", fit.explain("prefetch", "batch_size")));
+  if (!fit.fits) throw ConfigError(fmt::format("loader: {}", fit.explain("prefetch", "batch_size", 1)));
   const auto budget = memory::PinnedBudget::compute(
       snapshot, memory::BudgetPolicy{config_.pinned_fraction, pinned_.method(), 0, local_ranks},
       static_cast<std::uint64_t>(pc.slots) * round_up_to_page(pc.slot_bytes));
@@ -485,6 +506,8 @@ Loader::Loader(LoaderConfig config)
 
   engine_ = std::make_unique<Engine>(threads);
   class_good_ = std::make_unique<std::atomic<std::uint32_t>[]>(std::max<std::size_t>(1, dataset_->num_classes()));
+  class_total_.assign(std::max<std::size_t>(1, dataset_->num_classes()), 0);
+  for (std::size_t i = 0; i < dataset_->size(); ++i) ++class_total_[static_cast<std::size_t>(dataset_->label(i))];
   if (config_.watch_pressure) monitor_ = std::make_unique<memory::PressureMonitor>(config_.pressure);
   pool_ = std::make_unique<memory::BufferPool>(pc, pinned_, pageable_);
   if (monitor_) {
@@ -537,6 +560,7 @@ void Loader::start(std::uint64_t epoch, std::size_t position) {
   run->arena = &engine_->arena;
   run->scratch = &engine_->scratch;
   run->class_good = class_good_.get();
+  run->class_total = &class_total_;
   for (std::size_t c = 0; c < std::max<std::size_t>(1, dataset_->num_classes()); ++c) class_good_[c].store(0);
   run->epoch = epoch;
   run->order = sampler_.indices(epoch);
@@ -580,16 +604,15 @@ std::optional<Batch> Loader::next() {
     std::unique_lock lock(run.mutex);
     run.cv.wait(lock, [&] { return run.error || !run.ready.empty() || run.delivered >= run.num_batches; });
     if (run.error) std::rethrow_exception(run.error);
-    if (run.ready.empty()) {  // the epoch is complete
-      lock.unlock();
-      run.check_classes();
-      return std::nullopt;
-    }
+    if (run.ready.empty()) return std::nullopt;  // the epoch is complete
     b = std::move(run.ready.front());
     run.ready.pop_front();
     if (b->skipped) return std::nullopt;
     ++run.delivered;
   }
+  // Batches come in order: with the last one, every sample of the run has
+  // been through the stage (a trainer never asks past it).
+  if (run.delivered == run.num_batches) run.check_classes();
   Batch batch;
   batch.run_ = run_;
   batch.lease_ = std::move(b->lease);

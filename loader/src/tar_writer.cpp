@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
 
 namespace pinfeed::loader {
 
@@ -27,10 +28,11 @@ TarWriter::~TarWriter() {
   out_.close();
   std::error_code ec;
   std::filesystem::remove(partial_, ec);  // abandoned: never leave half a shard behind
+  pinfeed::detail::log().warn("tar shard {} abandoned before finish(): {} bytes discarded", path_.string(), written_);
 }
 
 void TarWriter::write(const void* data, std::size_t n) {
-  if (finished_) throw Error(fmt::format("{}: tar shard written after finish()", path_.string()));
+  if (finished_ || ending_) throw Error(fmt::format("{}: tar shard written after finish()", path_.string()));
   out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
   if (!out_) throw DataError(path_, "write failed (disk full?)");
   written_ += n;
@@ -70,15 +72,16 @@ void TarWriter::add(const std::string& name, std::span<const std::byte> data) {
 }
 
 void TarWriter::finish() {
-  if (finished_) return;
+  if (finished_ || ending_) return;
   const std::array<char, 2 * kBlock> zero{};
   write(zero.data(), zero.size());
-  finished_ = true;
+  ending_ = true;  // no more members; until the rename succeeds the destructor still removes the partial file
   out_.close();
   if (!out_) throw DataError(path_, "closing the shard failed (disk full?)");
   std::error_code ec;
   std::filesystem::rename(partial_, path_, ec);
   if (ec) throw DataError(path_, fmt::format("cannot rename {} to it: {}", partial_.string(), ec.message()));
+  finished_ = true;
 }
 
 }  // namespace pinfeed::loader

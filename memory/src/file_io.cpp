@@ -56,6 +56,24 @@ int RegularFile::release() noexcept {
   return fd;
 }
 
+void read_regular_file(const std::filesystem::path& path, std::string_view what, std::uint64_t max_bytes,
+                       std::vector<std::byte>& out) {
+  const RegularFile file(path, what);
+  const std::uint64_t size = file.size();
+  if (size > max_bytes) {
+    throw DataError(path, fmt::format("is {} bytes, over the {} byte limit for {}", size, max_bytes, what));
+  }
+  out.resize(size);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(file.fd(), out.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw DataError(path, fmt::format("read failed: {}", std::strerror(errno)));
+    if (n == 0) throw DataError(path, fmt::format("file shrank while reading ({} of {} bytes)", done, size));
+    done += static_cast<std::size_t>(n);
+  }
+}
+
 std::optional<std::string> read_text_file(const std::filesystem::path& path, std::size_t max_bytes) {
   std::optional<RegularFile> file;
   try {

@@ -2,7 +2,9 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <string>
 #include <string_view>
+#include <algorithm>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
@@ -20,6 +22,58 @@ int parse_int(const char* name, const char* text) {
   return value;
 }
 
+/// Tasks on node `node` from a Slurm layout "4(x2),3": 4, 4, 3.
+int tasks_on_node(const char* name, std::string_view layout, int node) {
+  int seen = 0;
+  while (!layout.empty()) {
+    const std::string_view item = layout.substr(0, layout.find(','));
+    layout.remove_prefix(std::min(layout.size(), item.size() + 1));
+    int tasks = 0, repeat = 1;
+    const auto paren = item.find("(x");
+    const std::string_view count = item.substr(0, paren);
+    auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), tasks);
+    bool ok = ec == std::errc() && end == count.data() + count.size() && tasks > 0;
+    if (ok && paren != std::string_view::npos) {
+      const std::string_view times = item.substr(paren + 2, item.size() - paren - 3);
+      auto [end2, ec2] = std::from_chars(times.data(), times.data() + times.size(), repeat);
+      ok = item.back() == ')' && ec2 == std::errc() && end2 == times.data() + times.size() && repeat > 0;
+    }
+    if (!ok) throw ConfigError(fmt::format("environment variable {}='{}' is not a Slurm task layout", name, layout));
+    if (node < seen + repeat) return tasks;
+    seen += repeat;
+  }
+  throw ConfigError(fmt::format("environment variable {} lists no node {}", name, node));
+}
+
+/// An srun step (not the batch script itself, whose one process also sees
+/// SLURM_PROCID=0 and SLURM_NTASKS=N): rank, size, and the tasks of this
+/// node from SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID (1 when absent).
+LaunchEnv read_slurm_step(const std::function<const char*(const char*)>& getenv) {
+  LaunchEnv env;
+  const char* step = getenv("SLURM_STEP_ID");
+  const char* rank = getenv("SLURM_PROCID");
+  const char* size = getenv("SLURM_STEP_NUM_TASKS");
+  if (step == nullptr || rank == nullptr || size == nullptr) return env;
+  const std::string_view s(step);
+  if (s == "batch" || s == "extern" || s == "4294967294" || s == "4294967291") return env;
+  env.launcher = "slurm";
+  env.rank = parse_int("SLURM_PROCID", rank);
+  env.world_size = parse_int("SLURM_STEP_NUM_TASKS", size);
+  const char* local_rank = getenv("SLURM_LOCALID");
+  const char* node = getenv("SLURM_NODEID");
+  const char* layout = getenv("SLURM_STEP_TASKS_PER_NODE");
+  env.local_rank = local_rank != nullptr ? parse_int("SLURM_LOCALID", local_rank) : 0;
+  env.local_size = layout != nullptr
+                       ? tasks_on_node("SLURM_STEP_TASKS_PER_NODE", layout, node != nullptr ? parse_int("SLURM_NODEID", node) : 0)
+                       : 1;
+  if (env.world_size < 1 || env.rank >= env.world_size || env.local_rank >= env.local_size) {
+    throw ConfigError(fmt::format("Slurm variables disagree: SLURM_PROCID={} of SLURM_STEP_NUM_TASKS={}, SLURM_LOCALID={} of "
+                                  "{} tasks on this node",
+                                  env.rank, env.world_size, env.local_rank, env.local_size));
+  }
+  return env;
+}
+
 }  // namespace
 
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv) {
@@ -30,7 +84,6 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv)
       {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
       {"mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
       {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
   };
   LaunchEnv env;
   for (const Names& n : kLaunchers) {
@@ -42,14 +95,6 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv)
     env.world_size = parse_int(n.size, size);
     const char* lr = getenv(n.local_rank);
     const char* ls = getenv(n.local_size);
-    // SLURM_NTASKS_PER_NODE may read "4(x2)" for a uniform layout: the count
-    // before the parenthesis is the one for this node.
-    std::string local_size_text;
-    if (ls != nullptr) {
-      local_size_text = ls;
-      if (const auto paren = local_size_text.find('('); paren != std::string::npos) local_size_text.resize(paren);
-      ls = local_size_text.c_str();
-    }
     env.local_rank = lr != nullptr ? parse_int(n.local_rank, lr) : env.rank;
     env.local_size = ls != nullptr ? parse_int(n.local_size, ls) : env.world_size;
     if (env.world_size < 1 || env.rank >= env.world_size) {
@@ -60,7 +105,7 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv)
     }
     return env;
   }
-  return env;
+  return read_slurm_step(getenv);
 }
 
 LaunchEnv read_launch_env() {

@@ -71,15 +71,20 @@ PoolFit check_pool_fit(const MemorySnapshot& s, std::uint64_t slots, std::uint64
   return f;
 }
 
-std::string PoolFit::explain(std::string_view prefetch_name, std::string_view batch_name) const {
+std::string PoolFit::explain(std::string_view prefetch_name, std::string_view batch_name, unsigned consumers) const {
   const std::string share =
       local_ranks > 1 ? fmt::format(", split across {} local ranks", local_ranks) : std::string();
   std::string what = fmt::format(
       "the pool needs {} but only {} may be used: {:.0f}% of the {} really available ({}{})", format_bytes(pool_bytes),
       format_bytes(allowed_bytes), kPoolMaxShareOfAvailable * 100, format_bytes(available_bytes), limiting, share);
-  if (slots_fit > 0) {
+  const std::uint64_t prefetch_fit = slots_fit / std::max(1U, consumers);
+  if (prefetch_fit > 0) {
     what += fmt::format("; {} slot(s) of this size fit: lower {} to {}, or lower {} so that one slot is at most {}",
-                        slots_fit, prefetch_name, slots_fit, batch_name, format_bytes(largest_slot_bytes));
+                        slots_fit, prefetch_name, prefetch_fit, batch_name, format_bytes(largest_slot_bytes));
+  } else if (slots_fit > 0) {
+    what += fmt::format("; {} slot(s) of this size fit, fewer than one per consumer: lower {} so that one slot is at "
+                        "most {}",
+                        slots_fit, batch_name, format_bytes(largest_slot_bytes));
   } else {
     what += fmt::format("; not one slot of this size fits: lower {} so that one slot is at most {}", batch_name,
                         format_bytes(largest_slot_bytes));
@@ -119,7 +124,7 @@ PoolPlan plan_pool(const MemorySnapshot& s, const PoolPlanRequest& req) {
     p.verdict = Verdict::does_not_fit;
     p.prefetch_fit = static_cast<unsigned>(std::min<std::uint64_t>(p.fit.slots_fit / req.gpus, req.prefetch));
     p.reasons.push_back(fmt::format("the pool does not fit in memory, pinned or not: {}", need));
-    p.reasons.push_back(p.fit.explain("--prefetch", "--batch"));
+    p.reasons.push_back(p.fit.explain("--prefetch", "--batch", req.gpus));
   } else if (p.slots_fit == p.slots_needed) {
     p.verdict = Verdict::pin;
     p.reasons.push_back(fmt::format("the pool fits: {} within a pinned budget of {}", need,

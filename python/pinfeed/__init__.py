@@ -19,7 +19,6 @@ import json
 import numbers
 import os
 import warnings
-import weakref
 
 import torch
 from torch.utils.dlpack import from_dlpack
@@ -108,19 +107,20 @@ class Loader:
         reason when fewer slots than `prefetch` can be pinned), "require"
         (raise pinfeed.ConfigError instead), or False (pageable). Ranks on one
         host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
-        SLURM_NTASKS_PER_NODE) split the host's pinned budget between them.
+        an srun step's SLURM_STEP_TASKS_PER_NODE) split the host's pinned budget between them.
     bad_sample: "replace" (a deterministic substitute, logged and counted) or
         "fail" (raise pinfeed.DataError naming the file). With "replace" the
         epoch still fails once more than `max_replaced_share` (default 1%) of
-        it was replaced, or when a class had no decodable sample.
+        it (at least one sample) was replaced, or when every sample of a class
+        failed to decode.
     max_classes: a label at or over it refuses the dataset (default 1,000,000).
     copy: yield tensors that own their memory (the slot is returned at once).
     return_indices: yield (images, labels, indices) with the dataset indices.
 
     Waiting for a batch never blocks Ctrl-C: KeyboardInterrupt comes within
-    ~50 ms and the loader stays usable. One iteration runs at a time: calling
-    iter() again while an earlier iterator is still running raises
-    RuntimeError (exhaust it, or drop it first).
+    ~50 ms and the loader stays usable. One iteration runs at a time: iter()
+    restarts the epoch, and an older iterator that is asked for more raises
+    RuntimeError instead of taking the new run's batches.
     """
 
     def __init__(self, data, batch_size=64, *, transform="random", size=224, resize=256, flip=True,
@@ -168,7 +168,7 @@ class Loader:
         self.pin_memory = pin_memory
         self._epoch = 0
         self._resume = None
-        self._active = None  # (token, weakref to the running iteration's generator)
+        self._active = None  # the running iteration's token
         self._impl = _pinfeed.Loader({
             "dataset": os.fspath(data), "list_root": None if list_root is None else os.fspath(list_root),
             "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "rank": rank,
@@ -203,16 +203,13 @@ class Loader:
         return self._impl.num_classes()
 
     def __iter__(self):
-        if self._active is not None and self._active[1]() is not None:
-            raise RuntimeError("this pinfeed.Loader is already being iterated: an earlier iterator is still running. "
-                               "Exhaust it or drop it (del it) before starting another; one epoch runs at a time")
+        # One epoch runs at a time: a new iteration supersedes an older one,
+        # which raises RuntimeError if asked for more instead of silently
+        # taking batches of the new run.
         self._start()
         token = object()
-        batches = self._batches(token)
-        # A weak reference: an iterator dropped before its first batch (its
-        # generator body never ran) does not hold the loader busy.
-        self._active = (token, weakref.ref(batches))
-        return batches
+        self._active = token
+        return self._batches(token)
 
     def _start(self):
         if self._resume is not None:
@@ -225,6 +222,10 @@ class Loader:
     def _batches(self, token):
         try:
             while True:
+                if self._active is not token:
+                    raise RuntimeError("this iterator of a pinfeed.Loader was superseded: iter() was called again on "
+                                       "the loader, which restarted the epoch there. One iteration runs at a time; "
+                                       "use the newest iterator")
                 item = self._impl.next()
                 if item is None:
                     return
@@ -235,7 +236,7 @@ class Loader:
                     images, labels = images.clone(), labels.clone()  # the slot goes back now
                 yield (images, labels, indices) if self.return_indices else (images, labels)
         finally:
-            if self._active is not None and self._active[0] is token:
+            if self._active is token:
                 self._active = None
 
     def state_dict(self):

@@ -261,27 +261,38 @@ TEST_F(LoaderTest, ReplacingMoreThanTheBudgetFailsTheEpochWithCounts) {
   Loader some(cfg);
   some.begin_epoch(0);
   EXPECT_THROW(while (some.next()) {}, DataError);
+  // One corrupt file in a small set is within the default budget (at least one).
+  std::ofstream one(dir_.path() / "one-bad.txt");
+  for (const auto& e : std::filesystem::recursive_directory_iterator(data_.folder)) {
+    if (e.is_regular_file()) one << std::filesystem::relative(e.path(), dir_.path()).string() << " 0\n";
+  }
+  one << "bad/zero.jpg 0\n";
+  one.close();
+  Loader small(config((dir_.path() / "one-bad.txt").string()));
+  small.begin_epoch(0);
+  EXPECT_EQ(drain(small).replaced, 1U);
 }
 
 TEST_F(LoaderTest, AClassWithNoDecodableSampleFailsTheEpoch) {
   // Class 3 exists only as corrupt files: replacing them all would train
   // on a dataset without it.
   std::ofstream list(dir_.path() / "lost.txt");
-  for (const auto& e : std::filesystem::recursive_directory_iterator(data_.folder)) {
-    if (e.is_regular_file()) list << std::filesystem::relative(e.path(), dir_.path()).string() << " 0\n";
-  }
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 3; ++i) {  // first: the dropped last partial batch must not hold them
     testing::write_file(dir_.path() / fmt::format("lost/{}.jpg", i), "not an image");
     list << "lost/" << i << ".jpg 3\n";
+  }
+  for (const auto& e : std::filesystem::recursive_directory_iterator(data_.folder)) {
+    if (e.is_regular_file()) list << std::filesystem::relative(e.path(), dir_.path()).string() << " 0\n";
   }
   list.close();
   auto cfg = config((dir_.path() / "lost.txt").string());
   cfg.max_replaced_share = 1.0;  // the budget alone would let it through
+  cfg.drop_last_batch = true;    // as the trainer runs it: it never asks past the last batch
+  cfg.shuffle = false;
   Loader loader(cfg);
   loader.begin_epoch(0);
   try {
-    while (loader.next()) {
-    }
+    for (std::size_t i = 0; i < loader.batches_per_epoch(); ++i) ASSERT_TRUE(loader.next().has_value());
     FAIL() << "a class with no decodable sample passed";
   } catch (const DataError& e) {
     EXPECT_NE(e.reason().find("class 3"), std::string::npos) << e.reason();

@@ -42,18 +42,21 @@ def test_arguments_out_of_range_name_the_argument(dataset, kwargs, error, name):
         small(dataset, **kwargs)
 
 
-def test_a_second_iteration_while_one_runs_is_an_error_not_a_theft(dataset):
-    loader = small(dataset, shuffle=False)
+def test_a_second_iteration_supersedes_the_first_which_then_says_so(dataset):
+    loader = small(dataset, shuffle=False, return_indices=True)
     first = iter(loader)
-    next(first)
-    with pytest.raises(RuntimeError, match="already being iterated"):
-        iter(loader)
-    assert sum(1 for _ in first) == 4  # the first iteration still has all of its batches
-    assert sum(1 for _ in loader) == 5  # over: a new one may start
-    iter(loader)  # an iterator dropped before its first batch holds nothing
-    assert sum(1 for _ in loader) == 5
+    _, _, head = next(first)
+    second = iter(loader)  # restarts the epoch: the first must not take its batches
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(first)
+    seen = [idx for _, _, idx in second]
+    assert len(seen) == 5 and seen[0] == head  # the whole epoch, from its start
+    it = iter(loader)
+    next(it)
+    it = iter(loader)  # rebinding the name: the common partial-epoch pattern
+    assert sum(1 for _ in it) == 5
     for _ in loader:
-        break  # a loop left early releases the loader too
+        break
     assert sum(1 for _ in loader) == 5
 
 
@@ -120,7 +123,9 @@ def test_ranks_on_one_host_split_its_memory(dataset):
             "print(l.pin_report()['local_ranks'])")
     for env, expected in (({"LOCAL_WORLD_SIZE": "4", "RANK": "1", "WORLD_SIZE": "4"}, "4"),
                           ({"OMPI_COMM_WORLD_LOCAL_SIZE": "8", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8"}, "8"),
-                          ({"SLURM_NTASKS_PER_NODE": "2(x3)", "SLURM_PROCID": "0", "SLURM_NTASKS": "6"}, "2")):
+                          ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "4", "SLURM_STEP_NUM_TASKS": "7", "SLURM_NODEID": "2",
+                            "SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2),3"}, "3"),
+                          ({"SLURM_STEP_ID": "batch", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "8"}, "1")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, **env))
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == expected, env

@@ -141,6 +141,20 @@ TEST(LaunchEnvTest, ReadsMpiThenTorchrunVariables) {
   EXPECT_EQ(tr.local_rank, 1);
   EXPECT_THROW(env({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), ConfigError);
   EXPECT_THROW(env({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), ConfigError);
+  // An srun step: this node's tasks from the step's layout.
+  const auto srun = env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "5"}, {"SLURM_STEP_NUM_TASKS", "7"}, {"SLURM_NODEID", "2"},
+                         {"SLURM_LOCALID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2),3"}});
+  EXPECT_EQ(srun.launcher, "slurm");
+  EXPECT_EQ(srun.rank, 5);
+  EXPECT_EQ(srun.world_size, 7);
+  EXPECT_EQ(srun.local_rank, 1);
+  EXPECT_EQ(srun.local_size, 3);
+  // The batch script is one process, whatever SLURM_NTASKS says.
+  EXPECT_EQ(env({{"SLURM_STEP_ID", "batch"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "8"}}).launcher, "single");
+  EXPECT_EQ(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}}).launcher, "single");
+  EXPECT_THROW(env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"},
+                    {"SLURM_STEP_TASKS_PER_NODE", "2(x"}}),
+               ConfigError);
 }
 
 }  // namespace

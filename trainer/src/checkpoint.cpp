@@ -97,23 +97,8 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path) {
-  std::vector<std::byte> in;
-  {
-    const RegularFile f(path, "a checkpoint");
-    if (f.size() > kMaxCheckpointBytes) {
-      throw DataError(path, fmt::format("is {} bytes, over the {} byte limit for a checkpoint", f.size(), kMaxCheckpointBytes));
-    }
-    in.resize(f.size());  // checked against the file, never against a header field
-    std::size_t got = 0;
-    while (got < in.size()) {
-      const ssize_t r = ::read(f.fd(), in.data() + got, in.size() - got);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw DataError(path, fmt::format("read failed: {}", std::strerror(errno)));
-      if (r == 0) break;
-      got += static_cast<std::size_t>(r);
-    }
-    in.resize(got);
-  }
+  std::vector<std::byte> in;  // sized from the file, never from a header field
+  read_regular_file(path, "a checkpoint", kMaxCheckpointBytes, in);
   return parse_checkpoint(in, path);
 }
 
@@ -169,7 +154,9 @@ void check_checkpoint_writable(const std::filesystem::path& path) {
   }
   const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   if (!fs::is_directory(dir, ec)) throw DataError(dir, "checkpoint folder does not exist");
-  const fs::path probe = dir / fmt::format(".{}.probe.{}", path.filename().string(), ::getpid());
+  char host[256] = {};
+  (void)::gethostname(host, sizeof host - 1);
+  const fs::path probe = dir / fmt::format(".{}.probe.{}.{}", path.filename().string(), host, ::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw DataError(dir, fmt::format("checkpoint folder does not take a new file: {}", std::strerror(errno)));

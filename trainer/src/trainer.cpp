@@ -92,6 +92,7 @@ struct Job {
   int world = 1;        // ranks in all
   int first_rank = 0;   // rank of this process's worker 0
   int local_workers = 1;
+  unsigned local_processes = 1;  // processes of this job on this host (the launcher's local size)
   std::mutex mutex;     // guards error and result
   std::exception_ptr error;
   TrainResult result;
@@ -232,7 +233,10 @@ void Worker::run() {
   const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
   const unsigned threads = cfg_.loader.threads == 0 ? cores : cfg_.loader.threads;
   lc.threads = std::max(1U, threads / static_cast<unsigned>(job_.local_workers));
-  lc.pinned_fraction = cfg_.loader.pinned_fraction / job_.local_workers;
+  // Every loader of every worker on this host shares its memory: the pinned
+  // budget and the pool-fit allowance are split across all of them.
+  lc.local_ranks = (cfg_.loader.local_ranks != 0 ? cfg_.loader.local_ranks : job_.local_processes) *
+                   static_cast<unsigned>(job_.local_workers);
   if (lc.pin_method == memory::PinMethod::automatic && backend_.kind() == BackendKind::cpu) {
     lc.pin_method = memory::PinMethod::mlock;  // a CPU worker copies with memcpy: no driver registration
   }
@@ -480,12 +484,14 @@ void Worker::run() {
 
 TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   config.validate();
-  // Found before the first epoch, not after it: a checkpoint that cannot be
-  // written (missing or read-only folder, a directory in its place).
-  if (!config.checkpoint.empty()) check_checkpoint_writable(config.checkpoint);
   const LaunchEnv env = config.launch ? *config.launch : read_launch_env();
+  // Found before the first epoch, not after it: a checkpoint that cannot be
+  // written (missing or read-only folder, a directory in its place). Rank 0
+  // writes it, so rank 0 checks.
+  if (!config.checkpoint.empty() && env.rank == 0) check_checkpoint_writable(config.checkpoint);
   const bool multi_process = env.world_size > 1;
   Job job(config, callbacks);
+  job.local_processes = static_cast<unsigned>(std::max(1, env.local_size));
   DeviceSpec spec = config.devices;
 
   std::vector<std::unique_ptr<DeviceBackend>> backends;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace pinfeed {
 
@@ -40,6 +41,12 @@ class RegularFile {
   int fd_ = -1;
   std::uint64_t size_ = 0;
 };
+
+/// Reads the whole of a regular file into `out` (resized; its capacity is
+/// reused), refusing more than `max_bytes`: DataError(path, "is N bytes,
+/// over the M byte limit for <what>"), and every other failure named.
+void read_regular_file(const std::filesystem::path& path, std::string_view what, std::uint64_t max_bytes,
+                       std::vector<std::byte>& out);
 
 /// The whole text of a regular file, read until end of file (procfs files
 /// report size 0), refusing more than `max_bytes`: DataError "is over N

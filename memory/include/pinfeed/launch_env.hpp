@@ -16,8 +16,10 @@ struct LaunchEnv {
 
 /// Reads, in this order, OpenMPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,
 /// LOCAL_SIZE}, PMI's PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS,
-/// torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE, then Slurm's
-/// SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/SLURM_NTASKS_PER_NODE (srun).
+/// torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE, then an srun step's
+/// SLURM_PROCID/SLURM_STEP_NUM_TASKS/SLURM_LOCALID, with this node's tasks
+/// from SLURM_STEP_TASKS_PER_NODE ("4(x2),3") at SLURM_NODEID. The batch
+/// script itself (SLURM_STEP_ID batch) is one process, not a launch.
 /// `getenv` is injectable for tests. Throws ConfigError on malformed values.
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv);
 LaunchEnv read_launch_env();

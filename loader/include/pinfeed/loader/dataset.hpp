@@ -4,7 +4,7 @@
 //    class index being the position of the folder in sorted order (the same
 //    indices torchvision's ImageFolder gives). Files with an image extension
 //    (any case) are the samples: .jpg .jpeg .png .webp are decoded; .ppm
-//    .bmp .pgm .tif .tiff .gif refuse the dataset when it is opened (named),
+//    .bmp .pgm .tif .tiff refuse the dataset when it is opened (named),
 //    so no class is silently replaced by others.
 //  - FileList: a text file of "relative/path label" lines ('#' comments and
 //    blank lines skipped), paths relative to a root folder.

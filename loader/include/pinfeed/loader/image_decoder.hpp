@@ -4,9 +4,9 @@
 // The format is taken from the bytes (magic numbers), not the file name: a
 // PNG saved as x.jpg decodes as a PNG. JPEG goes through JpegDecoder's
 // region path (crop, early stop, DCT scaling). PNG (libspng) is decoded row
-// by row, so a non-interlaced PNG never exists whole in memory; interlaced
-// PNG and WebP (libwebp) are decoded whole into per-thread scratch and the
-// region's rows passed on. Every format honours the pixel limit before any
+// by row, so a non-interlaced PNG never exists whole in memory; WebP
+// (libwebp) decodes only the region (libwebp's cropping) and interlaced PNG
+// the whole image, into per-thread scratch given back when over 64 MiB. Every format honours the pixel limit before any
 // pixel buffer is sized, and every failure is a DataError naming the file.
 #include <cstddef>
 #include <cstdint>

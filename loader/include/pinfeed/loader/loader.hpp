@@ -59,7 +59,7 @@ struct LoaderConfig {
   TransformConfig transform;                 ///< crop, size, flip, layout, normalization
   BadSamplePolicy on_bad_sample = BadSamplePolicy::replace;  ///< replace with a substitute, or fail the epoch
   unsigned max_replacements = 16;            ///< substitutes tried for one bad sample before failing
-  double max_replaced_share = 0.01;          ///< the epoch fails once more than this share of its samples was replaced, [0, 1]
+  double max_replaced_share = 0.01;          ///< the epoch fails once more than this share of its samples (at least 1 unless 0) was replaced, [0, 1]
   std::size_t max_classes = kDefaultMaxClasses;  ///< a label at or over it refuses the dataset (it sizes the model)
   std::uint64_t max_image_pixels = kDefaultMaxPixels;  ///< larger images are bad samples
   bool pin = true;                           ///< pin pool slots (within the budget)
@@ -236,6 +236,7 @@ class Loader {
   // Per class: samples decoded this run (reset by start()). With the bad
   // samples' classes, it tells a class with nothing decodable.
   std::unique_ptr<std::atomic<std::uint32_t>[]> class_good_;
+  std::vector<std::size_t> class_total_;  // per class: samples in the dataset
 };
 
 }  // namespace pinfeed::loader

@@ -16,8 +16,8 @@ class TarWriter {
   /// Throws DataError naming it.
   explicit TarWriter(std::filesystem::path path);
   /// Without finish(), the archive is abandoned: the partial file is
-  /// removed, so a failed pack never leaves a shard that reads as whole.
-  /// Never throws.
+  /// removed (and a warning logged), so a failed pack never leaves a shard
+  /// that reads as whole. Never throws.
   ~TarWriter();
   TarWriter(const TarWriter&) = delete;
   TarWriter& operator=(const TarWriter&) = delete;
@@ -36,7 +36,8 @@ class TarWriter {
   std::filesystem::path partial_;  // written here until finish()
   std::ofstream out_;
   std::uint64_t written_ = 0;
-  bool finished_ = false;
+  bool ending_ = false;    // finish() began: the end blocks are written
+  bool finished_ = false;  // renamed to path_
 };
 
 }  // namespace pinfeed::loader

@@ -39,8 +39,9 @@ struct PoolFit {
   std::uint64_t slots_fit = 0;        ///< whole slots of this size that fit
   std::uint64_t largest_slot_bytes = 0;  ///< the largest slot that fits `slots` times
   std::string limiting;               ///< "MemAvailable" or "cgroup room"
-  /// When it does not fit: what was asked, what there is, and what would fit.
-  [[nodiscard]] std::string explain(std::string_view prefetch_name, std::string_view batch_name) const;
+  /// When it does not fit: what was asked, what there is, and what would
+  /// fit, with the prefetch per consumer (slots_fit / consumers).
+  [[nodiscard]] std::string explain(std::string_view prefetch_name, std::string_view batch_name, unsigned consumers) const;
 };
 PoolFit check_pool_fit(const MemorySnapshot& snapshot, std::uint64_t slots, std::uint64_t slot_bytes,
                        unsigned local_ranks);
