@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
     if (*mk) {
       const auto s = pl::write_synthetic_dataset(make, quiet ? pl::Progress{} : progress_bar("make"));
       const std::size_t files = s.train_files + s.val_files;
-      fmt::print("wrote {} train + {} val JPEGs, {} classes, {} ({:.0f} KB per file on average) to {} in {:.1f} s\n",
-                 s.train_files, s.val_files, make.classes, pinfeed::format_bytes(s.bytes),
+      const std::string kind = make.format == "jpeg" ? "JPEGs" : make.format == "png" ? "PNGs" : "WebPs";
+      fmt::print("wrote {} train + {} val {}, {} classes, {} ({:.0f} KB per file on average) to {} in {:.1f} s\n",
+                 s.train_files, s.val_files, kind, make.classes, pinfeed::format_bytes(s.bytes),
                  static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(), seconds());
     } else if (*pk) {
       const pl::ImageFolder folder(pack_from);
