@@ -452,6 +452,28 @@ struct Loader::Engine {
 };
 
 namespace {
+/// What the budget lets the pool pin, and in words why not every slot.
+PinReport plan_pin_report(const LoaderConfig& c, const memory::PinnedBudget& budget, std::size_t slots,
+                          std::size_t slot_bytes, unsigned local_ranks) {
+  PinReport r;
+  r.slots = slots;
+  r.slot_bytes = slot_bytes;
+  r.budget_bytes = budget.bytes;
+  r.limiting = budget.limiting;
+  r.local_ranks = local_ranks;
+  if (!c.pin) {
+    r.reason = "pinning is off (pin = false)";
+    return r;
+  }
+  const std::uint64_t fit = budget.bytes / round_up_to_page(slot_bytes);
+  if (fit < slots) {
+    r.reason = fmt::format("{} of {} slots of {} fit the pinned budget of {}, limited by {}{}", fit, slots,
+                           format_bytes(round_up_to_page(slot_bytes)), format_bytes(budget.bytes), budget.limiting,
+                           local_ranks > 1 ? fmt::format(" (shared by {} local ranks)", local_ranks) : "");
+  }
+  return r;
+}
+
 SamplerConfig sampler_config(const LoaderConfig& c, std::size_t n) {
   c.validate();
   return SamplerConfig{n, c.rank, c.world_size, c.shuffle, c.drop_last, c.seed};
@@ -484,22 +506,7 @@ Loader::Loader(LoaderConfig config)
       snapshot, memory::BudgetPolicy{config_.pinned_fraction, pinned_.method(), 0, local_ranks},
       static_cast<std::uint64_t>(pc.slots) * round_up_to_page(pc.slot_bytes));
   pc.pinned_budget_bytes = budget.bytes;
-  pin_report_.slots = pc.slots;
-  pin_report_.slot_bytes = pc.slot_bytes;
-  pin_report_.budget_bytes = budget.bytes;
-  pin_report_.limiting = budget.limiting;
-  pin_report_.local_ranks = local_ranks;
-  if (config_.pin) {
-    const std::uint64_t fit_slots = budget.bytes / round_up_to_page(pc.slot_bytes);
-    if (fit_slots < pc.slots) {
-      pin_report_.reason = fmt::format("{} of {} slots of {} fit the pinned budget of {}, limited by {}{}", fit_slots,
-                                       pc.slots, format_bytes(round_up_to_page(pc.slot_bytes)), format_bytes(budget.bytes),
-                                       budget.limiting,
-                                       local_ranks > 1 ? fmt::format(" (shared by {} local ranks)", local_ranks) : "");
-    }
-  } else {
-    pin_report_.reason = "pinning is off (pin = false)";
-  }
+  pin_report_ = plan_pin_report(config_, budget, pc.slots, pc.slot_bytes, local_ranks);
   if (config_.require_pinned && !pin_report_.reason.empty()) {
     throw ConfigError(fmt::format("loader: pinned memory was required but {}", pin_report_.reason));
   }
