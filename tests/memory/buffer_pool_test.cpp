@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -147,6 +148,23 @@ TEST(BufferPoolTest, AFencedSlotStaysBusyUntilTheFenceIsReady) {
   });
   EXPECT_TRUE(pool.acquire(5s).has_value());
   signaller.join();
+}
+
+/// A fence whose work failed: never ready, and waiting on it throws (as a
+/// CUDA event did on a sticky error or at runtime unload).
+class FailedFence final : public Fence {
+ public:
+  [[nodiscard]] bool ready() noexcept override { return false; }
+  bool wait_for(std::chrono::microseconds /*timeout*/) override { throw std::runtime_error("device lost"); }
+};
+
+TEST(BufferPoolTest, DestroyingAPoolWhoseFenceFailsDoesNotTerminate) {
+  Resources r;
+  {
+    BufferPool pool(pool_config(2, 4_KiB, 1_MiB), r.pinned, r.pageable);
+    pool.acquire().release_after(std::make_shared<FailedFence>());
+  }  // ~BufferPool waits on the fence: it must log, not throw from a destructor
+  SUCCEED();
 }
 
 TEST(BufferPoolTest, FencedSlotsComeBackWithoutAnAcquire) {

@@ -344,6 +344,23 @@ TEST_F(DdpTest, ThePinnedFigureCountsEveryPoolOfTheProcessAsVmLckDoes) {
   EXPECT_EQ(reported, locked) << "the report must count every pool the process holds";
 }
 
+TEST_F(DdpTest, AValidationLabelPastTheModelsClassesIsNamedNotReadPastTheRow) {
+  testing::TempDir tmp;
+  const auto list = tmp.path() / "val.txt";
+  std::ofstream(list) << (data_->folder / "class00/img000.jpg").string() << " 0\n"
+                      << (data_->folder / "class01/img001.jpg").string() << " 7\n";
+  TrainConfig c = config(1);
+  c.epochs = 1;
+  c.val_dataset = list.string();
+  try {
+    (void)train(c);
+    FAIL() << "a validation label of 7 with 4 training classes was used";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.path().string().find("img001.jpg"), std::string::npos) << e.what();
+    EXPECT_NE(e.reason().find("label 7"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(DdpTest, BadConfigurationsAreClearErrors) {
   TrainConfig c = config(3);
   try {

@@ -60,12 +60,20 @@ struct Cublas {
   static Cublas load() {
     Cublas c;
     void* h = nullptr;
+    // When libcublas.so.13 is there but its libcublasLt.so.13 is not, that
+    // is the reason to report, not the next name's "no such file".
+    std::string first, missing_dependency;
     for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
       h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
       if (h != nullptr) break;
+      const char* why = dlerror();
+      const std::string reason = why != nullptr ? why : std::string(name) + ": cannot be loaded";
+      if (first.empty()) first = reason;
+      if (missing_dependency.empty() && reason.rfind(std::string(name) + ":", 0) != 0) missing_dependency = reason;
     }
+    const std::string& first_error = missing_dependency.empty() ? first : missing_dependency;
     if (h == nullptr) {
-      c.error = fmt::format("cannot load cuBLAS (libcublas.so.13/.12): {}", dlerror());
+      c.error = fmt::format("cannot load cuBLAS (libcublas.so.13, .12 or libcublas.so): {}", first_error);
       return c;
     }
     c.create = reinterpret_cast<Create>(dlsym(h, "cublasCreate_v2"));
@@ -86,18 +94,26 @@ class CudaEvent final : public Event {
     handle_ = detail::CudaHandle<cudaEvent_t, cudaEventDestroy>(e);
   }
   [[nodiscard]] cudaEvent_t get() const noexcept { return handle_.get(); }
+  // cudaEventQuery's cudaErrorNotReady ("not yet") is also left as the
+  // thread's last error; it is taken off at once, or the next kernel
+  // launch's cudaGetLastError() would report it (PyTorch's query does the
+  // same). Any other error means the work failed: nothing will read the
+  // memory any more, so the event counts as complete (and a destructor
+  // waiting on it, ~BufferPool's, never throws); it is logged.
   [[nodiscard]] bool ready() noexcept override {
     const cudaError_t e = cudaEventQuery(handle_.get());
-    if (e == cudaErrorNotReady) return false;  // "not yet", not an error
     (void)cudaGetLastError();
-    return true;  // complete, or failed: either way nothing will read the memory any more
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess && e != cudaErrorCudartUnloading) {
+      pinfeed::detail::log().error("cuda:{}: an event's work failed ({}): treated as complete", device_,
+                                   cudaGetErrorName(e));
+    }
+    return true;
   }
-  bool wait_for(std::chrono::microseconds timeout) override {
+  bool wait_for(std::chrono::microseconds timeout) noexcept override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (auto pause = std::chrono::microseconds(20);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
-      const cudaError_t e = cudaEventQuery(handle_.get());
-      if (e == cudaSuccess) return true;
-      if (e != cudaErrorNotReady) detail::cuda_check(e, "cudaEventQuery", device_);
+      if (ready()) return true;
       if (std::chrono::steady_clock::now() >= deadline) return false;
       std::this_thread::sleep_for(pause);
     }
@@ -137,7 +153,11 @@ class CudaBackend final : public DeviceBackend {
       throw OutOfMemory("device", fmt::format("{}: cannot allocate {} bytes", name_, bytes));
     }
     PINFEED_CUDA_TRY(e, device_);
+    // cudaMemset runs on the legacy default stream, which our non-blocking
+    // streams do not wait for: finish it here, before any stream writes the
+    // buffer (allocation is never on the hot path).
     PINFEED_CUDA_TRY(cudaMemset(p, 0, bytes), device_);
+    PINFEED_CUDA_TRY(cudaStreamSynchronize(nullptr), device_);
     return DeviceBuffer(this, p, bytes);
   }
   std::unique_ptr<Stream> create_stream() override { return detail::CudaStream::create(device_); }

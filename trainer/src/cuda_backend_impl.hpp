@@ -46,9 +46,19 @@ class CudaHandle {
   H h_ = nullptr;
 };
 
+/// Destroying a stream drains it first, as the CPU backend's streams do:
+/// cudaStreamDestroy returns at once with work still queued, and the
+/// buffers that work reads are freed right after (a worker unwinding from
+/// an exception mid-step). Errors are ignored: destructors never throw.
 class CudaStream final : public Stream {
  public:
   static std::unique_ptr<CudaStream> create(int device);
+  ~CudaStream() override {
+    if (handle_.get() != nullptr && cudaSetDevice(device_) == cudaSuccess) (void)cudaStreamSynchronize(handle_.get());
+    (void)cudaGetLastError();
+  }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
   [[nodiscard]] cudaStream_t get() const noexcept { return handle_.get(); }
   [[nodiscard]] int device() const noexcept { return device_; }
 

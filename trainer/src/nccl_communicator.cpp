@@ -105,18 +105,27 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] int size() const noexcept override { return size_; }
   [[nodiscard]] std::string name() const override { return "nccl"; }
 
+  // The enqueue holds mutex_: the watchdog (or another thread's abort())
+  // must not abort and free comm_ while NCCL is using it (NCCL forbids
+  // concurrent calls on one communicator, and ncclCommAbort frees it).
   void all_reduce(Stream& s, float* data, std::size_t count, ReduceOp op) override {
     const char* what = op == ReduceOp::sum ? "all_reduce(sum)" : "all_reduce(average)";
-    check_alive(what, count);
-    check(nccl().all_reduce(data, data, count, ncclFloat, op == ReduceOp::sum ? ncclSum : ncclAvg, comm_,
-                            detail::cuda(s).get()),
-          what, count);
+    {
+      const std::scoped_lock lock(mutex_);
+      check_alive(what, count);
+      check(nccl().all_reduce(data, data, count, ncclFloat, op == ReduceOp::sum ? ncclSum : ncclAvg, comm_,
+                              detail::cuda(s).get()),
+            what, count);
+    }
     follow(s, what, count);
   }
   void broadcast(Stream& s, float* data, std::size_t count, int root) override {
     if (root < 0 || root >= size_) throw ConfigError(fmt::format("broadcast root {} is not a rank of {}", root, size_));
-    check_alive("broadcast", count);
-    check(nccl().broadcast(data, data, count, ncclFloat, root, comm_, detail::cuda(s).get()), "broadcast", count);
+    {
+      const std::scoped_lock lock(mutex_);
+      check_alive("broadcast", count);
+      check(nccl().broadcast(data, data, count, ncclFloat, root, comm_, detail::cuda(s).get()), "broadcast", count);
+    }
     follow(s, "broadcast", count);
   }
   void barrier() override {
@@ -147,9 +156,10 @@ class NcclCommunicator final : public Communicator {
     if (r == ncclSuccess) return;
     throw CommError(rank_, op, count * sizeof(float), fmt::format("NCCL: {}", nccl().error_string(r)));
   }
+  /// Called with mutex_ held.
   void check_alive(const char* op, std::size_t count) {
-    const std::scoped_lock lock(mutex_);
     if (!failure_.empty()) throw CommError(rank_, op, count * sizeof(float), failure_);
+    if (comm_ == nullptr) throw CommError(rank_, op, count * sizeof(float), "the communicator was aborted");
   }
   /// Records an event after the collective for the watchdog.
   void follow(Stream& s, const char* op, std::size_t count) {
@@ -166,13 +176,21 @@ class NcclCommunicator final : public Communicator {
     while (!stop.stop_requested()) {
       watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
       while (!pending_.empty() && pending_.front().done->ready()) pending_.pop_front();
-      if (pending_.empty() || comm_ == nullptr) continue;
-      const Pending& p = pending_.front();
-      if (std::chrono::steady_clock::now() < p.deadline) continue;
+      if (comm_ == nullptr) continue;
+      // Every tick, not only past a deadline: a peer's failure (a network
+      // error, a remote abort) shows here long before the timeout.
       ncclResult_t async = ncclSuccess;
       (void)Nccl::get().async_error(comm_, &async);
-      failure_ = fmt::format("{} of {} bytes did not finish within {} ms (NCCL async state: {}); communicator aborted",
-                             p.op, p.bytes, config_.timeout.count(), Nccl::get().error_string(async));
+      const bool broken = async != ncclSuccess && async != ncclInProgress;
+      if (!broken && (pending_.empty() || std::chrono::steady_clock::now() < pending_.front().deadline)) continue;
+      if (broken) {
+        failure_ = fmt::format("NCCL reported an asynchronous error: {}; communicator aborted",
+                               Nccl::get().error_string(async));
+      } else {
+        const Pending& p = pending_.front();
+        failure_ = fmt::format("{} of {} bytes did not finish within {} ms (NCCL async state: {}); communicator aborted",
+                               p.op, p.bytes, config_.timeout.count(), Nccl::get().error_string(async));
+      }
       pinfeed::detail::log().error("nccl rank {}: {}", rank_, failure_);
       (void)Nccl::get().abort(comm_);
       comm_ = nullptr;

@@ -176,6 +176,19 @@ void Worker::save(std::uint64_t epoch, std::uint64_t position) {
   pinfeed::detail::log().info("checkpoint: step {}, epoch {} position {} -> {}", c.step, epoch, position, cfg_.checkpoint.string());
 }
 
+/// The batch's labels as int32 for the device, each checked against the
+/// model's classes (DataError naming the sample's file otherwise).
+void labels_for_device(const loader::Batch& batch, const loader::Dataset& dataset, int classes, std::int32_t* out) {
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const std::int64_t label = batch.labels()[i];
+    if (label < 0 || label >= classes) {
+      throw DataError(dataset.describe(batch.indices()[i]),
+                      fmt::format("label {} is outside the model's classes 0..{}", label, classes - 1));
+    }
+    out[i] = static_cast<std::int32_t>(label);
+  }
+}
+
 void Worker::validate_epoch(EpochSummary& s) {
   if (!val_loader_) return;
   val_loader_->begin_epoch(0);
@@ -196,7 +209,9 @@ void Worker::validate_epoch(EpochSummary& s) {
   float count = 0;
   while (auto batch = val_loader_->next()) {
     const auto n = static_cast<int>(batch->size());
-    for (std::size_t i = 0; i < batch->size(); ++i) host_labels[i] = static_cast<std::int32_t>(batch->labels()[i]);
+    // The softmax kernel reads z[label]: a validation label past the
+    // model's classes would read outside its row.
+    labels_for_device(*batch, val_loader_->dataset(), model_->config().classes, host_labels.data());
     backend_.copy_h2d(*compute_, in.get(), batch->data().data(), batch->data().size());
     backend_.copy_h2d(*compute_, labels.get(), host_labels.data(), batch->size() * sizeof(std::int32_t));
     const float* x = in.as<float>();
@@ -368,14 +383,7 @@ void Worker::run() {
         if (batch->size() != micro_) {
           throw Error(fmt::format("rank {}: a batch of {} samples where {} were expected", rank_, batch->size(), micro_));
         }
-        for (std::size_t i = 0; i < micro_; ++i) {
-          const std::int64_t label = batch->labels()[i];
-          if (label < 0 || label >= mc.classes) {
-            throw DataError(loader_->dataset().describe(batch->indices()[i]),
-                            fmt::format("label {} is outside 0..{}", label, mc.classes - 1));
-          }
-          host_labels[b][i] = static_cast<std::int32_t>(label);
-        }
+        labels_for_device(*batch, loader_->dataset(), mc.classes, host_labels[b].data());
         (batch->pinned() ? summary.pinned_batches : summary.pageable_batches) += 1;
         summary.replaced += batch->replaced();
 

@@ -18,7 +18,8 @@ class Fence {
   virtual ~Fence() = default;
   /// Non-blocking: has the work completed? Thread-safe.
   [[nodiscard]] virtual bool ready() noexcept = 0;
-  /// Blocks up to `timeout`; true when completed. Thread-safe.
+  /// Blocks up to `timeout`; true when completed. Thread-safe. May throw
+  /// when the work failed; destructors that wait catch it.
   virtual bool wait_for(std::chrono::microseconds timeout) = 0;
 };
 
