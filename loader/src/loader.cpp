@@ -484,7 +484,9 @@ Loader::Loader(LoaderConfig config)
     : config_((config.validate(), std::move(config))),
       dataset_(open_dataset(config_.dataset, config_.list_root, config_.max_classes)),
       sampler_(sampler_config(config_, dataset_->size())),
-      pinned_(memory::PinnedResource::Config{config_.pin_method, std::nullopt}) {
+      pinned_(memory::PinnedResource::Config{
+          config_.pin_method, std::nullopt,
+          config_.cuda_device >= 0 ? std::optional<int>(config_.cuda_device) : std::nullopt}) {
   const unsigned threads =
       config_.threads != 0 ? config_.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
   const unsigned local_ranks =

@@ -74,17 +74,32 @@ std::vector<DeviceInfo> devices() {
   return out;
 }
 
-void host_register(void* ptr, std::size_t bytes) {
+void host_register(void* ptr, std::size_t bytes, int device) {
   if (!runtime_status().available) {
     throw CudaError(fmt::format("cudaHostRegister: CUDA not available ({})", runtime_status().message));
   }
+  if (device >= 0) {
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw CudaError(fmt::format("cudaSetDevice({}) before cudaHostRegister failed: {}", device, describe(e)));
+    }
+  }
   if (const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable); e != cudaSuccess) {
     (void)cudaGetLastError();
-    throw OutOfMemory("cuda register", fmt::format("cudaHostRegister of {} bytes failed: {}", bytes, describe(e)));
+    const std::string what = fmt::format("cudaHostRegister of {} bytes on cuda:{} failed: {}", bytes, device, describe(e));
+    switch (e) {
+      case cudaErrorMemoryAllocation:
+      case cudaErrorNotSupported:
+      case cudaErrorInvalidValue:
+        throw OutOfMemory("cuda register", what);  // the pool pins less and says why
+      default:
+        throw CudaError(what);  // already registered, a lost context: pinning less would hide it
+    }
   }
 }
 
-void host_unregister(void* ptr) noexcept {
+void host_unregister(void* ptr, int device) noexcept {
+  if (device >= 0 && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
   const cudaError_t e = cudaHostUnregister(ptr);
   if (e == cudaSuccess || e == cudaErrorCudartUnloading) return;  // shutting down: nothing to do
   (void)cudaGetLastError();

@@ -14,10 +14,10 @@ const RuntimeStatus& runtime_status() {
 
 std::vector<DeviceInfo> devices() { return {}; }
 
-void host_register(void* /*ptr*/, std::size_t bytes) {
+void host_register(void* /*ptr*/, std::size_t bytes, int /*device*/) {
   throw CudaError(fmt::format("cudaHostRegister of {} bytes: {}", bytes, runtime_status().message));
 }
 
-void host_unregister(void* /*ptr*/) noexcept {}
+void host_unregister(void* /*ptr*/, int /*device*/) noexcept {}
 
 }  // namespace pinfeed::memory::cuda

@@ -77,7 +77,7 @@ void* PinnedResource::do_allocate(std::size_t bytes, std::size_t /*alignment*/) 
   detail::prefault(p, length);
   try {
     if (method_ == PinMethod::cuda_register) {
-      cuda::host_register(p, length);
+      cuda::host_register(p, length, config_.cuda_device.value_or(-1));
     } else if (::mlock(p, length) != 0) {
       const int err = errno;
       const auto limit = detail::memlock_limit();
@@ -102,7 +102,7 @@ std::size_t transparent_huge_page_size() noexcept { return detail::huge_page_siz
 void PinnedResource::do_deallocate(void* ptr, std::size_t bytes, std::size_t /*alignment*/) noexcept {
   const std::size_t length = round_up_to_page(bytes);
   if (method_ == PinMethod::cuda_register) {
-    cuda::host_unregister(ptr);
+    cuda::host_unregister(ptr, config_.cuda_device.value_or(-1));
   } else if (::munlock(ptr, length) != 0) {
     pinfeed::detail::log().error("munlock({}, {}) failed: {}", ptr, length, std::strerror(errno));
   }

@@ -101,6 +101,10 @@ class CudaEvent final : public Event {
   // memory any more, so the event counts as complete (and a destructor
   // waiting on it, ~BufferPool's, never throws); it is logged.
   [[nodiscard]] bool ready() noexcept override {
+    // Queried from TBB threads, the pool's thread, the NCCL watchdog: the
+    // event's device is made current first, so none of them creates
+    // device 0's primary context.
+    if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
     const cudaError_t e = cudaEventQuery(handle_.get());
     (void)cudaGetLastError();
     if (e == cudaErrorNotReady) return false;
@@ -142,6 +146,8 @@ class CudaBackend final : public DeviceBackend {
   }
 
   [[nodiscard]] BackendKind kind() const noexcept override { return BackendKind::cuda; }
+  [[nodiscard]] int cuda_device() const noexcept override { return device_; }
+  void make_current() override { select(); }
   [[nodiscard]] std::string name() const override { return name_; }
 
   DeviceBuffer allocate(std::size_t bytes) override {

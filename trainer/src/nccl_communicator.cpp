@@ -172,6 +172,11 @@ class NcclCommunicator final : public Communicator {
     watch_cv_.notify_one();
   }
   void watch(const std::stop_token& stop) {
+    try {
+      backend_.make_current();  // this thread's CUDA calls go to the communicator's GPU, no other context
+    } catch (const std::exception& e) {
+      pinfeed::detail::log().error("nccl rank {}: watchdog cannot select its device: {}", rank_, e.what());
+    }
     std::unique_lock lock(mutex_);
     while (!stop.stop_requested()) {
       watch_cv_.wait_for(lock, std::chrono::milliseconds(100));

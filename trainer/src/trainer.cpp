@@ -235,6 +235,8 @@ void Worker::validate_epoch(EpochSummary& s) {
 }
 
 void Worker::run() {
+  // First, before the Loader registers its slots: this thread's device.
+  backend_.make_current();
   const auto world = static_cast<std::size_t>(job_.world);
   const std::size_t per_rank = cfg_.global_batch / world;
   micro_ = per_rank / cfg_.accumulation;
@@ -252,6 +254,7 @@ void Worker::run() {
   // budget and the pool-fit allowance are split across all of them.
   lc.local_ranks = (cfg_.loader.local_ranks != 0 ? cfg_.loader.local_ranks : job_.local_processes) *
                    static_cast<unsigned>(job_.local_workers);
+  lc.cuda_device = backend_.cuda_device();  // slots registered with this GPU current, on every thread
   if (lc.pin_method == memory::PinMethod::automatic && backend_.kind() == BackendKind::cpu) {
     lc.pin_method = memory::PinMethod::mlock;  // a CPU worker copies with memcpy: no driver registration
   }

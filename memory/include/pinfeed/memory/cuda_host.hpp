@@ -29,10 +29,16 @@ struct DeviceInfo {
 /// Every visible device; empty when none. Throws CudaError on a driver failure.
 std::vector<DeviceInfo> devices();
 
-/// cudaHostRegister (portable). Throws OutOfMemory("cuda register") when the
-/// driver refuses, CudaError when CUDA is not available.
-void host_register(void* ptr, std::size_t bytes);
-/// cudaHostUnregister; logs (never throws) on failure, ignores driver shutdown.
-void host_unregister(void* ptr) noexcept;
+/// cudaHostRegister (portable), with `device` made current first (>= 0): a
+/// thread with no current device would otherwise create device 0's primary
+/// context just to register (an extra ~0.5 GB context per process on GPU 0).
+/// Throws OutOfMemory("cuda register") when the driver cannot pin the pages
+/// (out of memory, not supported here: the pool falls back to pageable and
+/// logs the reason), CudaError for what falling back cannot fix: CUDA not
+/// available, the range already registered (a bug), a lost context.
+void host_register(void* ptr, std::size_t bytes, int device = -1);
+/// cudaHostUnregister with `device` current; logs (never throws) on failure,
+/// ignores driver shutdown.
+void host_unregister(void* ptr, int device = -1) noexcept;
 
 }  // namespace pinfeed::memory::cuda

@@ -45,6 +45,10 @@ class PinnedResource final : public HostResource {
   struct Config {
     PinMethod method = PinMethod::automatic;  ///< how pages are locked
     std::optional<unsigned> numa_node;        ///< bind pages to this NUMA node (OS index)
+    /// The GPU the memory feeds: made current before cudaHostRegister and
+    /// cudaHostUnregister, on whatever thread runs them (the pool's
+    /// maintenance thread too), so no thread creates device 0's context.
+    std::optional<int> cuda_device = std::nullopt;
     /// Back mappings of at least one huge page with transparent huge pages
     /// (aligned, MADV_HUGEPAGE). Loader output is written once and cold: with
     /// 4 KiB pages every 4 KiB written is a TLB miss, walked through the

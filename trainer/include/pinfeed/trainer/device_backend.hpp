@@ -119,6 +119,13 @@ class DeviceBackend {
   [[nodiscard]] virtual BackendKind kind() const noexcept = 0;
   /// "cpu:0", "cuda:1 (NVIDIA H200)".
   [[nodiscard]] virtual std::string name() const = 0;
+  /// The CUDA device index, or -1 when the backend is not a GPU: what a
+  /// loader feeding it registers its slots with.
+  [[nodiscard]] virtual int cuda_device() const noexcept { return -1; }
+  /// Makes this backend's device current on the calling thread: call it at
+  /// the top of every thread that will touch the device (a thread with no
+  /// current device would create device 0's context on its first CUDA call).
+  virtual void make_current() {}
 
   /// Device memory (zeroed). Throws OutOfMemory / CudaError.
   virtual DeviceBuffer allocate(std::size_t bytes) = 0;
