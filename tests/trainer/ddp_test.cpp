@@ -11,6 +11,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <future>
+#include <mutex>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -19,6 +21,7 @@
 #include "image_fixtures.hpp"
 #include "train_fixtures.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
+#include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/schedule.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/trainer.hpp"
@@ -142,13 +145,28 @@ TEST_F(DdpTest, PressureMidTrainingMovesSlotsToPageableAndBackWithoutChangingThe
   c.loader.pressure.root = root.path();
   c.loader.pressure.period = 10ms;
   c.loader.pressure.hold = 50ms;
-  std::jthread weather([&] {
-    std::this_thread::sleep_for(100ms);
+  // The storm starts with the first step, not at a fixed time after
+  // train() is called: setup takes longer under a sanitizer on a busy machine.
+  std::promise<void> first_step;
+  std::once_flag once;
+  TrainCallbacks cb;
+  cb.on_step = [&](const StepProgress&) { std::call_once(once, [&] { first_step.set_value(); }); };
+  std::jthread weather([&, started = first_step.get_future()]() mutable {
+    started.wait();
+    std::this_thread::sleep_for(30ms);
     testing::write_file(psi_file, psi(60, 30));  // critical
     std::this_thread::sleep_for(150ms);
     testing::write_file(psi_file, psi(0, 0));    // calm
   });
-  const TrainResult stormy = train(c);
+  const auto release_weather = [&] { std::call_once(once, [&] { first_step.set_value(); }); };
+  TrainResult stormy;
+  try {
+    stormy = train(c, cb);
+  } catch (...) {
+    release_weather();
+    throw;
+  }
+  release_weather();
   weather.join();
   std::uint64_t pinned = 0, pageable = 0;
   for (const auto& e : stormy.epochs) {
@@ -359,6 +377,24 @@ TEST_F(DdpTest, AValidationLabelPastTheModelsClassesIsNamedNotReadPastTheRow) {
     EXPECT_NE(e.path().string().find("img001.jpg"), std::string::npos) << e.what();
     EXPECT_NE(e.reason().find("label 7"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(DdpTest, NothingIsAllocatedOnceTheCollectivesHaveBegun) {
+  // Note [No allocation during collectives]: on a GPU, a cudaMalloc while
+  // another worker's collective waits for this one can deadlock. Every
+  // buffer (inputs, statistics, validation, reduction staging) is made
+  // before the first broadcast; from the first step on, nothing.
+  TrainConfig c = config(2);
+  c.epochs = 3;
+  c.val_dataset = data_->folder.string();
+  std::uint64_t at_first_step = 0;
+  std::once_flag once;
+  TrainCallbacks cb;
+  cb.on_step = [&](const StepProgress&) { std::call_once(once, [&] { at_first_step = CpuBackend::allocations(); }); };
+  (void)train(c, cb);
+  const std::uint64_t at_end = CpuBackend::allocations();
+  ASSERT_GT(at_first_step, 0U);
+  EXPECT_EQ(at_end, at_first_step) << "allocations after the first step: " << at_end - at_first_step;
 }
 
 TEST_F(DdpTest, BadConfigurationsAreClearErrors) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -148,7 +149,14 @@ CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const { return fmt::format("cpu:{}", config_.index); }
 
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};  // every CpuBackend's allocate() calls
+}  // namespace
+
+std::uint64_t CpuBackend::allocations() noexcept { return g_allocations.load(); }
+
 DeviceBuffer CpuBackend::allocate(std::size_t bytes) {
+  g_allocations.fetch_add(1);
   if (bytes == 0) return DeviceBuffer(this, nullptr, 0);
   const std::size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);

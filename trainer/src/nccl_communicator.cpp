@@ -88,6 +88,7 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config)
       : comm_(comm), rank_(rank), size_(size), backend_(backend), config_(config),
+        barrier_stream_(backend.create_stream()), barrier_value_(backend.allocate(sizeof(float))),
         watchdog_([this](const std::stop_token& st) { watch(st); }) {
     static std::once_flag once;
     std::call_once(once, [] { std::atexit([] { g_exiting = true; }); });
@@ -129,11 +130,10 @@ class NcclCommunicator final : public Communicator {
     follow(s, "broadcast", count);
   }
   void barrier() override {
-    // An all-reduce of one float, waited for.
-    auto stream = backend_.create_stream();
-    DeviceBuffer one = backend_.allocate(sizeof(float));
-    all_reduce(*stream, one.as<float>(), 1, ReduceOp::sum);
-    backend_.synchronize(*stream);
+    // An all-reduce of one float, waited for; its stream and buffer were made
+    // with the communicator (Note [No allocation during collectives]).
+    all_reduce(*barrier_stream_, barrier_value_.as<float>(), 1, ReduceOp::sum);
+    backend_.synchronize(*barrier_stream_);
   }
   void abort(const std::string& why) noexcept override {
     const std::scoped_lock lock(mutex_);
@@ -211,6 +211,8 @@ class NcclCommunicator final : public Communicator {
   std::condition_variable watch_cv_;
   std::deque<Pending> pending_;
   std::string failure_;
+  std::unique_ptr<Stream> barrier_stream_;
+  DeviceBuffer barrier_value_;
   std::jthread watchdog_;  // last: starts after the fields it uses
 };
 

@@ -6,10 +6,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "pinfeed/log.hpp"
+#include "pinfeed/memory/fallback_adaptor.hpp"
+#include "pinfeed/memory/pageable_resource.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
@@ -93,9 +98,32 @@ struct Job {
   int first_rank = 0;   // rank of this process's worker 0
   int local_workers = 1;
   unsigned local_processes = 1;  // processes of this job on this host (the launcher's local size)
-  std::mutex mutex;     // guards error and result
+  std::mutex mutex;     // guards error, result and ready_workers
+  std::condition_variable ready_cv;
+  int ready_workers = 0;  // local workers done allocating (arrive_allocated)
   std::exception_ptr error;
   TrainResult result;
+
+  /// Note [No allocation during collectives]: every device buffer a worker
+  /// will use is allocated before its first collective, and the local
+  /// workers wait here for each other before any of them starts one: a
+  /// cudaMalloc on one GPU's thread can wait for the device while a
+  /// collective there waits for this very worker (the deadlock XLA and
+  /// PyTorch met). Throws Cancelled when another worker failed first.
+  void arrive_allocated() {
+    std::unique_lock lock(mutex);
+    ++ready_workers;
+    ready_cv.notify_all();
+    ready_cv.wait(lock, [&] { return ready_workers >= local_workers || error; });
+    if (error) throw Cancelled("another worker failed before training started");
+  }
+  void fail(std::exception_ptr e) {
+    {
+      const std::scoped_lock lock(mutex);
+      if (!error) error = std::move(e);
+    }
+    ready_cv.notify_all();
+  }
 };
 
 class Worker {
@@ -110,6 +138,7 @@ class Worker {
   void check_equal_work(std::uint64_t epoch, std::uint64_t steps);
   void save(std::uint64_t epoch, std::uint64_t position);
   void validate_epoch(EpochSummary& s);
+  void allocate_staging(std::size_t floats);
 
   Job& job_;
   const TrainConfig& cfg_;
@@ -126,21 +155,54 @@ class Worker {
   DeviceBuffer val_in_, val_images_, val_labels_, val_stats_;
   std::vector<std::int32_t> val_host_labels_;
   std::unique_ptr<DdpEngine> ddp_;
+  // Host staging for reductions and statistics, pinned where the host allows
+  // (a copy from pageable memory can synchronize against running kernels).
+  std::unique_ptr<memory::PinnedResource> staging_pinned_;
+  memory::PageableResource staging_pageable_;
+  std::unique_ptr<memory::FallbackAdaptor> staging_resource_;
+  std::unique_ptr<float, std::function<void(float*)>> staging_;
+  std::size_t staging_floats_ = 0;
   std::unique_ptr<Stream> compute_, copy_;
   std::size_t micro_ = 0;
   std::uint64_t global_step_ = 0;
 };
 
 void Worker::host_all_reduce(std::vector<float>& v) {
-  // On the comm stream, after whatever DDP put there; the vector stays alive
-  // until the synchronize.
+  // On the comm stream, after whatever DDP put there, through the staging
+  // buffer and scratch_, both sized before the first collective (Note [No
+  // allocation during collectives]).
   Stream& s = ddp_->comm_stream();
   const std::size_t bytes = v.size() * sizeof(float);
-  if (bytes > scratch_.bytes()) scratch_ = backend_.allocate(bytes);
-  backend_.copy_h2d(s, scratch_.get(), v.data(), bytes);
+  if (v.size() > staging_floats_ || bytes > scratch_.bytes()) {
+    throw Error(fmt::format("rank {}: a reduction of {} values exceeds the {} sized before training", rank_, v.size(),
+                            staging_floats_));
+  }
+  std::copy(v.begin(), v.end(), staging_.get());
+  backend_.copy_h2d(s, scratch_.get(), staging_.get(), bytes);
   comm_.all_reduce(s, scratch_.as<float>(), v.size(), ReduceOp::sum);
-  backend_.copy_d2h(s, v.data(), scratch_.get(), bytes);
+  backend_.copy_d2h(s, staging_.get(), scratch_.get(), bytes);
   backend_.synchronize(s);
+  std::copy(staging_.get(), staging_.get() + v.size(), v.begin());
+}
+
+void Worker::allocate_staging(std::size_t floats) {
+  // Registered with the GPU the copies go to (pageable if the driver
+  // refuses); a CPU backend's copies are memcpy: nothing to pin.
+  memory::HostResource* r = &staging_pageable_;
+  if (backend_.cuda_device() >= 0) {
+    memory::PinnedResource::Config pc;
+    pc.method = memory::PinMethod::cuda_register;
+    pc.huge_pages = false;
+    pc.cuda_device = backend_.cuda_device();
+    staging_pinned_ = std::make_unique<memory::PinnedResource>(pc);
+    staging_resource_ = std::make_unique<memory::FallbackAdaptor>(*staging_pinned_, staging_pageable_);
+    r = staging_resource_.get();
+  }
+  const std::size_t bytes = floats * sizeof(float);
+  staging_ = std::unique_ptr<float, std::function<void(float*)>>(static_cast<float*>(r->allocate(bytes)),
+                                                                 [r, bytes](float* p) { r->deallocate(p, bytes); });
+  staging_floats_ = floats;
+  scratch_ = backend_.allocate(bytes);
 }
 
 void Worker::check_equal_work(std::uint64_t epoch, std::uint64_t steps) {
@@ -193,13 +255,6 @@ void Worker::validate_epoch(EpochSummary& s) {
   if (!val_loader_) return;
   val_loader_->begin_epoch(0);
   const auto size = static_cast<std::size_t>(model_->config().image_size);
-  if (!val_in_.get()) {
-    val_in_ = backend_.allocate(micro_ * val_loader_->config().transform.sample_bytes());
-    val_images_ = backend_.allocate(micro_ * 3 * size * size * sizeof(float));
-    val_labels_ = backend_.allocate(micro_ * sizeof(std::int32_t));
-    val_stats_ = backend_.allocate(2 * sizeof(float));
-    val_host_labels_.resize(micro_);
-  }
   DeviceBuffer& in = val_in_;
   DeviceBuffer& images = val_images_;
   DeviceBuffer& labels = val_labels_;
@@ -225,10 +280,9 @@ void Worker::validate_epoch(EpochSummary& s) {
     backend_.synchronize(*compute_);  // the slot and host_labels are reused next
     count += static_cast<float>(n);
   }
-  std::vector<float> v(3);
-  backend_.copy_d2h(*compute_, v.data(), stats.get(), 2 * sizeof(float));
+  backend_.copy_d2h(*compute_, staging_.get(), stats.get(), 2 * sizeof(float));
   backend_.synchronize(*compute_);
-  v[2] = count;
+  std::vector<float> v{staging_.get()[0], staging_.get()[1], count};
   host_all_reduce(v);
   s.val_loss = v[2] > 0 ? v[0] / v[2] : std::numeric_limits<double>::quiet_NaN();
   s.val_accuracy = v[2] > 0 ? v[1] / v[2] : std::numeric_limits<double>::quiet_NaN();
@@ -306,32 +360,48 @@ void Worker::run() {
   } else {
     w = model_->initial_weights(cfg_.loader.seed);
   }
-  backend_.copy_h2d(*compute_, model_->weights(), w.data(), w.size() * sizeof(float));
-  backend_.copy_h2d(*compute_, model_->momentum(), m.data(), m.size() * sizeof(float));
-  ddp_->broadcast_parameters(*compute_);
-  backend_.synchronize(*compute_);
-
   const std::uint64_t steps_per_epoch = loader_->batches_per_epoch() / cfg_.accumulation;
   if (steps_per_epoch == 0) {
     throw ConfigError(fmt::format("{} samples per rank make no step of {} x {} samples: lower the batch size or the "
                                   "number of workers",
                                   loader_->samples_per_epoch(), cfg_.accumulation, micro_));
   }
+  // Every buffer, at its largest, before the first collective (Note [No
+  // allocation during collectives]): inputs, statistics, validation, and
+  // the staging for host reductions (per-step stats, step counts, metrics).
+  const std::size_t sample_bytes = lc.transform.sample_bytes();
+  {
+    const auto side = static_cast<std::size_t>(mc.image_size);
+    for (std::size_t b = 0; b < 2; ++b) {
+      in_[b] = backend_.allocate(micro_ * sample_bytes);
+      labels_[b] = backend_.allocate(micro_ * sizeof(std::int32_t));
+      host_labels_[b].assign(micro_, 0);
+    }
+    if (cfg_.device_normalize) images_ = backend_.allocate(micro_ * 3 * side * side * sizeof(float));
+    step_stats_ = backend_.allocate(steps_per_epoch * 2 * sizeof(float));
+    if (val_loader_) {
+      val_in_ = backend_.allocate(micro_ * val_loader_->config().transform.sample_bytes());
+      val_images_ = backend_.allocate(micro_ * 3 * side * side * sizeof(float));
+      val_labels_ = backend_.allocate(micro_ * sizeof(std::int32_t));
+      val_stats_ = backend_.allocate(2 * sizeof(float));
+      val_host_labels_.resize(micro_);
+    }
+    allocate_staging(std::max<std::size_t>({static_cast<std::size_t>(job_.world), steps_per_epoch * 2, 8}));
+  }
+  job_.arrive_allocated();
+
+  backend_.copy_h2d(*compute_, model_->weights(), w.data(), w.size() * sizeof(float));
+  backend_.copy_h2d(*compute_, model_->momentum(), m.data(), m.size() * sizeof(float));
+  ddp_->broadcast_parameters(*compute_);
+  backend_.synchronize(*compute_);
+
   LrSchedule schedule;
   schedule.base_lr = cfg_.lr;
   schedule.global_batch = cfg_.global_batch;
   schedule.warmup_steps = static_cast<std::uint64_t>(std::llround(cfg_.warmup_epochs * static_cast<double>(steps_per_epoch)));
   schedule.total_steps = steps_per_epoch * cfg_.epochs;
 
-  const std::size_t sample_bytes = lc.transform.sample_bytes();
   const auto size = static_cast<std::size_t>(mc.image_size);
-  for (std::size_t b = 0; b < 2; ++b) {
-    in_[b] = backend_.allocate(micro_ * sample_bytes);
-    labels_[b] = backend_.allocate(micro_ * sizeof(std::int32_t));
-    host_labels_[b].assign(micro_, 0);
-  }
-  if (cfg_.device_normalize) images_ = backend_.allocate(micro_ * 3 * size * size * sizeof(float));
-  step_stats_ = backend_.allocate(steps_per_epoch * 2 * sizeof(float));
   DeviceBuffer(&in)[2] = in_;
   DeviceBuffer(&labels)[2] = labels_;
   DeviceBuffer& images = images_;
@@ -436,8 +506,9 @@ void Worker::run() {
 
     // Global per-step loss and accuracy: sum the stats of every rank.
     std::vector<float> st(static_cast<std::size_t>(steps_per_epoch) * 2);
-    backend_.copy_d2h(*compute_, st.data(), step_stats.get(), st.size() * sizeof(float));
+    backend_.copy_d2h(*compute_, staging_.get(), step_stats.get(), st.size() * sizeof(float));
     backend_.synchronize(*compute_);
+    std::copy(staging_.get(), staging_.get() + st.size(), st.begin());
     host_all_reduce(st);
     double loss = 0, correct = 0;
     for (std::uint64_t k = first_step; k < step; ++k) {
@@ -582,11 +653,11 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
             what = e.what();
           } catch (...) {
           }
-          {
-            const std::scoped_lock lock(job.mutex);
-            if (!job.error) job.error = std::current_exception();
-          }
-          comms[static_cast<std::size_t>(i)]->abort(what);
+          job.fail(std::current_exception());
+          // Every communicator of the process: ncclCommAbort sets only the
+          // flags of the one it is given, and the others' ranks would wait
+          // in their collectives until the timeout.
+          for (auto& c : comms) c->abort(fmt::format("rank {}: {}", job.first_rank + i, what));
         }
       });
     }

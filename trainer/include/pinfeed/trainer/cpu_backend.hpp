@@ -5,6 +5,7 @@
 // them, and events complete when the worker reaches them. Math is plain C++
 // loops and OpenBLAS's cblas_sgemm (single-threaded: one rank is one thread).
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -53,6 +54,11 @@ class CpuBackend final : public DeviceBackend {
   /// (the CPU communicators run their collectives this way, on a comm stream).
   /// An exception from `task` becomes the stream's sticky error.
   void enqueue(Stream& s, std::function<void()> task);
+
+  /// Allocations made by every CpuBackend of the process so far: tests hold
+  /// that training allocates nothing once its collectives have begun (Note
+  /// [No allocation during collectives] in trainer.cpp).
+  [[nodiscard]] static std::uint64_t allocations() noexcept;
 
  protected:
   void free(void* ptr, std::size_t bytes) noexcept override;
