@@ -22,6 +22,7 @@
 #include "pinfeed/memory/pool_plan.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/sample_stage.hpp"
+#include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/pinned_budget.hpp"
 #include "pinfeed/log.hpp"
@@ -452,6 +453,25 @@ struct Loader::Engine {
 };
 
 namespace {
+/// The pinned resource for a loader feeding `cuda_device`: that device made
+/// current for every registration, and the pages placed on its nearest NUMA
+/// node (sysfs), so host-to-device copies cross no socket link.
+memory::PinnedResource::Config pinned_config(const LoaderConfig& c) {
+  memory::PinnedResource::Config pc;
+  pc.method = c.pin_method;
+  if (c.cuda_device < 0) return pc;
+  pc.cuda_device = c.cuda_device;
+  try {
+    for (const memory::cuda::DeviceInfo& d : memory::cuda::devices()) {
+      if (d.index == c.cuda_device && d.numa_node >= 0) pc.numa_node = static_cast<unsigned>(d.numa_node);
+    }
+  } catch (const Error& e) {
+    pinfeed::detail::log().warn("loader: cannot read cuda:{}'s NUMA node ({}); default page placement", c.cuda_device,
+                                e.what());
+  }
+  return pc;
+}
+
 /// What the budget lets the pool pin, and in words why not every slot.
 PinReport plan_pin_report(const LoaderConfig& c, const memory::PinnedBudget& budget, std::size_t slots,
                           std::size_t slot_bytes, unsigned local_ranks) {
@@ -484,9 +504,7 @@ Loader::Loader(LoaderConfig config)
     : config_((config.validate(), std::move(config))),
       dataset_(open_dataset(config_.dataset, config_.list_root, config_.max_classes)),
       sampler_(sampler_config(config_, dataset_->size())),
-      pinned_(memory::PinnedResource::Config{
-          config_.pin_method, std::nullopt,
-          config_.cuda_device >= 0 ? std::optional<int>(config_.cuda_device) : std::nullopt}) {
+      pinned_(pinned_config(config_)) {
   const unsigned threads =
       config_.threads != 0 ? config_.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
   const unsigned local_ranks =

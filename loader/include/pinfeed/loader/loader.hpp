@@ -65,7 +65,7 @@ struct LoaderConfig {
   bool pin = true;                           ///< pin pool slots (within the budget)
   bool require_pinned = false;               ///< ConfigError when fewer slots than asked can be pinned
   memory::PinMethod pin_method = memory::PinMethod::automatic;  ///< cuda with a device, else mlock
-  int cuda_device = -1;                      ///< the GPU the batches go to: current when slots are registered; -1: none
+  int cuda_device = -1;                      ///< the GPU the batches go to: current when slots are registered, pages on its NUMA node; -1: none
   double pinned_fraction = 0.5;              ///< share of really available memory the pool may pin
   unsigned local_ranks = 0;                  ///< processes on this host sharing its memory; 0: from the launcher's variables
   bool watch_pressure = true;                ///< run a PressureMonitor the pool follows
