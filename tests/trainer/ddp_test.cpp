@@ -397,6 +397,43 @@ TEST_F(DdpTest, NothingIsAllocatedOnceTheCollectivesHaveBegun) {
   EXPECT_EQ(at_end, at_first_step) << "allocations after the first step: " << at_end - at_first_step;
 }
 
+TEST_F(DdpTest, FreeingWhileAStreamHasWorkIsCountedAndAFailedRunNeverDoesIt) {
+  using namespace std::chrono_literals;
+  // The mechanism: a buffer freed while a stream still copies.
+  {
+    CpuBackend backend(CpuBackendConfig{0, 50ms});
+    auto stream = backend.create_stream();
+    std::vector<float> host(16, 1.0F);
+    DeviceBuffer target = backend.allocate(host.size() * sizeof(float));
+    DeviceBuffer other = backend.allocate(64);
+    const std::uint64_t before = CpuBackend::frees_with_work_pending();
+    backend.copy_h2d(*stream, target.get(), host.data(), host.size() * sizeof(float));
+    other = DeviceBuffer();  // freed with the copy still queued
+    EXPECT_EQ(CpuBackend::frees_with_work_pending(), before + 1);
+    backend.synchronize(*stream);
+  }
+  // A worker failing mid-epoch (a corrupt file under the fail policy) with
+  // copies and compute in flight: its teardown drains before it frees.
+  testing::TempDir tmp;
+  const auto list = tmp.path() / "list.txt";
+  {
+    std::ofstream out(list);
+    for (const auto& e : std::filesystem::recursive_directory_iterator(data_->folder)) {
+      if (e.is_regular_file()) out << e.path().string() << " " << e.path().parent_path().filename().string().substr(5) << "\n";
+    }
+    testing::write_file(tmp.path() / "broken.jpg", "not an image");
+    out << (tmp.path() / "broken.jpg").string() << " 0\n";
+  }
+  TrainConfig c = config(2);
+  c.loader.dataset = list.string();
+  c.loader.on_bad_sample = loader::BadSamplePolicy::fail;
+  c.loader.shuffle = true;
+  c.copy_delay = 2ms;
+  const std::uint64_t before = CpuBackend::frees_with_work_pending();
+  EXPECT_THROW((void)train(c), DataError);
+  EXPECT_EQ(CpuBackend::frees_with_work_pending(), before) << "a buffer was freed while its stream still had work";
+}
+
 TEST_F(DdpTest, BadConfigurationsAreClearErrors) {
   TrainConfig c = config(3);
   try {

@@ -13,10 +13,21 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
 
 namespace pinfeed::trainer {
+
+/// A backend's live streams (all CpuStreams), so that freeing memory can ask
+/// whether any of them still has work: on a GPU that work could still read
+/// the memory.
+struct StreamSet {
+  std::mutex mutex;  // guards streams
+  std::vector<const Stream*> streams;
+};
+
 namespace {
 
 /// An event's state: how many times it was recorded, and how far the
@@ -76,8 +87,15 @@ class CpuStream final : public Stream {
  public:
   using Task = std::function<void(const std::exception_ptr& stream_error, const std::stop_token&)>;
 
-  explicit CpuStream(std::size_t max_queued)
-      : max_queued_(max_queued), worker_([this](const std::stop_token& st) { run(st); }) {}
+  CpuStream(std::size_t max_queued, std::shared_ptr<StreamSet> set)
+      : registration_(this, std::move(set)), max_queued_(max_queued),
+        worker_([this](const std::stop_token& st) { run(st); }) {}
+
+  /// Whether work is queued or running.
+  [[nodiscard]] bool busy() const {
+    const std::scoped_lock lock(mutex_);
+    return !queue_.empty() || running_;
+  }
   ~CpuStream() override {
     worker_.request_stop();
     { const std::scoped_lock lock(mutex_); }  // the worker is either before its check or waiting: no lost wake-up
@@ -104,11 +122,15 @@ class CpuStream final : public Stream {
       std::exception_ptr error;
       {
         std::unique_lock lock(mutex_);
+        running_ = false;
         cv_work_.wait(lock, [&] { return !queue_.empty() || stop.stop_requested(); });
         if (queue_.empty()) return;  // stopping, and nothing left to run
         item = std::move(queue_.front());
         queue_.pop_front();
         error = error_;
+        // Event completions and synchronize markers touch no buffer, and a
+        // waiter they release may free at once: they do not count as work.
+        running_ = !item.always;
       }
       cv_space_.notify_one();
       if (error && !item.always) continue;
@@ -121,8 +143,25 @@ class CpuStream final : public Stream {
     }
   }
 
+  /// In the set from construction until after the worker has joined (the
+  /// first member, so destroyed last).
+  struct Registration {
+    Registration(const Stream* s, std::shared_ptr<StreamSet> set) : stream(s), streams(std::move(set)) {
+      const std::scoped_lock lock(streams->mutex);
+      streams->streams.push_back(stream);
+    }
+    ~Registration() {
+      const std::scoped_lock lock(streams->mutex);
+      std::erase(streams->streams, stream);
+    }
+    Registration(const Registration&) = delete;
+    Registration& operator=(const Registration&) = delete;
+    const Stream* stream;
+    std::shared_ptr<StreamSet> streams;
+  } registration_;
   std::size_t max_queued_;
-  std::mutex mutex_;  // guards queue_ and error_
+  mutable std::mutex mutex_;  // guards queue_, running_ and error_
+  bool running_ = false;
   std::condition_variable cv_work_, cv_space_;
   std::deque<Item> queue_;
   std::exception_ptr error_;
@@ -140,7 +179,7 @@ void post(Stream& s, F&& f) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(CpuBackendConfig config) : config_(config) {
+CpuBackend::CpuBackend(CpuBackendConfig config) : config_(config), streams_(std::make_shared<StreamSet>()) {
   // One rank is one thread here; OpenBLAS's own threads would fight them.
   openblas_set_num_threads(1);
 }
@@ -165,9 +204,28 @@ DeviceBuffer CpuBackend::allocate(std::size_t bytes) {
   return DeviceBuffer(this, p, bytes);
 }
 
-void CpuBackend::free(void* ptr, std::size_t /*bytes*/) noexcept { std::free(ptr); }
+namespace {
+std::atomic<std::uint64_t> g_frees_with_work_pending{0};
+}  // namespace
 
-std::unique_ptr<Stream> CpuBackend::create_stream() { return std::make_unique<CpuStream>(config_.max_queued); }
+std::uint64_t CpuBackend::frees_with_work_pending() noexcept { return g_frees_with_work_pending.load(); }
+
+void CpuBackend::free(void* ptr, std::size_t bytes) noexcept {
+  // A CPU stream's queue runs on even after its buffers go; a GPU's does
+  // too, and reads freed memory. Counted (and logged) so tests catch a
+  // teardown that frees before draining, which the CPU would otherwise hide.
+  {
+    const std::scoped_lock lock(streams_->mutex);
+    const auto busy = [](const Stream* s) { return static_cast<const CpuStream*>(s)->busy(); };
+    if (std::any_of(streams_->streams.begin(), streams_->streams.end(), busy)) {
+      g_frees_with_work_pending.fetch_add(1);
+      pinfeed::detail::log().error("{}: {} bytes freed while a stream still has work queued", name(), bytes);
+    }
+  }
+  std::free(ptr);
+}
+
+std::unique_ptr<Stream> CpuBackend::create_stream() { return std::make_unique<CpuStream>(config_.max_queued, streams_); }
 
 std::shared_ptr<Event> CpuBackend::create_event() { return std::make_shared<CpuEvent>(); }
 

@@ -13,6 +13,8 @@
 
 namespace pinfeed::trainer {
 
+struct StreamSet;
+
 struct CpuBackendConfig {
   int index = 0;                              ///< shown as "cpu:<index>"
   std::chrono::microseconds copy_delay{0};    ///< added to every copy: simulates a slow link (tests, demos)
@@ -59,12 +61,18 @@ class CpuBackend final : public DeviceBackend {
   /// that training allocates nothing once its collectives have begun (Note
   /// [No allocation during collectives] in trainer.cpp).
   [[nodiscard]] static std::uint64_t allocations() noexcept;
+  /// Buffers freed (by any CpuBackend) while one of the backend's streams
+  /// still had work queued or running. A CPU stream drains before it goes,
+  /// which hides a teardown that frees too early; on a GPU that is a
+  /// use-after-free. Logged; tests hold it at 0 through a failed run.
+  [[nodiscard]] static std::uint64_t frees_with_work_pending() noexcept;
 
  protected:
   void free(void* ptr, std::size_t bytes) noexcept override;
 
  private:
   CpuBackendConfig config_;
+  std::shared_ptr<StreamSet> streams_;  // every live stream of this backend
 };
 
 }  // namespace pinfeed::trainer
