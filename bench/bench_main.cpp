@@ -544,6 +544,7 @@ int run_copy_bench(const std::string& device, std::size_t mib, std::size_t repea
   } else {
     backend = std::make_unique<pt::CpuBackend>();
   }
+  backend->make_current();  // this thread drives the device
   const std::size_t bytes = mib << 20U;
   pinfeed::memory::PinnedResource pinned;
   pinfeed::memory::PageableResource pageable;

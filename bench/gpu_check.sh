@@ -3,9 +3,16 @@
 # that has a CUDA device. On a machine without one the tests skip (with the
 # reason) and the figures say "no GPU"; nothing is faked. On a GPU host a
 # skipped GPU test fails the check, and pinned copies must be clearly faster
-# than pageable ones. (Still to add, issue 11: the mpirun one-context check,
-# the abort-reaches-every-rank run, the Python GPU path with the machine's
-# torch, and a compute-bound run asserting copy/compute overlap.)
+# than pageable ones. It also checks, on the GPU:
+#   - one CUDA context per process, on its own GPU only (nvidia-smi's
+#     process list while training runs; needs 2 GPUs to show anything, and
+#     says "not checked" on one);
+#   - a rank that fails mid-epoch ends every rank within seconds (NCCL:
+#     threads in one process, and two processes under mpirun; 2 GPUs);
+#   - a compute-bound run (a wide MLP on small images): the GPU must never
+#     wait for data (data_wait_fraction < 0.1);
+#   - the Python tests with the machine's own torch, when it has CUDA and
+#     the built module matches its Python.
 #
 #   bench/gpu_check.sh            build (if cmake is here), run, print figures
 #   bench/gpu_check.sh --pack     build here and copy the shared libraries the
@@ -93,5 +100,104 @@ data=$(mktemp -d)
   --size 224 --pool 8 || status=1
 "$build/tools/pinfeed-train" --data "$data/train" --devices cuda:all --epochs 2 --batch-size 256 --size 224 \
   --pool 8 --host-normalize -q --json | grep -E '"images_per_second"|"data_wait_fraction"' || status=1
+
+# --- one context per process --------------------------------------------
+# While a run trains on GPU g, nvidia-smi must list its pid on g only: a
+# thread that touched CUDA with no current device would have made a context
+# on GPU 0 as well (issue 11, item 1).
+mapfile -t busids < <(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null || true)
+gpus_of_pid() {  # the bus ids the pid has a context on
+  nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv,noheader 2>/dev/null |
+    awk -F', *' -v p="$1" '$1 == p {print $2}' | sort -u
+}
+watch_contexts() {  # watch_contexts <expected bus id> <pid>...: fails on a context elsewhere
+  local want=$1; shift
+  local seen_any=0
+  for _ in $(seq 1 40); do
+    for pid in "$@"; do
+      for bus in $(gpus_of_pid "$pid"); do
+        seen_any=1
+        if [[ ${bus,,} != "${want,,}" ]]; then
+          echo "gpu_check: pid $pid has a context on $bus as well as on $want"; return 1
+        fi
+      done
+    done
+    sleep 0.25
+  done
+  [[ $seen_any == 1 ]] || { echo "gpu_check: no context seen at all (nvidia-smi cannot list processes here?)"; return 1; }
+}
+echo "== one CUDA context per process"
+if [[ $gpus -ge 2 ]]; then
+  "$build/tools/pinfeed-train" --data "$data/train" --devices cuda:1 --epochs 4 --batch-size 128 --size 64 --pool 4 -q &
+  pid=$!
+  watch_contexts "${busids[1]}" "$pid" || status=1
+  wait "$pid" || status=1
+  if command -v mpirun >/dev/null 2>&1; then
+    # Two processes, one GPU each (local rank 0 -> cuda:0, 1 -> cuda:1).
+    mpirun --allow-run-as-root -np 2 "$build/tools/pinfeed-train" --data "$data/train" --devices cuda:all --epochs 4 \
+      --batch-size 128 --size 64 --pool 4 -q &
+    sleep 3
+    for pid in $(pgrep -f "pinfeed-train --data $data/train --devices cuda:all"); do
+      n=$(gpus_of_pid "$pid" | wc -l)
+      [[ $n -le 1 ]] || { echo "gpu_check: mpirun rank pid $pid holds contexts on $n GPUs"; status=1; }
+    done
+    wait || status=1
+  else
+    echo "gpu_check: no mpirun here: the two-process context check did not run"
+  fi
+else
+  echo "gpu_check: NOT CHECKED: one GPU cannot show a stray context on another (needs 2 GPUs)"
+fi
+
+# --- a failing rank ends every rank --------------------------------------
+echo "== a rank failing mid-epoch ends every rank at once"
+if [[ $gpus -ge 2 ]]; then
+  bad=$(mktemp -d)
+  cp -r "$data/train" "$bad/"
+  printf 'not an image' >"$bad/train/class_003/$(ls "$bad/train/class_003" | head -n 1)"
+  for launch in "" "mpirun --allow-run-as-root -np 2"; do
+    [[ -z $launch ]] && devices=cuda:0,1 || devices=cuda:all
+    if [[ -n $launch ]] && ! command -v mpirun >/dev/null 2>&1; then echo "gpu_check: no mpirun: skipped"; continue; fi
+    start=$(date +%s)
+    if $launch "$build/tools/pinfeed-train" --data "$bad/train" --devices "$devices" --epochs 50 --batch-size 64 \
+        --size 64 --pool 4 --max-replaced-share 0 -q; then
+      echo "gpu_check: a run with an undecodable file and max_replaced_share 0 succeeded"; status=1
+    fi
+    took=$(( $(date +%s) - start ))
+    echo "gpu_check: ${launch:-one process}, $devices: every rank ended ${took}s after the start"
+    [[ $took -lt 60 ]] || { echo "gpu_check: ranks waited for the collective timeout"; status=1; }
+  done
+  rm -rf "$bad"
+else
+  echo "gpu_check: NOT CHECKED: an NCCL group needs 2 GPUs (NCCL refuses two ranks on one device)"
+fi
+
+# --- compute-bound: the loader and the copies must keep up ----------------
+echo "== compute-bound training (wide MLP, small images): the GPU must not wait for data"
+if cb=$("$build/tools/pinfeed-train" --data "$data/train" --devices cuda:0 --epochs 2 --batch-size 256 --size 32 \
+      --pool 1 --hidden 16384,16384,16384 -q --json); then
+  grep -E '"images_per_second"|"data_wait_fraction"' <<<"$cb"
+  wait_fraction=$(grep -o '"data_wait_fraction": *[0-9.e-]*' <<<"$cb" | tail -n 1 | grep -o '[0-9.e-]*$')
+  if ! awk -v w="$wait_fraction" 'BEGIN { exit !(w < 0.1) }'; then
+    echo "gpu_check: data_wait_fraction $wait_fraction in a compute-bound run: copies or the loader stall the GPU"
+    status=1
+  fi
+else
+  status=1
+fi
 rm -rf "$data"
+
+# --- Python with the machine's own torch ---------------------------------
+echo "== Python tests with this machine's torch"
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  if PYTHONPATH="$build/python" python3 -c 'import pinfeed' 2>/dev/null; then
+    PYTHONPATH="$build/python" PINFEED_DATA_TOOL="$build/tools/pinfeed-data" \
+      python3 -m pytest -q tests/python || status=1
+  else
+    echo "gpu_check: NOT CHECKED: the built module does not import with $(python3 --version 2>&1)" \
+         "(built for another Python; pip install . builds one for this Python)"
+  fi
+else
+  echo "gpu_check: NOT CHECKED: no torch with CUDA in this machine's python3"
+fi
 exit $status

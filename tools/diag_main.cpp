@@ -113,6 +113,10 @@ void print_report(const json& j, const pm::MemorySnapshot& s, const std::optiona
       fmt::print("  {}: {} {} pci {} numa node {}\n", d["index"].get<int>(), d["name"].get<std::string>(),
                  format_bytes(d["memory_bytes"].get<std::uint64_t>()), d["pci_bus_id"].get<std::string>(),
                  d["numa_node"].get<int>());
+      if (d["host_page_tables"].get<bool>()) {
+        fmt::print("     reads pageable memory through the host page tables (Grace/ATS): registration need not\n"
+                   "     page-lock, so VmLck, not the pool's \"pinned\", says what is locked\n");
+      }
     }
   } else {
     fmt::print("\n({})\n", j["note"].get<std::string>());

@@ -54,7 +54,7 @@ void LoaderConfig::validate() const {
   check_max_classes(max_classes);
   if (local_ranks > 4096) throw ConfigError(fmt::format("loader local_ranks must be 0..4096, got {}", local_ranks));
   transform.validate();
-  const std::uint64_t slot = static_cast<std::uint64_t>(batch_size) * transform.sample_bytes();
+  const std::uint64_t slot = slot_bytes();
   if (slot > memory::kMaxRegistrationBytes) {
     throw ConfigError(fmt::format("loader: one batch of {} bytes exceeds the slot maximum of {} bytes", slot,
                                   memory::kMaxRegistrationBytes));
@@ -249,6 +249,9 @@ struct EpochRun {
   void check_budget(std::uint64_t replaced_now, const DataError& last) {
     const std::uint64_t limit = replacement_limit();
     if (replaced_now <= limit) return;
+    if (limit == 0) {
+      throw DataError(last.path(), fmt::format("{} (replacing bad samples is off: max_replaced_share is 0)", last.reason()));
+    }
     throw DataError(last.path(), fmt::format("{} bad samples replaced this epoch, over the budget of {} ({:g}% of this "
                                              "rank's {} samples, max_replaced_share): this is a systematic problem, not "
                                              "a few corrupt files. {}. Last: {}",
@@ -369,6 +372,9 @@ Batch::~Batch() {
 
 std::span<const std::byte> Batch::data() const noexcept {
   return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes);
+}
+std::span<const std::int32_t> Batch::slot_labels() const noexcept {
+  return {reinterpret_cast<const std::int32_t*>(lease_.bytes().data() + p_.label_offset), p_.labels.size()};
 }
 std::span<std::byte> Batch::mutable_data() noexcept { return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes); }
 
@@ -512,7 +518,7 @@ Loader::Loader(LoaderConfig config)
 
   memory::BufferPool::Config pc;
   pc.slots = config_.prefetch;
-  pc.slot_bytes = config_.batch_size * config_.transform.sample_bytes();
+  pc.slot_bytes = config_.slot_bytes();
   // One slot per slab: a running loader always has some slot in use, so
   // pressure can move its memory only slot by slot.
   pc.slab_bytes = pc.slot_bytes;
@@ -542,6 +548,19 @@ Loader::Loader(LoaderConfig config)
     monitor_->start();
   }
   pin_report_.pinned_slots = pool_->stats().pinned_slots;
+  if (pinned_.method() == memory::PinMethod::cuda_register && config_.cuda_device >= 0) {
+    try {
+      for (const memory::cuda::DeviceInfo& d : memory::cuda::devices()) {
+        if (d.index != config_.cuda_device || !d.host_page_tables) continue;
+        pin_report_.note = fmt::format("cuda:{} reads pageable memory through the host page tables (Grace/ATS): its "
+                                       "registration need not page-lock the slots; VmLck shows what is locked",
+                                       d.index);
+        pinfeed::detail::log().info("loader: {}", pin_report_.note);
+      }
+    } catch (const Error&) {
+      // already warned about by pinned_config
+    }
+  }
   if (config_.pin && pin_report_.pinned_slots < pc.slots && pin_report_.reason.empty()) {
     pin_report_.reason = fmt::format("only {} of {} slots could be pinned (see the pool's log)", pin_report_.pinned_slots,
                                      pc.slots);
@@ -650,6 +669,11 @@ std::optional<Batch> Loader::next() {
   const auto n = b->labels.size(), s = static_cast<std::size_t>(config_.transform.size);
   p.shape = p.layout == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, s, s, 3} : std::array<std::size_t, 4>{n, 3, s, s};
   p.labels = std::move(b->labels);
+  p.label_offset = config_.label_offset();
+  // The labels' int32 copy goes into the slot (max_classes keeps every
+  // label below 2^31): a device reads them from pinned memory.
+  auto* slot_labels = reinterpret_cast<std::int32_t*>(batch.lease_.bytes().data() + p.label_offset);
+  for (std::size_t i = 0; i < p.labels.size(); ++i) slot_labels[i] = static_cast<std::int32_t>(p.labels[i]);
   p.indices = std::move(b->indices);
   p.replaced = b->replaced.load();
   p.epoch = run.epoch;

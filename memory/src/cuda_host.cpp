@@ -26,7 +26,7 @@ const RuntimeStatus& runtime_status() {
     int driver = 0;
     if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
       s.message = "no CUDA driver";
-      (void)cudaGetLastError();  // clear the sticky error
+      (void)cudaGetLastError();  // reset the last error (a sticky one stays: the context is lost)
       return s;
     }
     int count = 0;
@@ -66,6 +66,12 @@ std::vector<DeviceInfo> devices() {
       // The kernel knows which node the device's PCI root hangs off.
       std::ifstream numa("/sys/bus/pci/devices/" + d.pci_bus_id + "/numa_node");
       if (!(numa >> d.numa_node)) d.numa_node = -1;
+    } else {
+      (void)cudaGetLastError();
+    }
+    int host_tables = 0;
+    if (cudaDeviceGetAttribute(&host_tables, cudaDevAttrPageableMemoryAccessUsesHostPageTables, i) == cudaSuccess) {
+      d.host_page_tables = host_tables != 0;
     } else {
       (void)cudaGetLastError();
     }

@@ -106,7 +106,8 @@ json diagnostics_report_json(const std::string& root, const MemorySnapshot& s, c
     json gpus = json::array();
     for (const auto& d : cuda::devices()) {
       gpus.push_back({{"index", d.index}, {"name", d.name}, {"memory_bytes", d.total_bytes},
-                      {"pci_bus_id", d.pci_bus_id}, {"numa_node", d.numa_node}});
+                      {"pci_bus_id", d.pci_bus_id}, {"numa_node", d.numa_node},
+                      {"host_page_tables", d.host_page_tables}});
     }
     j["cuda"] = {{"compiled", cuda.compiled}, {"available", cuda.available}, {"message", cuda.message}, {"devices", gpus}};
   } else {

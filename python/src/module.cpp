@@ -191,6 +191,7 @@ class PyLoader {
     d["limiting"] = r.limiting;
     d["local_ranks"] = r.local_ranks;
     d["reason"] = r.reason;
+    d["note"] = r.note;
     return d;
   }
   [[nodiscard]] std::string stats_json() const { return pl::stats_json(loader_->stats()); }

@@ -24,6 +24,7 @@ namespace {
 struct Collected {
   std::vector<std::size_t> indices;
   std::vector<std::int64_t> labels;
+  std::vector<std::int32_t> slot_labels;
   std::vector<std::vector<std::byte>> data;  // per batch
   std::vector<std::size_t> sizes;
   std::size_t pinned = 0, pageable = 0, replaced = 0;
@@ -34,6 +35,11 @@ Collected drain(Loader& loader) {
   for (Batch& b : loader) {
     c.indices.insert(c.indices.end(), b.indices().begin(), b.indices().end());
     c.labels.insert(c.labels.end(), b.labels().begin(), b.labels().end());
+    c.slot_labels.insert(c.slot_labels.end(), b.slot_labels().begin(), b.slot_labels().end());
+    // The slot's labels sit after the samples, inside the slot.
+    const auto* slot_end = b.lease().bytes().data() + b.lease().bytes().size();
+    EXPECT_GE(reinterpret_cast<const std::byte*>(b.slot_labels().data()), b.data().data() + b.data().size());
+    EXPECT_LE(reinterpret_cast<const std::byte*>(b.slot_labels().data() + b.size()), slot_end);
     c.data.emplace_back(b.data().begin(), b.data().end());
     c.sizes.push_back(b.size());
     (b.pinned() ? c.pinned : c.pageable) += 1;
@@ -69,6 +75,8 @@ TEST_F(LoaderTest, DeliversTheSamplersOrderInFullBatchesAndOneMarkedPartialBatch
   EXPECT_EQ(c.sizes, (std::vector<std::size_t>{4, 4, 4, 3})) << "15 samples: the last batch says it holds 3";
   EXPECT_EQ(c.indices, DistributedSampler({15, 0, 1, true, false, 5}).indices(0));
   for (std::size_t i = 0; i < c.indices.size(); ++i) EXPECT_EQ(c.labels[i], loader.dataset().label(c.indices[i]));
+  ASSERT_EQ(c.slot_labels.size(), c.labels.size());
+  for (std::size_t i = 0; i < c.labels.size(); ++i) EXPECT_EQ(c.slot_labels[i], c.labels[i]) << "sample " << i;
   EXPECT_EQ(c.pinned, 4U) << "root may pin: every slot is pinned";
   EXPECT_EQ(c.data[0].size(), 4 * 3 * 32 * 32 * sizeof(float));
   const LoaderStats st = loader.stats();
@@ -387,8 +395,11 @@ TEST_F(LoaderTest, LocalRanksComeFromTheLauncherAndRequirePinnedSaysWhy) {
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
   EXPECT_EQ(from_env.pin_report().local_ranks, 4U);
-  // Two 48 KiB slots, 64 KiB of memlock: one is pinned, and the reason says why.
+  // Two slots of 40 KiB (4 x 3 x 28 x 28 floats, then the int32 labels),
+  // 48 KiB of memlock left: one is pinned, and the reason says why.
   cfg.local_ranks = 1;
+  cfg.transform.size = 28;
+  EXPECT_EQ(cfg.slot_bytes(), 4U * 3 * 28 * 28 * 4 + 4 * sizeof(std::int32_t));
   const Loader lax(cfg);
   EXPECT_EQ(lax.pin_report().slots, 2U);
   EXPECT_EQ(lax.pin_report().pinned_slots, 1U);

@@ -1,6 +1,8 @@
 // pinfeed-train end to end: the real binary on a dataset pinfeed-data makes.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -141,6 +143,45 @@ TEST_F(TrainToolTest, AbsurdLabelsAreRefusedNamingTheLine) {
   EXPECT_NE(r.err.find("line 2"), std::string::npos) << r.err;
   r = train("--data " + list.string() + " --devices cpu:1 --batch-size 2 --size 16 --pool 2 --max-classes 0");
   EXPECT_EQ(r.rc, 2);
+}
+
+#ifdef PINFEED_MPIEXEC
+/// `mpirun -np 2 pinfeed-train <args>`, one CPU worker per process.
+Result mpirun_train(const std::string& args) {
+  return run(std::string(PINFEED_MPIEXEC) +
+                 " --allow-run-as-root --oversubscribe -np 2 -x OMPI_MCA_btl_vader_single_copy_mechanism=none " +
+                 PINFEED_TRAIN,
+             args);
+}
+#endif
+
+TEST_F(TrainToolTest, UnderMpirunTwoProcessesTrainAndAFailingRankEndsEveryRankAtOnce) {
+#ifndef PINFEED_MPIEXEC
+  GTEST_SKIP() << "built without MPI, or under a sanitizer (OpenMPI's allocations read as leaks)";
+#else
+  const std::string common = " --devices cpu:1 --batch-size 16 --size 16 --pool 2 --threads 1 -q";
+  Result r = mpirun_train("--data " + data() + common + " --epochs 2 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);  // rank 0 reports
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["communicator"], "mpi");
+
+  // One undecodable file, nothing replaced: the rank whose shard holds it
+  // fails mid-epoch while the other waits in a collective. MPI_Abort must
+  // end both now, not after the 5-minute collective timeout.
+  pinfeed::testing::TempDir tmp;
+  std::filesystem::copy(data(), tmp.path() / "train", std::filesystem::copy_options::recursive);
+  const auto bad = tmp.path() / "train/class_002/000005.jpg";
+  ASSERT_TRUE(std::filesystem::exists(bad));
+  std::ofstream(bad, std::ios::trunc) << std::string(100, 'x');
+  const auto t0 = std::chrono::steady_clock::now();
+  r = mpirun_train("--data " + (tmp.path() / "train").string() + common + " --epochs 20 --max-replaced-share 0");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 60.0) << "the healthy rank waited for the collective timeout";
+  EXPECT_NE(r.err.find("aborting every MPI rank"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("000005.jpg"), std::string::npos) << r.err;
+#endif
 }
 
 }  // namespace

@@ -122,6 +122,32 @@ TEST(ThreadCommunicatorTest, AbortReleasesRanksWaitingInACollective) {
   }
 }
 
+TEST(SoloCommunicatorTest, AWorldOfOneIsTheIdentityAndAbortFailsLaterCalls) {
+  CpuBackend b;
+  auto s = b.create_stream();
+  auto comm = make_solo_communicator();
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(comm->name(), "solo");
+  std::vector<float> data{1.5F, -2.0F, 3.25F};
+  const auto before = data;
+  comm->all_reduce(*s, data.data(), data.size(), ReduceOp::sum);
+  comm->all_reduce(*s, data.data(), data.size(), ReduceOp::average);
+  comm->broadcast(*s, data.data(), data.size(), 0);
+  comm->barrier();
+  b.synchronize(*s);
+  EXPECT_EQ(data, before);
+  EXPECT_THROW(comm->broadcast(*s, data.data(), 3, 1), ConfigError);
+  comm->abort("rank 0 failed");
+  try {
+    comm->all_reduce(*s, data.data(), data.size(), ReduceOp::sum);
+    FAIL() << "an aborted communicator accepted a collective";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted: rank 0 failed"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(comm->barrier(), CommError);
+}
+
 TEST(LaunchEnvTest, ReadsMpiThenTorchrunVariables) {
   const auto env = [](std::map<std::string, std::string> vars) {
     return read_launch_env([vars = std::move(vars)](const char* name) -> const char* {

@@ -54,7 +54,7 @@ TEST_F(DdpTest, NWorkersWithBOverNEachReachTheWeightsOfOneWorkerWithB) {
   const TrainResult one = train(config(1));
   ASSERT_EQ(one.epochs.size(), 2U);
   EXPECT_EQ(one.steps, 8U);
-  EXPECT_EQ(one.communicator, "threads");
+  EXPECT_EQ(one.communicator, "solo");
   for (const int n : {2, 4}) {
     const TrainResult many = train(config(n));
     EXPECT_EQ(many.world_size, n);
@@ -395,6 +395,30 @@ TEST_F(DdpTest, NothingIsAllocatedOnceTheCollectivesHaveBegun) {
   const std::uint64_t at_end = CpuBackend::allocations();
   ASSERT_GT(at_first_step, 0U);
   EXPECT_EQ(at_end, at_first_step) << "allocations after the first step: " << at_end - at_first_step;
+}
+
+TEST_F(DdpTest, EveryThreadThatDrivesABackendMadeItCurrentFirst) {
+  // On a GPU, a thread whose first CUDA call precedes cudaSetDevice makes a
+  // context on device 0 (issue 11): the CPU backend counts such calls.
+  {
+    CpuBackend backend;
+    const std::uint64_t before = CpuBackend::calls_off_current();
+    std::thread([&] { (void)backend.allocate(64); }).join();
+    EXPECT_EQ(CpuBackend::calls_off_current(), before + 1) << "the mechanism must see a thread that skipped it";
+    std::thread([&] {
+      backend.make_current();
+      (void)backend.allocate(64);
+    }).join();
+    EXPECT_EQ(CpuBackend::calls_off_current(), before + 1);
+  }
+  // Training, validation, collectives, checkpoints: every thread of it.
+  testing::TempDir tmp;
+  TrainConfig c = config(2);
+  c.val_dataset = data_->folder.string();
+  c.checkpoint = tmp.path() / "m.ckpt";
+  const std::uint64_t before = CpuBackend::calls_off_current();
+  (void)train(c);
+  EXPECT_EQ(CpuBackend::calls_off_current(), before);
 }
 
 TEST_F(DdpTest, FreeingWhileAStreamHasWorkIsCountedAndAFailedRunNeverDoesIt) {

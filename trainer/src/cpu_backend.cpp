@@ -194,7 +194,26 @@ std::atomic<std::uint64_t> g_allocations{0};  // every CpuBackend's allocate() c
 
 std::uint64_t CpuBackend::allocations() noexcept { return g_allocations.load(); }
 
+namespace {
+std::atomic<std::uint64_t> g_calls_off_current{0};
+thread_local const CpuBackend* t_current = nullptr;  // what make_current() chose on this thread
+}  // namespace
+
+void CpuBackend::make_current() { t_current = this; }
+
+std::uint64_t CpuBackend::calls_off_current() noexcept { return g_calls_off_current.load(); }
+
+void CpuBackend::note_thread() const noexcept {
+  if (t_current == this) return;
+  if (g_calls_off_current.fetch_add(1) == 0) {
+    pinfeed::detail::log().warn("{}: used from a thread that did not make it current (a GPU would get a context on "
+                                "device 0 there)",
+                                name());
+  }
+}
+
 DeviceBuffer CpuBackend::allocate(std::size_t bytes) {
+  note_thread();
   g_allocations.fetch_add(1);
   if (bytes == 0) return DeviceBuffer(this, nullptr, 0);
   const std::size_t rounded = (bytes + 63) / 64 * 64;
@@ -225,13 +244,23 @@ void CpuBackend::free(void* ptr, std::size_t bytes) noexcept {
   std::free(ptr);
 }
 
-std::unique_ptr<Stream> CpuBackend::create_stream() { return std::make_unique<CpuStream>(config_.max_queued, streams_); }
+std::unique_ptr<Stream> CpuBackend::create_stream() {
+  note_thread();
+  return std::make_unique<CpuStream>(config_.max_queued, streams_);
+}
 
-std::shared_ptr<Event> CpuBackend::create_event() { return std::make_shared<CpuEvent>(); }
+std::shared_ptr<Event> CpuBackend::create_event() {
+  note_thread();
+  return std::make_shared<CpuEvent>();
+}
 
-void CpuBackend::enqueue(Stream& s, std::function<void()> task) { post(s, std::move(task)); }
+void CpuBackend::enqueue(Stream& s, std::function<void()> task) {
+  note_thread();
+  post(s, std::move(task));
+}
 
 void CpuBackend::copy_h2d(Stream& s, void* dst, const void* src, std::size_t bytes) {
+  note_thread();
   const auto delay = config_.copy_delay;
   post(s, [=] {
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
@@ -240,20 +269,24 @@ void CpuBackend::copy_h2d(Stream& s, void* dst, const void* src, std::size_t byt
 }
 
 void CpuBackend::copy_d2h(Stream& s, void* dst, const void* src, std::size_t bytes) {
+  note_thread();
   post(s, [=] { std::memcpy(dst, src, bytes); });
 }
 
 void CpuBackend::copy_d2d(Stream& s, void* dst, const void* src, std::size_t bytes) {
+  note_thread();
   post(s, [=] { std::memmove(dst, src, bytes); });
 }
 
 void CpuBackend::record(Event& e, Stream& s) {
+  note_thread();
   auto ev = cpu(e).shared_from_this();
   const std::uint64_t target = ev->arm();
   cpu(s).push([ev, target](const std::exception_ptr& err, const std::stop_token&) { ev->complete(target, err); }, true);
 }
 
 void CpuBackend::stream_wait(Stream& s, Event& e) {
+  note_thread();
   auto ev = cpu(e).shared_from_this();
   const std::uint64_t target = ev->target();
   cpu(s).push([ev, target](const std::exception_ptr&, const std::stop_token& stop) { ev->wait_from_worker(target, stop); },
@@ -261,6 +294,7 @@ void CpuBackend::stream_wait(Stream& s, Event& e) {
 }
 
 void CpuBackend::synchronize(Stream& s) {
+  note_thread();
   auto done = std::make_shared<std::promise<void>>();
   auto fut = done->get_future();
   cpu(s).push(
@@ -276,6 +310,7 @@ void CpuBackend::synchronize(Stream& s) {
 }
 
 void CpuBackend::gemm(Stream& s, const Gemm& g) {
+  note_thread();
   post(s, [g] {
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n,
                 g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.ldc);
@@ -284,6 +319,7 @@ void CpuBackend::gemm(Stream& s, const Gemm& g) {
 
 void CpuBackend::normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
                               const Normalization& norm) {
+  note_thread();
   post(s, [=] {
     const auto plane = static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
     for (int c = 0; c < 3; ++c) {
@@ -300,6 +336,7 @@ void CpuBackend::normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, 
 }
 
 void CpuBackend::avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) {
+  note_thread();
   post(s, [=] {
     const int oh = h / factor, ow = w / factor;
     const float inv = 1.0F / static_cast<float>(factor * factor);
@@ -322,6 +359,7 @@ void CpuBackend::avg_pool(Stream& s, const float* nchw, float* out, int n, int c
 }
 
 void CpuBackend::bias_activation(Stream& s, float* z, const float* bias, float* a, int n, int d, bool relu) {
+  note_thread();
   post(s, [=] {
     for (int i = 0; i < n; ++i) {
       float* zr = z + static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
@@ -335,12 +373,14 @@ void CpuBackend::bias_activation(Stream& s, float* z, const float* bias, float* 
 }
 
 void CpuBackend::relu_backward(Stream& s, float* grad, const float* z, std::size_t count) {
+  note_thread();
   post(s, [=] {
     for (std::size_t i = 0; i < count; ++i) grad[i] = z[i] > 0 ? grad[i] : 0.0F;
   });
 }
 
 void CpuBackend::bias_grad(Stream& s, const float* dz, float* db, int n, int d) {
+  note_thread();
   post(s, [=] {
     for (int i = 0; i < n; ++i) {
       const float* row = dz + static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
@@ -351,6 +391,7 @@ void CpuBackend::bias_grad(Stream& s, const float* dz, float* db, int n, int d) 
 
 void CpuBackend::softmax_cross_entropy(Stream& s, const float* logits, const std::int32_t* labels, int n, int k,
                                        float scale, float* dlogits, float* stats) {
+  note_thread();
   post(s, [=] {
     double loss = 0;
     int correct = 0;
@@ -379,6 +420,7 @@ void CpuBackend::softmax_cross_entropy(Stream& s, const float* logits, const std
 }
 
 void CpuBackend::sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) {
+  note_thread();
   post(s, [=] {
     for (std::size_t i = 0; i < count; ++i) {
       const float g = grad[i] + step.weight_decay * w[i];
@@ -389,12 +431,14 @@ void CpuBackend::sgd(Stream& s, float* w, float* grad, float* momentum, std::siz
 }
 
 void CpuBackend::scale(Stream& s, float* x, std::size_t count, float factor) {
+  note_thread();
   post(s, [=] {
     for (std::size_t i = 0; i < count; ++i) x[i] *= factor;
   });
 }
 
 void CpuBackend::fill(Stream& s, float* x, std::size_t count, float value) {
+  note_thread();
   post(s, [=] { std::fill(x, x + count, value); });
 }
 

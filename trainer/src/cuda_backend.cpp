@@ -19,7 +19,7 @@ namespace detail {
 
 void cuda_check(cudaError_t e, const char* what, int device) {
   if (e == cudaSuccess) return;
-  (void)cudaGetLastError();  // clear the sticky error
+  (void)cudaGetLastError();  // reset the last error (a sticky one stays: the context is lost)
   throw CudaError(fmt::format("{} on cuda:{}: {} ({})", what, device, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
@@ -90,7 +90,8 @@ class CudaEvent final : public Event {
   explicit CudaEvent(int device) : device_(device) {
     PINFEED_CUDA_TRY(cudaSetDevice(device), device);
     cudaEvent_t e = nullptr;
-    PINFEED_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), device);
+    // Blocking sync: wait() sleeps in the driver instead of spinning a core.
+    PINFEED_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), device);
     handle_ = detail::CudaHandle<cudaEvent_t, cudaEventDestroy>(e);
   }
   [[nodiscard]] cudaEvent_t get() const noexcept { return handle_.get(); }
@@ -113,6 +114,10 @@ class CudaEvent final : public Event {
                                    cudaGetErrorName(e));
     }
     return true;
+  }
+  void wait() override {
+    PINFEED_CUDA_TRY(cudaSetDevice(device_), device_);
+    PINFEED_CUDA_TRY(cudaEventSynchronize(handle_.get()), device_);
   }
   bool wait_for(std::chrono::microseconds timeout) noexcept override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -194,6 +199,10 @@ class CudaBackend final : public DeviceBackend {
   void gemm(Stream& s, const Gemm& g) override {
     select();
     const Cublas& lib = Cublas::get();
+    // One handle for every thread: its stream is state, so setting it and
+    // enqueueing the GEMM happen as one step (two workers of one process,
+    // a DDP hook and a validation pass may call this concurrently).
+    const std::scoped_lock lock(blas_mutex_);
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
     // swap the operands and the dimensions m and n.
     if (lib.set_stream(blas_, cuda(s).get()) != CUBLAS_STATUS_SUCCESS ||
@@ -263,6 +272,7 @@ class CudaBackend final : public DeviceBackend {
 
   int device_;
   std::string name_;
+  std::mutex blas_mutex_;  // guards blas_'s stream between set_stream and sgemm
   cublasHandle_t blas_ = nullptr;
 };
 

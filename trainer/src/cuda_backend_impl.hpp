@@ -10,7 +10,9 @@
 
 namespace pinfeed::trainer::detail {
 
-/// Throws CudaError "<what> on cuda:<device>: <error>" and clears the sticky error.
+/// Throws CudaError "<what> on cuda:<device>: <error>" after resetting the
+/// thread's last error (a sticky error, a kernel fault, cannot be reset: the
+/// context stays unusable and every later call reports it).
 void cuda_check(cudaError_t e, const char* what, int device);
 #define PINFEED_CUDA_TRY(call, device) ::pinfeed::trainer::detail::cuda_check((call), #call, (device))
 

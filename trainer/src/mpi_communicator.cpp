@@ -46,6 +46,12 @@ void mpi_init() {
     });
   });
 }
+void mpi_abort(int rank, const std::string& why) noexcept {
+  pinfeed::detail::log().error("rank {}: aborting every MPI rank: {}", rank, why);
+  pinfeed::detail::log().flush();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; if it did, this process still must not go on
+}
 }  // namespace detail
 
 namespace {
@@ -79,10 +85,7 @@ class MpiCommunicator final : public Communicator {
     });
   }
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), rank_, "barrier", 0); }
-  void abort(const std::string& why) noexcept override {
-    pinfeed::detail::log().error("rank {}: aborting every MPI rank: {}", rank_, why);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  void abort(const std::string& why) noexcept override { detail::mpi_abort(rank_, why); }
 
  private:
   CpuBackend* backend_;

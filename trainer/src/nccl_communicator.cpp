@@ -86,8 +86,10 @@ std::atomic<bool> g_exiting{false};
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config)
-      : comm_(comm), rank_(rank), size_(size), backend_(backend), config_(config),
+  /// `mpi_launched`: one rank per process under mpirun; abort() then ends
+  /// every process with MPI_Abort (ncclCommAbort reaches this process only).
+  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config, bool mpi_launched)
+      : comm_(comm), rank_(rank), size_(size), mpi_launched_(mpi_launched), backend_(backend), config_(config),
         barrier_stream_(backend.create_stream()), barrier_value_(backend.allocate(sizeof(float))),
         watchdog_([this](const std::stop_token& st) { watch(st); }) {
     static std::once_flag once;
@@ -136,12 +138,20 @@ class NcclCommunicator final : public Communicator {
     backend_.synchronize(*barrier_stream_);
   }
   void abort(const std::string& why) noexcept override {
-    const std::scoped_lock lock(mutex_);
-    if (comm_ == nullptr) return;
-    pinfeed::detail::log().error("nccl rank {}: aborting: {}", rank_, why);
-    if (failure_.empty()) failure_ = "aborted: " + why;
-    (void)Nccl::get().abort(comm_);
-    comm_ = nullptr;
+    {
+      const std::scoped_lock lock(mutex_);
+      if (comm_ != nullptr) {
+        pinfeed::detail::log().error("nccl rank {}: aborting: {}", rank_, why);
+        if (failure_.empty()) failure_ = "aborted: " + why;
+        (void)Nccl::get().abort(comm_);
+        comm_ = nullptr;
+      }
+    }
+#ifdef PINFEED_HAVE_MPI
+    // The other processes' ranks sit in collectives that only their own
+    // watchdogs would end, after the timeout: the launcher ends them now.
+    if (mpi_launched_ && size_ > 1) detail::mpi_abort(rank_, why);
+#endif
   }
 
  private:
@@ -161,9 +171,18 @@ class NcclCommunicator final : public Communicator {
     if (!failure_.empty()) throw CommError(rank_, op, count * sizeof(float), failure_);
     if (comm_ == nullptr) throw CommError(rank_, op, count * sizeof(float), "the communicator was aborted");
   }
-  /// Records an event after the collective for the watchdog.
+  /// Records an event after the collective for the watchdog. Events come
+  /// back to `spare_` once complete: none is made per collective.
   void follow(Stream& s, const char* op, std::size_t count) {
-    auto ev = backend_.create_event();
+    std::shared_ptr<Event> ev;
+    {
+      const std::scoped_lock lock(mutex_);
+      if (!spare_.empty()) {
+        ev = std::move(spare_.back());
+        spare_.pop_back();
+      }
+    }
+    if (!ev) ev = backend_.create_event();
     backend_.record(*ev, s);
     {
       const std::scoped_lock lock(mutex_);
@@ -180,7 +199,10 @@ class NcclCommunicator final : public Communicator {
     std::unique_lock lock(mutex_);
     while (!stop.stop_requested()) {
       watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
-      while (!pending_.empty() && pending_.front().done->ready()) pending_.pop_front();
+      while (!pending_.empty() && pending_.front().done->ready()) {
+        spare_.push_back(std::move(pending_.front().done));
+        pending_.pop_front();
+      }
       if (comm_ == nullptr) continue;
       // Every tick, not only past a deadline: a peer's failure (a network
       // error, a remote abort) shows here long before the timeout.
@@ -205,11 +227,13 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_;  // guarded by mutex_ once the watchdog runs
   int rank_, size_;
+  bool mpi_launched_;
   DeviceBackend& backend_;
   CommConfig config_;
   std::mutex mutex_;  // guards comm_, failure_, pending_
   std::condition_variable watch_cv_;
   std::deque<Pending> pending_;
+  std::vector<std::shared_ptr<Event>> spare_;  // completed events, recorded again by follow()
   std::string failure_;
   std::unique_ptr<Stream> barrier_stream_;
   DeviceBuffer barrier_value_;
@@ -224,8 +248,8 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   const Nccl& n = nccl();
   std::vector<int> devices;
   for (DeviceBackend* b : backends) {
-    const std::string name = b->name();  // "cuda:<d> (...)"
-    devices.push_back(std::atoi(name.c_str() + 5));
+    if (b->cuda_device() < 0) throw ConfigError(fmt::format("nccl: {} is not a CUDA device", b->name()));
+    devices.push_back(b->cuda_device());
   }
   std::vector<ncclComm_t> comms(backends.size());
   const ncclResult_t r = n.init_all(comms.data(), static_cast<int>(comms.size()), devices.data());
@@ -235,7 +259,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   std::vector<std::unique_ptr<Communicator>> out;
   for (std::size_t i = 0; i < comms.size(); ++i) {
     out.push_back(std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size()),
-                                                     *backends[i], config));
+                                                     *backends[i], config, false));
   }
   return out;
 }
@@ -255,12 +279,12 @@ std::unique_ptr<Communicator> make_nccl_communicator_mpi(DeviceBackend& backend,
   if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
     throw CommError(rank, "MPI_Bcast(nccl id)", sizeof id, "MPI broadcast of the NCCL unique id failed");
   }
-  const std::string name = backend.name();
-  PINFEED_CUDA_TRY(cudaSetDevice(std::atoi(name.c_str() + 5)), std::atoi(name.c_str() + 5));
+  if (backend.cuda_device() < 0) throw ConfigError(fmt::format("nccl: {} is not a CUDA device", backend.name()));
+  backend.make_current();
   ncclComm_t comm = nullptr;
   const ncclResult_t r = n.init_rank(&comm, size, id, rank);
   if (r != ncclSuccess) throw CommError(rank, "ncclCommInitRank", 0, fmt::format("{} ranks: {}", size, n.error_string(r)));
-  return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config);
+  return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config, true);
 #else
   (void)backend;
   (void)config;

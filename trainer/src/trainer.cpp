@@ -84,10 +84,21 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-void wait(Event& e) {
-  while (!e.wait_for(std::chrono::seconds(1))) {
+/// Events reused round-robin: one per copy, without creating and destroying
+/// one every step. An event is re-recorded `size` copies later; a slot
+/// released after it (Note [Slot lifetime]) is by then long free, and at
+/// worst would wait for the newer copy: later, never earlier.
+class EventRing {
+ public:
+  EventRing(DeviceBackend& backend, std::size_t size) {
+    for (std::size_t i = 0; i < size; ++i) events_.push_back(backend.create_event());
   }
-}
+  const std::shared_ptr<Event>& next() { return events_[next_++ % events_.size()]; }
+
+ private:
+  std::vector<std::shared_ptr<Event>> events_;
+  std::size_t next_ = 0;
+};
 
 /// What every worker of this process shares.
 struct Job {
@@ -150,10 +161,8 @@ class Worker {
   std::unique_ptr<loader::Loader> loader_, val_loader_;
   std::unique_ptr<Mlp> model_;
   DeviceBuffer scratch_;
-  DeviceBuffer in_[2], labels_[2], images_, step_stats_;          // training inputs, double-buffered
-  std::vector<std::int32_t> host_labels_[2];                      // read by the copies of labels_[b]
+  DeviceBuffer in_[2], labels_[2], images_, step_stats_;  // training inputs, double-buffered
   DeviceBuffer val_in_, val_images_, val_labels_, val_stats_;
-  std::vector<std::int32_t> val_host_labels_;
   std::unique_ptr<DdpEngine> ddp_;
   // Host staging for reductions and statistics, pinned where the host allows
   // (a copy from pageable memory can synchronize against running kernels).
@@ -238,16 +247,16 @@ void Worker::save(std::uint64_t epoch, std::uint64_t position) {
   pinfeed::detail::log().info("checkpoint: step {}, epoch {} position {} -> {}", c.step, epoch, position, cfg_.checkpoint.string());
 }
 
-/// The batch's labels as int32 for the device, each checked against the
-/// model's classes (DataError naming the sample's file otherwise).
-void labels_for_device(const loader::Batch& batch, const loader::Dataset& dataset, int classes, std::int32_t* out) {
+/// Checks the batch's labels against the model's classes (DataError naming
+/// the sample's file otherwise): the softmax kernel reads z[label]. The
+/// device copies them from the slot (Batch::slot_labels).
+void check_labels(const loader::Batch& batch, const loader::Dataset& dataset, int classes) {
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const std::int64_t label = batch.labels()[i];
     if (label < 0 || label >= classes) {
       throw DataError(dataset.describe(batch.indices()[i]),
                       fmt::format("label {} is outside the model's classes 0..{}", label, classes - 1));
     }
-    out[i] = static_cast<std::int32_t>(label);
   }
 }
 
@@ -259,16 +268,15 @@ void Worker::validate_epoch(EpochSummary& s) {
   DeviceBuffer& images = val_images_;
   DeviceBuffer& labels = val_labels_;
   DeviceBuffer& stats = val_stats_;
-  std::vector<std::int32_t>& host_labels = val_host_labels_;
   backend_.fill(*compute_, stats.as<float>(), 2, 0.0F);
   float count = 0;
   while (auto batch = val_loader_->next()) {
     const auto n = static_cast<int>(batch->size());
     // The softmax kernel reads z[label]: a validation label past the
     // model's classes would read outside its row.
-    labels_for_device(*batch, val_loader_->dataset(), model_->config().classes, host_labels.data());
+    check_labels(*batch, val_loader_->dataset(), model_->config().classes);
     backend_.copy_h2d(*compute_, in.get(), batch->data().data(), batch->data().size());
-    backend_.copy_h2d(*compute_, labels.get(), host_labels.data(), batch->size() * sizeof(std::int32_t));
+    backend_.copy_h2d(*compute_, labels.get(), batch->slot_labels().data(), batch->size() * sizeof(std::int32_t));
     const float* x = in.as<float>();
     if (cfg_.device_normalize) {
       Normalization norm{cfg_.loader.transform.mean, cfg_.loader.transform.std};
@@ -277,7 +285,7 @@ void Worker::validate_epoch(EpochSummary& s) {
       x = images.as<float>();
     }
     model_->evaluate(*compute_, x, labels.as<std::int32_t>(), n, stats.as<float>());
-    backend_.synchronize(*compute_);  // the slot and host_labels are reused next
+    backend_.synchronize(*compute_);  // the slot is reused next
     count += static_cast<float>(n);
   }
   backend_.copy_d2h(*compute_, staging_.get(), stats.get(), 2 * sizeof(float));
@@ -375,7 +383,6 @@ void Worker::run() {
     for (std::size_t b = 0; b < 2; ++b) {
       in_[b] = backend_.allocate(micro_ * sample_bytes);
       labels_[b] = backend_.allocate(micro_ * sizeof(std::int32_t));
-      host_labels_[b].assign(micro_, 0);
     }
     if (cfg_.device_normalize) images_ = backend_.allocate(micro_ * 3 * side * side * sizeof(float));
     step_stats_ = backend_.allocate(steps_per_epoch * 2 * sizeof(float));
@@ -384,7 +391,6 @@ void Worker::run() {
       val_images_ = backend_.allocate(micro_ * 3 * side * side * sizeof(float));
       val_labels_ = backend_.allocate(micro_ * sizeof(std::int32_t));
       val_stats_ = backend_.allocate(2 * sizeof(float));
-      val_host_labels_.resize(micro_);
     }
     allocate_staging(std::max<std::size_t>({static_cast<std::size_t>(job_.world), steps_per_epoch * 2, 8}));
   }
@@ -406,9 +412,10 @@ void Worker::run() {
   DeviceBuffer(&labels)[2] = labels_;
   DeviceBuffer& images = images_;
   DeviceBuffer& step_stats = step_stats_;
-  std::vector<std::int32_t>(&host_labels)[2] = host_labels_;
   std::shared_ptr<Event> compute_done[2] = {backend_.create_event(), backend_.create_event()};
-  std::shared_ptr<Event> copy_done[2] = {backend_.create_event(), backend_.create_event()};
+  // Every slot the loader has can be waiting on a copy event at once, plus
+  // the two in flight here.
+  EventRing copy_events(backend_, lc.prefetch + 2);
   const Normalization norm{cfg_.loader.transform.mean, cfg_.loader.transform.std};
   const bool report = rank_ == 0;
 
@@ -440,10 +447,9 @@ void Worker::run() {
       const float lr = static_cast<float>(schedule.at(global_step_));
       for (unsigned micro = 0; micro < cfg_.accumulation; ++micro, ++micro_index) {
         const std::size_t b = micro_index % 2;
-        // Buffer b was last read by the compute two micro-steps ago, and its
-        // host labels by the copy before that: wait for both.
-        wait(*compute_done[b]);
-        wait(*copy_done[b]);
+        // Buffer b was last read by the compute two micro-steps ago (which
+        // waited for its copy): sleep until the device says so, no polling.
+        compute_done[b]->wait();
         const auto t0 = Clock::now();
         std::optional<loader::Batch> batch = loader_->next();
         const double waited = seconds_since(t0);
@@ -456,16 +462,15 @@ void Worker::run() {
         if (batch->size() != micro_) {
           throw Error(fmt::format("rank {}: a batch of {} samples where {} were expected", rank_, batch->size(), micro_));
         }
-        labels_for_device(*batch, loader_->dataset(), mc.classes, host_labels[b].data());
+        check_labels(*batch, loader_->dataset(), mc.classes);
         (batch->pinned() ? summary.pinned_batches : summary.pageable_batches) += 1;
         summary.replaced += batch->replaced();
 
         backend_.stream_wait(*copy_, *compute_done[b]);
         backend_.copy_h2d(*copy_, in[b].get(), batch->data().data(), batch->data().size());
-        backend_.copy_h2d(*copy_, labels[b].get(), host_labels[b].data(), micro_ * sizeof(std::int32_t));
-        auto copied = backend_.create_event();
+        backend_.copy_h2d(*copy_, labels[b].get(), batch->slot_labels().data(), micro_ * sizeof(std::int32_t));
+        const std::shared_ptr<Event>& copied = copy_events.next();
         backend_.record(*copied, *copy_);
-        copy_done[b] = copied;
         batch->lease().release_after(copied);  // Note [Slot lifetime]
         batch.reset();
 
@@ -616,7 +621,9 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   }
 
   std::vector<std::unique_ptr<Communicator>> comms;
-  if (multi_process) {
+  if (!multi_process && spec.count == 1) {
+    comms.push_back(make_solo_communicator());  // one worker: nothing to exchange, no NCCL needed
+  } else if (multi_process) {
     if (spec.kind == BackendKind::cuda) {
       comms.push_back(make_nccl_communicator_mpi(*backends[0], config.comm));
     } else {

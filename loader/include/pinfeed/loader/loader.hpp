@@ -71,6 +71,14 @@ struct LoaderConfig {
   bool watch_pressure = true;                ///< run a PressureMonitor the pool follows
   memory::PressureMonitor::Config pressure;  ///< its root, period, thresholds
   void validate() const;                     ///< ConfigError naming the field
+
+  /// A pool slot holds the batch's samples, then (at a 64-byte boundary) its
+  /// labels as int32: a device copy reads both from the same pinned slot,
+  /// never from a pageable vector that the driver would have to stage.
+  [[nodiscard]] std::size_t label_offset() const noexcept {
+    return (batch_size * transform.sample_bytes() + 63) / 64 * 64;
+  }
+  [[nodiscard]] std::size_t slot_bytes() const noexcept { return label_offset() + batch_size * sizeof(std::int32_t); }
 };
 
 /// How the pool was pinned at construction, and why not more.
@@ -81,6 +89,9 @@ struct PinReport {
   std::string limiting;             ///< the budget term that decides ("MemAvailable", "memlock limit", ...)
   unsigned local_ranks = 1;         ///< processes sharing the host's memory
   std::string reason;               ///< in words, when pinned_slots < slots (or pinning is off)
+  /// What "pinned" means on this host, when it means less than page-locked:
+  /// a GPU that reads host page tables (Grace) need not lock registered pages.
+  std::string note;
 };
 
 /// Where an epoch stands: enough to resume exactly where it stopped.
@@ -135,6 +146,9 @@ class Batch {
   [[nodiscard]] Layout layout() const noexcept { return p_.layout; }
   [[nodiscard]] std::string_view dtype() const noexcept { return p_.layout == Layout::nhwc_u8 ? "uint8" : "float32"; }
   [[nodiscard]] std::span<const std::int64_t> labels() const noexcept { return p_.labels; }
+  /// The same labels as int32, in the slot after the samples (pinned when
+  /// the slot is): what a device copy reads. Valid while the lease is held.
+  [[nodiscard]] std::span<const std::int32_t> slot_labels() const noexcept;
   /// Dataset index of each sample (a substitute's index where one was replaced).
   [[nodiscard]] std::span<const std::size_t> indices() const noexcept { return p_.indices; }
   [[nodiscard]] std::size_t replaced() const noexcept { return p_.replaced; }
@@ -150,7 +164,7 @@ class Batch {
   friend struct detail::EpochRun;
   Batch() = default;
   struct Payload {  // everything but the run and the slot; plain values, moved as one
-    std::size_t capacity = 0, sample_bytes = 0;
+    std::size_t capacity = 0, sample_bytes = 0, label_offset = 0;
     std::array<std::size_t, 4> shape{};
     Layout layout = Layout::nchw_f32;
     std::vector<std::int64_t> labels;

@@ -24,6 +24,10 @@ struct DeviceInfo {
   std::uint64_t total_bytes = 0;
   std::string pci_bus_id;  ///< "0000:3b:00.0", lower case
   int numa_node = -1;      ///< nearest NUMA node (sysfs); -1 when unknown
+  /// The GPU reads pageable memory through the host's page tables (Grace
+  /// Hopper, ATS): cudaHostRegister then maps the pages but need not lock
+  /// them, so "pinned" there says less than on a PCIe host; VmLck is the truth.
+  bool host_page_tables = false;
 };
 
 /// Every visible device; empty when none. Throws CudaError on a driver failure.

@@ -3,6 +3,7 @@
 // a stream of the rank's backend, so they overlap with compute exactly as the
 // backend's streams do.
 //
+//   SoloCommunicator    one rank in all: collectives are identities.
 //   ThreadCommunicator  CPU ranks as threads of one process (create_group).
 //                       Reduces in rank order: results do not depend on the
 //                       chunking or on which thread finished first.
@@ -72,6 +73,11 @@ class Communicator {
   /// fail instead of waiting. Idempotent; never throws.
   virtual void abort(const std::string& why) noexcept = 0;
 };
+
+/// A world of one rank ("solo"): every collective is an identity, nothing is
+/// enqueued, and no library is needed (one GPU trains without NCCL). After
+/// abort(), collectives throw CommError like any other communicator's.
+std::unique_ptr<Communicator> make_solo_communicator();
 
 /// `backends.size()` communicators, rank i driving backends[i]: one per CPU
 /// rank thread of this process.

@@ -28,6 +28,10 @@ class CpuBackend final : public DeviceBackend {
 
   [[nodiscard]] BackendKind kind() const noexcept override { return BackendKind::cpu; }
   [[nodiscard]] std::string name() const override;
+  /// Records the calling thread as driving this backend (a CUDA backend sets
+  /// its device): calls from other threads are counted, so the CPU tests
+  /// hold the rule the GPU needs (see calls_off_current()).
+  void make_current() override;
 
   DeviceBuffer allocate(std::size_t bytes) override;
   std::unique_ptr<Stream> create_stream() override;
@@ -66,11 +70,18 @@ class CpuBackend final : public DeviceBackend {
   /// which hides a teardown that frees too early; on a GPU that is a
   /// use-after-free. Logged; tests hold it at 0 through a failed run.
   [[nodiscard]] static std::uint64_t frees_with_work_pending() noexcept;
+  /// Calls into any CpuBackend from a thread that had not made that backend
+  /// current (DeviceBackend::make_current). On a GPU, a thread whose first
+  /// CUDA call comes before cudaSetDevice creates a context on device 0: the
+  /// CPU backend stands in for the device and counts them, so a thread added
+  /// without make_current() fails the training tests. The first is logged.
+  [[nodiscard]] static std::uint64_t calls_off_current() noexcept;
 
  protected:
   void free(void* ptr, std::size_t bytes) noexcept override;
 
  private:
+  void note_thread() const noexcept;
   CpuBackendConfig config_;
   std::shared_ptr<StreamSet> streams_;  // every live stream of this backend
 };

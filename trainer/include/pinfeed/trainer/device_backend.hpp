@@ -20,7 +20,9 @@
 // stream's task, a collective that timed out) is sticky on that stream:
 // synchronize() and Event::wait_for() rethrow it, and later work on the
 // stream is skipped. Thread-safety: a backend may be used from several host
-// threads; one Stream must be fed by one host thread at a time.
+// threads (the CUDA backend serializes its one cuBLAS handle's set-stream +
+// GEMM pair under a lock); one Stream must be fed by one host thread at a
+// time.
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -80,8 +82,20 @@ class Stream {
 
 /// Completion of the work recorded before it on a stream. A Fence, so a pool
 /// slot can be released after it (Note [Slot lifetime]). wait_for() rethrows
-/// the stream's error, if the work failed.
-class Event : public memory::Fence {};
+/// the stream's error, if the work failed. Events are reused (re-recording
+/// resets one): the trainer keeps a ring of them instead of making one per
+/// step.
+class Event : public memory::Fence {
+ public:
+  /// Blocks until the work is complete, without polling: the thread sleeps
+  /// until the device signals it (CUDA events are made with
+  /// cudaEventBlockingSync), so the cores stay with the loader's decoders.
+  /// Rethrows the work's error.
+  virtual void wait() {
+    while (!wait_for(std::chrono::seconds(1))) {
+    }
+  }
+};
 
 /// Mean and standard deviation per channel (R, G, B), as in the loader.
 struct Normalization {
