@@ -6,6 +6,7 @@
 #include <cassert>
 
 #include "pinfeed/log.hpp"
+#include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 
@@ -465,7 +466,15 @@ void BufferPool::free_retired(std::unique_lock<std::mutex>& lock) {
   // held: callers compare resource statistics right after it returns.
   freeing_ = true;
   lock.unlock();
-  for (const Retired& r : batch) r.owner->deallocate(r.data, r.bytes, page_size());
+  for (const Retired& r : batch) {
+    if (r.owner == &pinned_resource_) {
+      // Unregistering: never while a device collective is in flight (Note
+      // [Registration outside collectives] in collective_gate.hpp).
+      CollectiveGate::process().exclusive([&] { r.owner->deallocate(r.data, r.bytes, page_size()); });
+    } else {
+      r.owner->deallocate(r.data, r.bytes, page_size());
+    }
+  }
   lock.lock();
   freeing_ = false;
 }
@@ -481,7 +490,13 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
   std::byte* fresh = nullptr;
   std::string failure;
   try {
-    fresh = static_cast<std::byte*>(target.allocate(bytes, page_size()));
+    if (job.to_pinned) {
+      // Registering: outside device collectives (Note [Registration outside
+      // collectives] in collective_gate.hpp).
+      CollectiveGate::process().exclusive([&] { fresh = static_cast<std::byte*>(target.allocate(bytes, page_size())); });
+    } else {
+      fresh = static_cast<std::byte*>(target.allocate(bytes, page_size()));
+    }
   } catch (const OutOfMemory& e) {
     failure = e.reason();
     pinfeed::detail::log().warn("buffer pool: preparing {} memory for slab {} failed: {}",

@@ -18,6 +18,7 @@
 
 #include "cuda_backend_impl.hpp"
 #include "pinfeed/log.hpp"
+#include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #ifdef PINFEED_HAVE_MPI
 #include <mpi.h>
@@ -113,6 +114,9 @@ class NcclCommunicator final : public Communicator {
   // concurrent calls on one communicator, and ncclCommAbort frees it).
   void all_reduce(Stream& s, float* data, std::size_t count, ReduceOp op) override {
     const char* what = op == ReduceOp::sum ? "all_reduce(sum)" : "all_reduce(average)";
+    // In flight for the pool's registrations from here until it completes
+    // (Note [Registration outside collectives], collective_gate.hpp).
+    auto ticket = memory::CollectiveGate::process().enter();
     {
       const std::scoped_lock lock(mutex_);
       check_alive(what, count);
@@ -120,16 +124,17 @@ class NcclCommunicator final : public Communicator {
                               detail::cuda(s).get()),
             what, count);
     }
-    follow(s, what, count);
+    ticket.track(follow(s, what, count));
   }
   void broadcast(Stream& s, float* data, std::size_t count, int root) override {
     if (root < 0 || root >= size_) throw ConfigError(fmt::format("broadcast root {} is not a rank of {}", root, size_));
+    auto ticket = memory::CollectiveGate::process().enter();
     {
       const std::scoped_lock lock(mutex_);
       check_alive("broadcast", count);
       check(nccl().broadcast(data, data, count, ncclFloat, root, comm_, detail::cuda(s).get()), "broadcast", count);
     }
-    follow(s, "broadcast", count);
+    ticket.track(follow(s, "broadcast", count));
   }
   void barrier() override {
     // An all-reduce of one float, waited for; its stream and buffer were made
@@ -173,7 +178,7 @@ class NcclCommunicator final : public Communicator {
   }
   /// Records an event after the collective for the watchdog. Events come
   /// back to `spare_` once complete: none is made per collective.
-  void follow(Stream& s, const char* op, std::size_t count) {
+  std::shared_ptr<Event> follow(Stream& s, const char* op, std::size_t count) {
     std::shared_ptr<Event> ev;
     {
       const std::scoped_lock lock(mutex_);
@@ -186,9 +191,10 @@ class NcclCommunicator final : public Communicator {
     backend_.record(*ev, s);
     {
       const std::scoped_lock lock(mutex_);
-      pending_.push_back(Pending{std::move(ev), std::chrono::steady_clock::now() + config_.timeout, op, count * sizeof(float)});
+      pending_.push_back(Pending{ev, std::chrono::steady_clock::now() + config_.timeout, op, count * sizeof(float)});
     }
     watch_cv_.notify_one();
+    return ev;
   }
   void watch(const std::stop_token& stop) {
     try {
