@@ -38,8 +38,7 @@
 #include "pinfeed/loader/transform.hpp"
 #include "pinfeed/memory/pageable_resource.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
-#include "pinfeed/trainer/cpu_backend.hpp"
-#include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/device_type.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
 #include "plot.hpp"
@@ -538,12 +537,9 @@ int run_copy_bench(const std::string& device, std::size_t mib, std::size_t repea
   namespace pt = pinfeed::trainer;
   const pt::DeviceSpec spec = pt::parse_devices(device);
   if (spec.count != 1 && !spec.all) throw pinfeed::ConfigError("copy: give one device (cpu or cuda:N)");
-  std::unique_ptr<pt::DeviceBackend> backend;
-  if (spec.kind == pt::BackendKind::cuda) {
-    backend = pt::make_cuda_backend(spec.devices.empty() ? 0 : spec.devices.front());
-  } else {
-    backend = std::make_unique<pt::CpuBackend>();
-  }
+  const pt::DeviceType& type = pt::device_type(spec.kind);
+  std::unique_ptr<pt::DeviceBackend> backend =
+      type.make_backend(type.indexed && !spec.devices.empty() ? spec.devices.front() : 0, pt::BackendOptions{});
   backend->make_current();  // this thread drives the device
   const std::size_t bytes = mib << 20U;
   pinfeed::memory::PinnedResource pinned;

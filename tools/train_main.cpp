@@ -17,7 +17,6 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
 #include "pinfeed/trainer/compare.hpp"
-#include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
 #include "plot.hpp"
@@ -160,10 +159,6 @@ int main(int argc, char** argv) {
       config.model.hidden.push_back(width);
       if (comma == std::string::npos) break;
       start = comma + 1;
-    }
-    if (devices == "auto") {
-      devices = pt::cuda_device_count() > 0 ? "cuda:all"
-                                            : fmt::format("cpu:{}", std::min(2U, std::max(1U, std::thread::hardware_concurrency())));
     }
     config.devices = pt::parse_devices(devices);
     config.device_normalize = !host_normalize;

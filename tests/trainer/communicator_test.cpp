@@ -14,7 +14,7 @@ namespace {
 /// `ranks` CPU backends, a comm stream each, and their thread group.
 struct Group {
   explicit Group(int ranks, CommConfig cfg = {}) {
-    std::vector<CpuBackend*> raw;
+    std::vector<DeviceBackend*> raw;
     for (int r = 0; r < ranks; ++r) {
       backends.push_back(std::make_unique<CpuBackend>(CpuBackendConfig{r, {}, 4096}));
       raw.push_back(backends.back().get());

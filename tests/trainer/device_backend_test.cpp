@@ -14,6 +14,8 @@
 #include "pinfeed/loader/loader.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/device_type.hpp"
+#include "pinfeed/trainer/trainer.hpp"
 
 namespace pinfeed::trainer {
 namespace {
@@ -93,6 +95,27 @@ TYPED_TEST(DeviceBackendTest, StreamWaitOrdersWorkAcrossStreams) {
     EXPECT_EQ(out.back(), value);
     EXPECT_TRUE(ev->ready());
   }
+}
+
+TYPED_TEST(DeviceBackendTest, ARecycledEventWaitsForItsLatestRecording) {
+  // The trainer reuses events from a ring: re-recording resets one, and
+  // wait() (a blocking sync on CUDA) returns once the latest work is done.
+  DeviceBuffer d = this->backend->allocate(1 << 22);
+  const std::size_t n = (1 << 22) / sizeof(float);
+  auto ev = this->backend->create_event();
+  for (int round = 0; round < 3; ++round) {
+    const auto value = static_cast<float>(round + 7);
+    this->backend->fill(*this->stream, d.as<float>(), n, value);
+    this->backend->record(*ev, *this->stream);
+    ev->wait();
+    EXPECT_TRUE(ev->ready());
+    std::vector<float> back(n);
+    auto s2 = this->backend->create_stream();
+    this->backend->copy_d2h(*s2, back.data(), d.get(), n * sizeof(float));
+    this->backend->synchronize(*s2);
+    EXPECT_EQ(back.back(), value) << "round " << round;
+  }
+  EXPECT_GE(static_cast<int>(this->backend->host_pin_method()), 0);
 }
 
 TYPED_TEST(DeviceBackendTest, GemmMatchesHostLoopsForEveryTranspose) {
@@ -280,6 +303,31 @@ TEST(CpuBackendTest, DestroyingAStreamWithQueuedWorkFinishesIt) {
   EXPECT_EQ(d.as<float>()[0], 99.0F);
 }
 #endif
+
+TEST(DeviceTypeTest, CallersMakeBackendsAndCommunicatorsThroughTheTypeTheyWereGiven) {
+  const DeviceType& cpu = device_type("cpu");
+  EXPECT_EQ(&device_type(BackendKind::cpu), &cpu);
+  EXPECT_FALSE(cpu.indexed) << "cpu:N counts workers";
+  EXPECT_TRUE(device_type("cuda").indexed) << "cuda:I,J names devices";
+  EXPECT_EQ(device_types().front(), &cpu);
+  auto a = cpu.make_backend(3, BackendOptions{});
+  auto b = cpu.make_backend(4, BackendOptions{});
+  EXPECT_EQ(a->name(), "cpu:3");
+  EXPECT_EQ(a->host_pin_method(), memory::PinMethod::mlock) << "a CPU copy is memcpy: nothing to register";
+  const auto group = cpu.make_group({a.get(), b.get()}, CommConfig{});
+  ASSERT_EQ(group.size(), 2U);
+  EXPECT_EQ(group[1]->rank(), 1);
+  EXPECT_EQ(group[1]->name(), "threads");
+  try {
+    (void)device_type("tpu");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("known: cpu, cuda"), std::string::npos) << e.what();
+  }
+  // "auto": every GPU when there is one, else CPU workers.
+  const DeviceSpec spec = parse_devices("auto");
+  EXPECT_EQ(spec.kind, device_type("cuda").visible() > 0 ? BackendKind::cuda : BackendKind::cpu);
+}
 
 }  // namespace
 }  // namespace pinfeed::trainer

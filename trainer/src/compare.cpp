@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "pinfeed/trainer/device_type.hpp"
 #include "pinfeed/trainer/schedule.hpp"
 
 namespace pinfeed::trainer {
@@ -32,7 +33,7 @@ std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const
     DeviceSpec d = config.devices;
     d.all = false;
     d.count = n;
-    if (d.kind == BackendKind::cuda) {
+    if (device_type(d.kind).indexed) {  // n devices: the ones given, else 0..n-1
       d.devices.clear();
       for (int i = 0; i < n; ++i) d.devices.push_back(config.devices.devices.empty() ? i : config.devices.devices.at(static_cast<std::size_t>(i)));
     }

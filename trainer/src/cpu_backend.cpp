@@ -17,6 +17,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/log.hpp"
+#include "pinfeed/trainer/device_type.hpp"
 
 namespace pinfeed::trainer {
 
@@ -440,6 +441,22 @@ void CpuBackend::scale(Stream& s, float* x, std::size_t count, float factor) {
 void CpuBackend::fill(Stream& s, float* x, std::size_t count, float value) {
   note_thread();
   post(s, [=] { std::fill(x, x + count, value); });
+}
+
+namespace {
+int cpu_workers_possible() noexcept { return 256; }
+std::unique_ptr<DeviceBackend> make_cpu_backend(int index, const BackendOptions& options) {
+  CpuBackendConfig c;
+  c.index = index;
+  c.copy_delay = options.copy_delay;
+  return std::make_unique<CpuBackend>(c);
+}
+}  // namespace
+
+const DeviceType& cpu_device_type() {
+  static const DeviceType type{BackendKind::cpu, "cpu", false, &cpu_workers_possible, &make_cpu_backend,
+                               &make_thread_group, &make_mpi_communicator};
+  return type;
 }
 
 }  // namespace pinfeed::trainer

@@ -4,7 +4,7 @@ namespace pinfeed::trainer {
 
 bool mpi_compiled() noexcept { return false; }
 
-std::unique_ptr<Communicator> make_mpi_communicator(CpuBackend& /*backend*/, CommConfig /*config*/) {
+std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& /*backend*/, CommConfig /*config*/) {
   throw ConfigError("this pinfeed was built without MPI (install libopenmpi-dev and rebuild)");
 }
 

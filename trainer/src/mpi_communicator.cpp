@@ -96,8 +96,10 @@ class MpiCommunicator final : public Communicator {
 
 bool mpi_compiled() noexcept { return true; }
 
-std::unique_ptr<Communicator> make_mpi_communicator(CpuBackend& backend, CommConfig /*config*/) {
-  return std::make_unique<MpiCommunicator>(backend);
+std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& backend, CommConfig /*config*/) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  if (cpu == nullptr) throw ConfigError(fmt::format("mpi communicator: {} is not a CPU backend", backend.name()));
+  return std::make_unique<MpiCommunicator>(*cpu);
 }
 
 }  // namespace pinfeed::trainer

@@ -155,8 +155,14 @@ class ThreadCommunicator final : public Communicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<CpuBackend*>& backends, CommConfig config) {
-  if (backends.empty()) throw ConfigError("thread communicator: no ranks");
+std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<DeviceBackend*>& devices, CommConfig config) {
+  if (devices.empty()) throw ConfigError("thread communicator: no ranks");
+  std::vector<CpuBackend*> backends;
+  for (DeviceBackend* d : devices) {
+    auto* cpu = dynamic_cast<CpuBackend*>(d);
+    if (cpu == nullptr) throw ConfigError(fmt::format("thread communicator: {} is not a CPU backend", d->name()));
+    backends.push_back(cpu);
+  }
   const auto size = static_cast<int>(backends.size());
   auto group = std::make_shared<Group>(size, config);
   std::vector<std::unique_ptr<Communicator>> out;

@@ -16,16 +16,20 @@
 #include "pinfeed/memory/pageable_resource.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
-#include "pinfeed/trainer/cpu_backend.hpp"
-#include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/device_type.hpp"
 #include "pinfeed/trainer/schedule.hpp"
 
 namespace pinfeed::trainer {
 
 DeviceSpec parse_devices(std::string_view text) {
-  DeviceSpec spec;
+  if (text == "auto") {  // every device of the first indexed type that has any, else two CPU workers
+    for (const DeviceType* t : device_types()) {
+      if (t->indexed && t->visible() > 0) return parse_devices(fmt::format("{}:all", t->name));
+    }
+    return parse_devices(fmt::format("cpu:{}", std::min(2U, std::max(1U, std::thread::hardware_concurrency()))));
+  }
   const auto colon = text.find(':');
-  const std::string_view kind = text.substr(0, colon);
+  const std::string_view name = text.substr(0, colon);
   const std::string_view rest = colon == std::string_view::npos ? std::string_view() : text.substr(colon + 1);
   const auto number = [&](std::string_view s) {
     int v = -1;
@@ -35,35 +39,41 @@ DeviceSpec parse_devices(std::string_view text) {
     }
     return v;
   };
-  if (kind == "cpu") {
-    spec.kind = BackendKind::cpu;
+  const DeviceType* type = nullptr;
+  try {
+    type = &device_type(name);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("devices '{}': {}; give <type>[:N] (workers), <type>:all or <type>:I,J,... (indices)",
+                                  text, e.what()));
+  }
+  DeviceSpec spec;
+  spec.kind = type->kind;
+  if (!type->indexed) {  // "cpu:N": N workers
     spec.count = rest.empty() ? 1 : number(rest);
-    if (spec.count < 1 || spec.count > 256) throw ConfigError(fmt::format("devices '{}': cpu workers must be 1..256", text));
+    if (spec.count < 1 || spec.count > type->visible()) {
+      throw ConfigError(fmt::format("devices '{}': {} workers must be 1..{}", text, type->name, type->visible()));
+    }
     return spec;
   }
-  if (kind == "cuda") {
-    spec.kind = BackendKind::cuda;
-    if (rest.empty() || rest == "all") {
-      spec.all = true;
-      spec.count = 0;
-      return spec;
-    }
-    std::size_t start = 0;
-    while (start <= rest.size()) {
-      const auto comma = rest.find(',', start);
-      const std::string_view item = rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
-      const int d = number(item);
-      if (std::find(spec.devices.begin(), spec.devices.end(), d) != spec.devices.end()) {
-        throw ConfigError(fmt::format("devices '{}': cuda:{} listed twice", text, d));
-      }
-      spec.devices.push_back(d);
-      if (comma == std::string_view::npos) break;
-      start = comma + 1;
-    }
-    spec.count = static_cast<int>(spec.devices.size());
+  if (rest.empty() || rest == "all") {
+    spec.all = true;
+    spec.count = 0;
     return spec;
   }
-  throw ConfigError(fmt::format("devices '{}' is not cpu[:N], cuda[:all] or cuda:I,J,...", text));
+  std::size_t start = 0;
+  while (start <= rest.size()) {
+    const auto comma = rest.find(',', start);
+    const std::string_view item = rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const int d = number(item);
+    if (std::find(spec.devices.begin(), spec.devices.end(), d) != spec.devices.end()) {
+      throw ConfigError(fmt::format("devices '{}': {}:{} listed twice", text, type->name, d));
+    }
+    spec.devices.push_back(d);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  spec.count = static_cast<int>(spec.devices.size());
+  return spec;
 }
 
 void TrainConfig::validate() const {
@@ -198,7 +208,7 @@ void Worker::allocate_staging(std::size_t floats) {
   // Registered with the GPU the copies go to (pageable if the driver
   // refuses); a CPU backend's copies are memcpy: nothing to pin.
   memory::HostResource* r = &staging_pageable_;
-  if (backend_.cuda_device() >= 0) {
+  if (backend_.host_pin_method() == memory::PinMethod::cuda_register) {
     memory::PinnedResource::Config pc;
     pc.method = memory::PinMethod::cuda_register;
     pc.huge_pages = false;
@@ -317,9 +327,9 @@ void Worker::run() {
   lc.local_ranks = (cfg_.loader.local_ranks != 0 ? cfg_.loader.local_ranks : job_.local_processes) *
                    static_cast<unsigned>(job_.local_workers);
   lc.cuda_device = backend_.cuda_device();  // slots registered with this GPU current, on every thread
-  if (lc.pin_method == memory::PinMethod::automatic && backend_.kind() == BackendKind::cpu) {
-    lc.pin_method = memory::PinMethod::mlock;  // a CPU worker copies with memcpy: no driver registration
-  }
+  // The device decides how its source memory is pinned (a CPU worker's
+  // copies are memcpy: mlock, no driver registration).
+  if (lc.pin_method == memory::PinMethod::automatic) lc.pin_method = backend_.host_pin_method();
   loader_ = std::make_unique<loader::Loader>(lc);
   if (!cfg_.val_dataset.empty()) {
     loader::LoaderConfig vc = lc;
@@ -581,10 +591,22 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   job.local_processes = static_cast<unsigned>(std::max(1, env.local_size));
   DeviceSpec spec = config.devices;
 
+  const DeviceType& type = device_type(spec.kind);
   std::vector<std::unique_ptr<DeviceBackend>> backends;
-  if (spec.kind == BackendKind::cuda) {
-    const int visible = cuda_device_count();
-    if (visible == 0) throw ConfigError("devices: cuda was asked for, but no CUDA device is visible (no driver or no GPU)");
+  BackendOptions options;
+  options.copy_delay = config.copy_delay;
+  if (type.indexed) {
+    const int visible = type.visible();
+    if (visible == 0) {
+      // The type's own factory knows why (built without it, no driver, no device).
+      std::string why = fmt::format("no {} device is visible", type.name);
+      try {
+        (void)type.make_backend(spec.devices.empty() ? 0 : spec.devices.front(), options);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      throw ConfigError(fmt::format("devices: {} was asked for, but {}", type.name, why));
+    }
     if (spec.all) {
       if (multi_process) {
         spec.devices = {env.local_rank % visible};
@@ -594,16 +616,12 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       spec.count = static_cast<int>(spec.devices.size());
     }
     for (const int d : spec.devices) {
-      if (d >= visible) throw ConfigError(fmt::format("devices: cuda:{} does not exist ({} visible)", d, visible));
-      backends.push_back(make_cuda_backend(d));
+      if (d >= visible) throw ConfigError(fmt::format("devices: {}:{} does not exist ({} visible)", type.name, d, visible));
+      backends.push_back(type.make_backend(d, options));
     }
   } else {
-    for (int i = 0; i < spec.count; ++i) {
-      CpuBackendConfig c;
-      c.index = (multi_process ? env.rank : 0) + i;
-      c.copy_delay = config.copy_delay;
-      backends.push_back(std::make_unique<CpuBackend>(c));
-    }
+    // Worker i of this process, named by its global rank.
+    for (int i = 0; i < spec.count; ++i) backends.push_back(type.make_backend((multi_process ? env.rank : 0) + i, options));
   }
   if (multi_process && spec.count != 1) {
     throw ConfigError(fmt::format("devices: under {} each process runs one worker; got {} (use cpu:1 or cuda:all)",
@@ -624,23 +642,15 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   if (!multi_process && spec.count == 1) {
     comms.push_back(make_solo_communicator());  // one worker: nothing to exchange, no NCCL needed
   } else if (multi_process) {
-    if (spec.kind == BackendKind::cuda) {
-      comms.push_back(make_nccl_communicator_mpi(*backends[0], config.comm));
-    } else {
-      comms.push_back(make_mpi_communicator(dynamic_cast<CpuBackend&>(*backends[0]), config.comm));
-    }
+    comms.push_back(type.make_launched(*backends[0], config.comm));
     if (comms[0]->size() != env.world_size) {
       throw ConfigError(fmt::format("{} says {} processes but MPI sees {}: launch multi-process runs with mpirun",
                                     env.launcher, env.world_size, comms[0]->size()));
     }
-  } else if (spec.kind == BackendKind::cuda) {
+  } else {
     std::vector<DeviceBackend*> raw;
     for (auto& b : backends) raw.push_back(b.get());
-    comms = make_nccl_group(raw, config.comm);
-  } else {
-    std::vector<CpuBackend*> raw;
-    for (auto& b : backends) raw.push_back(dynamic_cast<CpuBackend*>(b.get()));
-    comms = make_thread_group(raw, config.comm);
+    comms = type.make_group(raw, config.comm);
   }
 
   {

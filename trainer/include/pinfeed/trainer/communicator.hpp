@@ -80,8 +80,8 @@ class Communicator {
 std::unique_ptr<Communicator> make_solo_communicator();
 
 /// `backends.size()` communicators, rank i driving backends[i]: one per CPU
-/// rank thread of this process.
-std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<CpuBackend*>& backends,
+/// rank thread of this process. ConfigError unless every backend is a CPU one.
+std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<DeviceBackend*>& backends,
                                                              CommConfig config = {});
 
 // Where this process sits in a launch: one reader for the whole project.
@@ -93,6 +93,6 @@ bool mpi_compiled() noexcept;
 /// The CPU communicator of a process launched by mpirun: initializes MPI
 /// (once; finalized at exit), rank and size from MPI_COMM_WORLD. Throws
 /// ConfigError when built without MPI.
-std::unique_ptr<Communicator> make_mpi_communicator(CpuBackend& backend, CommConfig config = {});
+std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& backend, CommConfig config = {});
 
 }  // namespace pinfeed::trainer

@@ -28,6 +28,7 @@ class CpuBackend final : public DeviceBackend {
 
   [[nodiscard]] BackendKind kind() const noexcept override { return BackendKind::cpu; }
   [[nodiscard]] std::string name() const override;
+  [[nodiscard]] memory::PinMethod host_pin_method() const noexcept override { return memory::PinMethod::mlock; }
   /// Records the calling thread as driving this backend (a CUDA backend sets
   /// its device): calls from other threads are counted, so the CPU tests
   /// hold the rule the GPU needs (see calls_off_current()).

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "pinfeed/memory/fence.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
 
 namespace pinfeed::trainer {
 
@@ -136,6 +137,9 @@ class DeviceBackend {
   /// The CUDA device index, or -1 when the backend is not a GPU: what a
   /// loader feeding it registers its slots with.
   [[nodiscard]] virtual int cuda_device() const noexcept { return -1; }
+  /// How host memory that this device copies from is pinned: registration
+  /// with the driver for a GPU, mlock for the CPU (its copies are memcpy).
+  [[nodiscard]] virtual memory::PinMethod host_pin_method() const noexcept = 0;
   /// Makes this backend's device current on the calling thread: call it at
   /// the top of every thread that will touch the device (a thread with no
   /// current device would create device 0's context on its first CUDA call).

@@ -42,7 +42,8 @@ struct DeviceSpec {
   std::vector<int> devices;  ///< CUDA device indices (empty with "all": every visible device)
   bool all = false;
 };
-/// "cpu", "cpu:N", "cuda", "cuda:all", "cuda:0,1". Throws ConfigError.
+/// "cpu", "cpu:N", "cuda", "cuda:all", "cuda:0,1", or "auto" (every device of
+/// the first indexed type that has any, else cpu:2). Throws ConfigError.
 DeviceSpec parse_devices(std::string_view text);
 
 struct TrainConfig {
