@@ -125,7 +125,11 @@ BufferPool::BufferPool(Config config, HostResource& pinned, HostResource& pageab
 
 void BufferPool::allocate_initial() {
   // Pinning is the slow part (1-2 GB/s): it happens here, once, before the
-  // first batch, never on the acquire path.
+  // first batch, never on the acquire path. The lock is uncontended (the
+  // maintenance thread starts after this) and held so that the *_locked
+  // helpers are called as their names say. The budget rule is the policy's:
+  // whole slabs, front to back (Note [Pool policy]).
+  const std::scoped_lock lock(mutex_);
   std::string refused = config_.pin ? "" : "pinning disabled";
   std::uint64_t pinned_bytes = 0;
   try {
@@ -140,7 +144,6 @@ void BufferPool::allocate_initial() {
           slab.pinned = pinned_resource_.is_pinned();
           slab.owner = &pinned_resource_;
           pinned_bytes += slab.bytes;
-          pinned_slots_ += slab.pinned ? slab.slot_count : 0;
           record_locked(i, true, "initial");
           continue;
         } catch (const OutOfMemory& e) {
@@ -336,10 +339,22 @@ void BufferPool::release_slot(std::size_t slot) noexcept {
   if (wake_maintainer) work_cv_.notify_one();
 }
 
+PolicyInput BufferPool::policy_locked(bool without_prepared) const {
+  PolicyInput in;
+  in.level = level_;
+  in.pin = config_.pin;
+  in.min_pinned_slots = config_.min_pinned_slots;
+  in.pinned_budget_bytes = config_.pinned_budget_bytes;
+  in.pin_backed_off = Clock::now() < no_pin_before_;
+  if (prepared_ && !without_prepared) {
+    in.prepared = prepared_->job.slab;
+    in.prepared_to_pinned = prepared_->job.to_pinned;
+  }
+  return in;
+}
+
 bool BufferPool::maintenance_wanted_locked() const {
-  if (level_ == PressureLevel::critical) return pinned_slots_ > config_.min_pinned_slots;
-  return level_ == PressureLevel::normal && config_.pin && pinned_slots_ < config_.slots &&
-         (pinned_slots_ + 1) * slot_capacity_ <= config_.pinned_budget_bytes && Clock::now() >= no_pin_before_;
+  return next_pool_move(policy_locked(), slabs_, [](std::size_t) { return true; }).has_value();
 }
 
 void BufferPool::release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept {
@@ -397,45 +412,16 @@ bool BufferPool::slab_idle_locked(const Slab& slab) const {
 }
 
 std::optional<BufferPool::Job> BufferPool::next_job_locked(bool idle_only) const {
-  std::optional<Job> busy;  // a wanted move of a busy slab, if no idle one is wanted
-  const auto consider = [&](std::size_t i, bool to_pinned, const char* reason) -> std::optional<Job> {
-    if (prepared_ && prepared_->job.slab == i) return std::nullopt;
-    if (slab_idle_locked(slabs_[i])) return Job{i, to_pinned, reason};
-    if (!idle_only && !busy) busy = Job{i, to_pinned, reason};
-    return std::nullopt;
-  };
-  if (level_ == PressureLevel::critical) {
-    std::size_t pinned_slots = 0;
-    for (const Slab& s : slabs_) pinned_slots += s.pinned ? s.slot_count : 0;
-    if (prepared_ && !prepared_->job.to_pinned) pinned_slots -= slabs_[prepared_->job.slab].slot_count;
-    // Unpin from the back, so the low slots, the ones acquired first, stay pinned longest.
-    for (std::size_t i = slabs_.size(); i-- > 0;) {
-      const Slab& s = slabs_[i];
-      if (s.pinned && pinned_slots >= config_.min_pinned_slots + s.slot_count) {
-        if (auto job = consider(i, false, "pressure critical")) return job;
-      }
-    }
-    return busy;
-  }
-  if (level_ == PressureLevel::normal && config_.pin && Clock::now() >= no_pin_before_) {
-    std::uint64_t pinned_bytes = 0;
-    for (const Slab& s : slabs_) pinned_bytes += s.pinned ? s.bytes : 0;
-    if (prepared_ && prepared_->job.to_pinned) pinned_bytes += slabs_[prepared_->job.slab].bytes;
-    for (std::size_t i = 0; i < slabs_.size(); ++i) {
-      const Slab& s = slabs_[i];
-      if (!s.pinned && pinned_bytes + s.bytes <= config_.pinned_budget_bytes) {
-        if (auto job = consider(i, true, "pressure normal")) return job;
-      }
-    }
-    return busy;
-  }
-  return std::nullopt;  // elevated: keep what is pinned, pin nothing new
+  const auto move =
+      next_pool_move(policy_locked(), slabs_, [this](std::size_t i) { return slab_idle_locked(slabs_[i]); }, idle_only);
+  if (!move) return std::nullopt;
+  return Job{move->slab, move->to_pinned, move->reason};
 }
 
 bool BufferPool::still_wanted_locked(const Job& job) const {
-  const Slab& s = slabs_[job.slab];
-  if (job.to_pinned) return level_ == PressureLevel::normal && config_.pin && !s.pinned;
-  return level_ == PressureLevel::critical && s.pinned && pinned_slots_ >= config_.min_pinned_slots + s.slot_count;
+  // Asked about the prepared move itself (or one being prepared): its own
+  // move is not counted as done, and a pin that succeeded ignores back-off.
+  return pool_move_wanted(policy_locked(/*without_prepared=*/true), slabs_, job.slab, job.to_pinned);
 }
 
 bool BufferPool::try_swap_locked() {
@@ -448,9 +434,7 @@ bool BufferPool::try_swap_locked() {
   retired_.push_back(Retired{slab.data, slab.bytes, slab.owner});
   slab.data = p.data;
   slab.owner = p.owner;
-  if (slab.pinned) pinned_slots_ -= slab.slot_count;
   slab.pinned = p.owner->is_pinned();
-  if (slab.pinned) pinned_slots_ += slab.slot_count;
   (p.job.to_pinned ? to_pinned_ : to_pageable_) += 1;
   if (p.job.to_pinned) pin_refusals_in_a_row_ = 0;
   record_locked(p.job.slab, slab.pinned, p.job.reason);
@@ -531,6 +515,7 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
 void BufferPool::maintain(const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
+    ++maintenance_rounds_;
     free_retired(lock);
     if (prepared_ && !still_wanted_locked(prepared_->job)) {
       retired_.push_back(Retired{prepared_->data, slabs_[prepared_->job.slab].bytes, prepared_->owner});
@@ -551,8 +536,12 @@ void BufferPool::maintain(const std::stop_token& stop) {
     // else (pressure changes, releases that matter, swaps) bumps the generation.
     std::optional<Clock::time_point> wake;
     if (!fenced_.empty()) wake = Clock::now() + std::chrono::milliseconds(5);
-    if (level_ == PressureLevel::normal && config_.pin && pinned_slots_ < config_.slots && no_pin_before_ > Clock::now()) {
-      wake = wake ? std::min(*wake, no_pin_before_) : no_pin_before_;
+    if (no_pin_before_ > Clock::now()) {  // a back-off runs: wake when it ends, if the policy would pin then
+      PolicyInput later = policy_locked();
+      later.pin_backed_off = false;
+      if (next_pool_move(later, slabs_, [](std::size_t) { return true; })) {
+        wake = wake ? std::min(*wake, no_pin_before_) : no_pin_before_;
+      }
     }
     if (wake) {
       work_cv_.wait_until(lock, stop, *wake, pred);
@@ -596,6 +585,7 @@ PoolStats BufferPool::stats() const {
   st.failed_pins = failed_pins_;
   st.level = level_;
   st.pending_slots = prepared_ ? slabs_[prepared_->job.slab].slot_count : 0;
+  st.maintenance_rounds = maintenance_rounds_;
   return st;
 }
 

@@ -44,6 +44,7 @@
 
 #include "pinfeed/memory/fence.hpp"
 #include "pinfeed/memory/host_resource.hpp"
+#include "pinfeed/memory/pool_policy.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
 #include "pinfeed/units.hpp"
 
@@ -109,6 +110,10 @@ struct PoolStats {
   std::uint64_t to_pageable = 0, to_pinned = 0;  ///< transitions after construction, in slabs
   std::uint64_t failed_pins = 0;            ///< pin attempts the pinned resource refused
   PressureLevel level = PressureLevel::normal;
+  /// Rounds of the maintenance thread: a release wakes it only when the
+  /// policy (Note [Pool policy]) wants a move, so this stays flat while a
+  /// settled pool serves batches.
+  std::uint64_t maintenance_rounds = 0;
 };
 
 /// Every live BufferPool of this process added up: what the process holds
@@ -175,11 +180,9 @@ class BufferPool {
  private:
   friend class SlotLease;
   enum class SlotState : std::uint8_t { free, leased, fenced };
-  struct Slab {
+  struct Slab : PolicySlab {  // slot_count, bytes, pinned: what the policy sees
     std::byte* data = nullptr;
-    std::size_t bytes = 0;
-    std::size_t first_slot = 0, slot_count = 0;
-    bool pinned = false;
+    std::size_t first_slot = 0;
     HostResource* owner = nullptr;  // resource that allocated data
   };
   struct Fenced {
@@ -214,13 +217,17 @@ class BufferPool {
   void maintain(const std::stop_token& stop);
   void run_job(std::unique_lock<std::mutex>& lock, const Job& job);
   bool try_swap_locked();
-  [[nodiscard]] bool still_wanted_locked(const Job& job) const;
   void free_retired(std::unique_lock<std::mutex>& lock);
+  // Note [Pool policy] (pool_policy.hpp) decides; these only ask it.
+  /// The policy's view of the pool; the prepared move counted as done unless
+  /// `without_prepared`.
+  [[nodiscard]] PolicyInput policy_locked(bool without_prepared = false) const;
+  [[nodiscard]] bool still_wanted_locked(const Job& job) const;
   /// The next slab to move; idle slabs first; with idle_only, only those.
   [[nodiscard]] std::optional<Job> next_job_locked(bool idle_only = false) const;
   [[nodiscard]] bool slab_idle_locked(const Slab& slab) const;
-  /// Whether the current level asks for any slab to change (cheap: a few
-  /// compares), so a plain release does not wake the maintenance thread.
+  /// Whether the policy wants any slab moved, so a plain release does not
+  /// wake the maintenance thread.
   [[nodiscard]] bool maintenance_wanted_locked() const;
   void record_locked(std::size_t slab, bool to_pinned, std::string reason, bool ok = true);
   void back_off_pinning_locked();
@@ -245,12 +252,12 @@ class BufferPool {
   std::optional<Prepared> prepared_;      // ready, waiting for its slab to be idle
   std::vector<Retired> retired_;          // swapped out, to be freed off the lock
   bool freeing_ = false;                  // retired memory taken off retired_, not yet returned
-  std::size_t pinned_slots_ = 0;          // slots in pinned slabs
   std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
   Clock::time_point no_pin_before_{};
   unsigned pin_refusals_in_a_row_ = 0;
   std::vector<PoolTransition> transitions_;
   std::uint64_t acquires_ = 0, acquire_waits_ = 0, to_pageable_ = 0, to_pinned_ = 0, failed_pins_ = 0;
+  std::uint64_t maintenance_rounds_ = 0;
   double acquire_wait_seconds_ = 0;
 
   PressureMonitor* monitor_ = nullptr;
