@@ -1,0 +1,167 @@
+// What the pinfeed-bench commands share: RSS, medians, blocks, the decode ceiling.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <libyuv/scale_argb.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <span>
+#include <thread>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <oneapi/tbb/info.h>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/jpeg_decoder.hpp"
+#include "pinfeed/loader/loader.hpp"
+#include "pinfeed/loader/sample_rng.hpp"
+#include "pinfeed/loader/transform.hpp"
+#include "pinfeed/memory/pageable_resource.hpp"
+#include "pinfeed/memory/pinned_resource.hpp"
+#include "pinfeed/trainer/device_type.hpp"
+#include "pinfeed/trainer/trainer.hpp"
+#include "pinfeed/units.hpp"
+#include "plot.hpp"
+#include "tool_main.hpp"
+
+#include "bench_common.hpp"
+
+namespace pinfeed::bench {
+
+
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+/// Resident set size now, MiB (/proc/self/statm), sampled once per batch.
+double rss_now_mib() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<double>(resident) * static_cast<double>(pinfeed::page_size()) / (1024.0 * 1024.0) : 0;
+}
+
+/// A mapping from a HostResource, returned to it when the Block goes.
+Block allocate_block(pinfeed::memory::HostResource& resource, std::size_t bytes) {
+  return Block(static_cast<std::byte*>(resource.allocate(bytes)),
+               [&resource, bytes](std::byte* p) { resource.deallocate(p, bytes); });
+}
+
+
+/// The loader's own decode work alone (same crop plans, ROI and DCT scale)
+/// on `threads` threads at once, files from memory: the "matching" ceiling
+/// that the loader's reading, transforms and batching add to.
+double planned_decode_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
+                           unsigned threads) {
+  const auto work = [&](unsigned k) {
+    pl::JpegDecoder decoder;
+    pl::DecodedImage image;
+    for (std::size_t i = k; i < files.size(); i += threads) {
+      pl::SampleRng rng(0, 0, i);
+      try {
+        decoder.decode_planned(
+            files[i],
+            [&](const pl::ImageHeader& h) {
+              const pl::CropPlan p = pl::plan_crop(h, t, rng);
+              return t.roi_decode ? pl::JpegDecoder::Plan{p.region, p.scale}
+                                  : pl::JpegDecoder::Plan{pl::Region{0, 0, h.width, h.height}, 1};
+            },
+            image, "ceiling");
+      } catch (const pinfeed::DataError&) {
+      }
+    }
+  };
+  const auto run_all = [&] {
+    std::vector<std::thread> pool;
+    for (unsigned k = 0; k < threads; ++k) pool.emplace_back(work, k);
+    for (auto& th : pool) th.join();
+  };
+  run_all();  // warm caches
+  const auto t0 = Clock::now();
+  for (int rep = 0; rep < 2; ++rep) run_all();
+  return 2.0 * static_cast<double>(files.size()) / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Full decode of up to `limit` files, one thread, TurboJPEG's defaults.
+Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads) {
+  const std::size_t n = std::min(limit, data.size());
+  // Spread over the dataset (every k-th file) so all classes are represented.
+  // The files go into one mapping that is unmapped afterwards: tens of MB
+  // of small vectors would stay in the heap and count in the loader's RSS.
+  const std::size_t stride = std::max<std::size_t>(1, data.size() / n);
+  // Files the loader would replace (unreadable, not regular) are skipped
+  // here too, named once, instead of aborting the benchmark.
+  std::vector<std::byte> one;
+  std::vector<std::size_t> picked, sizes;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      data.read(i * stride, one);
+    } catch (const pinfeed::DataError& e) {
+      fmt::print(stderr, "pinfeed-bench: ceiling skips {}: {}\n", e.path().string(), e.reason());
+      continue;
+    }
+    picked.push_back(i * stride);
+    sizes.push_back(one.size());
+    total += one.size();
+  }
+  pinfeed::memory::PageableResource memory;
+  const std::size_t block_bytes = std::max<std::size_t>(total, 1);
+  const Block block = allocate_block(memory, block_bytes);
+  std::vector<std::span<const std::byte>> files(picked.size());
+  for (std::size_t k = 0, at = 0; k < picked.size(); ++k) {
+    data.read(picked[k], one);
+    if (one.size() != sizes[k]) throw pinfeed::Error(fmt::format("{} changed size while benchmarking", data.describe(picked[k])));
+    std::memcpy(block.get() + at, one.data(), one.size());
+    files[k] = std::span<const std::byte>(block.get() + at, one.size());
+    at += one.size();
+  }
+  tjhandle h = tjInitDecompress();
+  if (h == nullptr) throw pinfeed::Error("TurboJPEG: tjInitDecompress failed");
+  std::vector<unsigned char> out;
+  double pixels = 0;
+  const auto decode_all = [&] {
+    for (const auto& f : files) {
+      int w = 0, hgt = 0, ss = 0, cs = 0;
+      const auto* src = reinterpret_cast<const unsigned char*>(f.data());
+      if (tjDecompressHeader3(h, src, f.size(), &w, &hgt, &ss, &cs) != 0) continue;
+      // The loader's pixel limit: a header claiming 65000x65000 is a bad
+      // sample there, not a 12 GB allocation here.
+      if (static_cast<std::uint64_t>(w) * static_cast<std::uint64_t>(hgt) > pl::kDefaultMaxPixels) continue;
+      out.resize(static_cast<std::size_t>(w) * static_cast<std::size_t>(hgt) * 3);
+      tjDecompress2(h, src, f.size(), out.data(), w, 0, hgt, TJPF_RGB, 0);
+      pixels += static_cast<double>(w) * hgt;
+    }
+  };
+  decode_all();  // warm caches
+  pixels = 0;
+  const auto t0 = Clock::now();
+  decode_all();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  tjDestroy(h);
+  if (files.empty()) throw pinfeed::DataError(data.describe(0), "no file of the dataset could be read for the decode ceiling");
+  const auto count = static_cast<double>(files.size());
+  return Ceiling{files.size(), count / s, pixels / count / 1e6, planned_decode_rate(files, transform, threads)};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace pinfeed::bench

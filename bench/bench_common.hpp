@@ -1,0 +1,57 @@
+#pragma once
+// What the pinfeed-bench commands share, and the commands themselves (one
+// file each: loader_bench.cpp, floor_bench.cpp, threads_bench.cpp,
+// copy_bench.cpp; the command line in bench_main.cpp).
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/loader.hpp"
+#include "pinfeed/loader/transform.hpp"
+#include "pinfeed/memory/host_resource.hpp"
+
+namespace pinfeed::bench {
+
+namespace pl = pinfeed::loader;
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+/// Peak resident set size of this process so far, MiB.
+double peak_rss_mib();
+/// Resident set size now, MiB (/proc/self/statm), sampled once per batch.
+double rss_now_mib();
+double median(std::vector<double> v);
+
+/// A mapping from a HostResource, returned to it when the Block goes.
+using Block = std::unique_ptr<std::byte, std::function<void(std::byte*)>>;
+Block allocate_block(pinfeed::memory::HostResource& resource, std::size_t bytes);
+
+struct Ceiling {
+  std::size_t files = 0;
+  double single_thread_images_per_s = 0;
+  double megapixels_per_image = 0;
+  double planned_images_per_s = 0;  ///< all threads, decoding only what the loader decodes
+};
+/// The loader's own decode work alone (same crop plans, ROI and DCT scale)
+/// on `threads` threads at once, files from memory.
+double planned_decode_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
+                           unsigned threads);
+/// Full decode of up to `limit` files, one thread, TurboJPEG's defaults;
+/// and the planned (matching) decode on `threads` threads.
+Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads);
+
+// The commands: each prints a table or JSON and returns the exit code.
+int run_loader_bench(pl::LoaderConfig config, std::size_t epochs, std::size_t repeat, std::size_t ceiling_files,
+                     bool as_json);
+int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::size_t evict_mib, bool as_json);
+int run_threads_bench(const pl::LoaderConfig& config, const std::vector<unsigned>& counts, std::size_t epochs,
+                      std::size_t repeat, std::size_t ceiling_files, const std::string& out_prefix, bool as_json);
+int run_copy_bench(const std::string& device, std::size_t mib, std::size_t repeat, bool as_json);
+
+}  // namespace pinfeed::bench
