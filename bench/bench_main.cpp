@@ -42,6 +42,7 @@
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
 #include "plot.hpp"
+#include "loader_flags.hpp"
 #include "tool_main.hpp"
 
 #include "bench_common.hpp"
@@ -55,36 +56,26 @@ int main(int argc, char** argv) {
   pl::LoaderConfig config;
   config.watch_pressure = true;
   std::size_t epochs = 1, repeat = 3, ceiling_files = 200;
-  bool as_json = false, no_roi = false, no_dct = false;
-  std::string crop = "random", layout = "nchw-f32";
+  bool as_json = false;
   auto* ld = app.add_subcommand("loader", "images/s of the loader and of a bare full decode, same files, same run");
-  // What the loader is asked to do, the same flags for every loader subcommand.
+  // What the loader is asked to do, the same flags for every loader
+  // subcommand, from the loader's option table.
   const auto add_loader_options = [&](CLI::App* sub) {
     sub->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
-    sub->add_option("--batch", config.batch_size, "batch size")->check(CLI::Range(1, 65536));
-    sub->add_option("--prefetch", config.prefetch, "batches in flight (pool slots)")
-        ->check(CLI::Range(std::size_t{1}, pl::kMaxPrefetch));
-    sub->add_option("--crop", crop, "random (RandomResizedCrop), center (Resize+CenterCrop), full")
-        ->check(CLI::IsMember({"random", "center", "full"}));
-    sub->add_option("--size", config.transform.size, "output size")->check(CLI::Range(pl::kMinImageSize, pl::kMaxImageSize));
-    sub->add_option("--layout", layout, "nchw-f32 (normalized) or nhwc-u8")->check(CLI::IsMember({"nchw-f32", "nhwc-u8"}));
-    sub->add_option("--max-replaced-share", config.max_replaced_share,
-                    "share of an epoch that bad samples may replace before it fails")
-        ->check(CLI::Range(0.0, 1.0))
-        ->capture_default_str();
+    pinfeed::tools::add_loader_flags(*sub, config,
+                                     {"batch_size:--batch", "prefetch", "crop", "size", "resize", "layout",
+                                      "max_replaced_share", "roi_decode:--no-roi", "dct_scaling:--no-dct-scale"});
   };
   add_loader_options(ld);
-  ld->add_option("--threads", config.threads, "worker threads (0: every core)");
+  pinfeed::tools::add_loader_flags(*ld, config, {"threads"});
   ld->add_option("--epochs", epochs, "loader epochs per round")->check(CLI::Range(1, 1000));
   ld->add_option("--repeat", repeat, "rounds (ceiling + loader); figures are medians")->check(CLI::Range(1, 100));
   ld->add_option("--ceiling-files", ceiling_files, "files decoded for the ceiling")->check(CLI::Range(1, 100000));
-  ld->add_flag("--no-roi", no_roi, "decode whole images, crop in memory (to measure ROI decoding)");
-  ld->add_flag("--no-dct-scale", no_dct, "never decode at 1/2, 1/4, 1/8 (to measure DCT scaling)");
   ld->add_flag("--json", as_json, "print JSON");
   std::size_t floor_repeat = 5, evict_mib = 512;
   auto* fl = app.add_subcommand("floor", "the loader's unavoidable work besides decoding, each part alone");
   add_loader_options(fl);  // --batch x --prefetch: the pool the output is written to
-  fl->add_option("--threads", config.threads, "threads of the matching decode (0: every core)");
+  pinfeed::tools::add_loader_flags(*fl, config, {"threads"});  // the matching decode's threads
   fl->add_option("--repeat", floor_repeat, "rounds; figures are medians")->check(CLI::Range(1, 100));
   fl->add_option("--evict-mib", evict_mib, "written before each read pass, to push the files out of the CPU caches")
       ->check(CLI::Range(1, 65536));
@@ -112,10 +103,6 @@ int main(int argc, char** argv) {
   return pinfeed::tools::run_tool("pinfeed-bench", app, argc, argv, [&] {
     spdlog::set_level(spdlog::level::warn);
     if (cp->parsed()) return run_copy_bench(copy_device, copy_mib, copy_repeat, as_json);
-    config.transform.crop = pl::parse_crop_mode(crop);
-    config.transform.layout = pl::parse_layout(layout);
-    config.transform.roi_decode = !no_roi;
-    config.transform.dct_scaling = !no_dct;
     if (fl->parsed()) return run_floor_bench(config, floor_repeat, evict_mib, as_json);
     if (th->parsed()) {
       if (thread_counts.empty()) throw pinfeed::ConfigError("threads: --counts needs at least one thread count");

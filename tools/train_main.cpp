@@ -20,6 +20,7 @@
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
 #include "plot.hpp"
+#include "loader_flags.hpp"
 #include "tool_main.hpp"
 
 namespace {
@@ -101,10 +102,10 @@ int main(int argc, char** argv) {
   pt::TrainConfig config;
   config.loader.transform.size = 64;
   config.model.pool = 4;
-  std::string devices = "auto", crop = "random", hidden = "256", compare_out = "compare";
+  std::string devices = "auto", hidden = "256", compare_out = "compare";
   double bucket_mb = 25;
   int compare = 0;
-  bool as_json = false, quiet = false, host_normalize = false, no_pin = false;
+  bool as_json = false, quiet = false, host_normalize = false;
   app.add_option("--data", config.loader.dataset, "training data: folder, file list or tar shard pattern")->required();
   app.add_option("--val", config.val_dataset, "validation data (center crop)");
   app.add_option("--devices", devices, "cpu:N, cuda:0,1, cuda:all, or auto (every GPU, else 2 CPU workers)");
@@ -115,29 +116,20 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", config.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999));
   app.add_option("--weight-decay", config.weight_decay, "SGD weight decay")->check(CLI::Range(0.0, 1.0));
   app.add_option("--warmup-epochs", config.warmup_epochs, "linear warm-up length in epochs")->check(CLI::Range(0.0, 1000.0));
-  app.add_option("--seed", config.loader.seed, "shuffling, augmentation and initial weights");
   app.add_option("--checkpoint", config.checkpoint, "checkpoint file, written atomically at every epoch end");
   app.add_option("--checkpoint-every", config.checkpoint_every, "also every N steps");
   app.add_flag("--resume", config.resume, "continue from --checkpoint");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
-  app.add_option("--size", config.loader.transform.size, "image side the loader produces")->check(CLI::Range(pl::kMinImageSize, pl::kMaxImageSize));
-  app.add_option("--crop", crop, "random (RandomResizedCrop), center, full")->check(CLI::IsMember({"random", "center", "full"}));
   app.add_option("--pool", config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
   app.add_option("--hidden", hidden, "hidden layer widths, comma separated");
-  app.add_option("--threads", config.loader.threads, "loader threads in all (0: every core)");
-  app.add_option("--prefetch", config.loader.prefetch, "batches in flight per worker (pool slots)")
-      ->check(CLI::Range(std::size_t{1}, pl::kMaxPrefetch));
-  app.add_option("--max-classes", config.loader.max_classes,
-                 "refuse a dataset whose labels mean more classes than this (they size the model)")
-      ->check(CLI::Range(std::size_t{1}, pl::kMaxClassesCeiling))
-      ->capture_default_str();
-  app.add_option("--max-replaced-share", config.loader.max_replaced_share,
-                 "share of an epoch that bad samples may replace before it fails")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
+  // The loader's own options, from its table (seed also draws the initial
+  // weights; threads are shared by the workers; prefetch is per worker).
+  pinfeed::tools::add_loader_flags(app, config.loader,
+                                   {"seed", "size", "resize", "crop", "scale_min", "scale_max", "ratio_min", "ratio_max",
+                                    "flip", "threads", "prefetch", "bad_sample", "max_replaced_share", "max_classes",
+                                    "pin", "pinned_fraction"});
   app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
   app.add_flag("--host-normalize", host_normalize, "normalize on the host (float32 batches) instead of on the device");
-  app.add_flag("--no-pin", no_pin, "pageable pool slots");
   app.add_option("--compare", compare, "train with 1 and with N workers (same global batch) and plot both loss curves")
       ->check(CLI::Range(2, 64));
   app.add_option("--compare-out", compare_out, "prefix of the --compare CSV and PNG");
@@ -146,7 +138,6 @@ int main(int argc, char** argv) {
 
   return pinfeed::tools::run_tool("pinfeed-train", app, argc, argv, [&] {
     spdlog::set_level(quiet || as_json ? spdlog::level::warn : spdlog::level::info);
-    config.loader.transform.crop = pl::parse_crop_mode(crop);
     config.model.hidden.clear();
     for (std::size_t start = 0; start <= hidden.size();) {
       const auto comma = hidden.find(',', start);
@@ -162,7 +153,6 @@ int main(int argc, char** argv) {
     }
     config.devices = pt::parse_devices(devices);
     config.device_normalize = !host_normalize;
-    config.loader.pin = !no_pin;
     config.ddp.bucket_cap_bytes = static_cast<std::size_t>(bucket_mb * 1024 * 1024);
     config.ddp.first_bucket_bytes = std::min(config.ddp.first_bucket_bytes, config.ddp.bucket_cap_bytes);
     const auto cb = callbacks(quiet || as_json, config.epochs);

@@ -1,6 +1,8 @@
 #include "pinfeed/loader/loader.hpp"
 
 #include <fmt/format.h>
+
+#include <cmath>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/flow_graph.h>
@@ -21,6 +23,7 @@
 #include "pinfeed/launch_env.hpp"
 #include "pinfeed/memory/pool_plan.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
+#include "pinfeed/loader/options.hpp"
 #include "pinfeed/loader/sample_stage.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
@@ -39,21 +42,18 @@ BadSamplePolicy parse_bad_sample_policy(std::string_view text) {
 
 void LoaderConfig::validate() const {
   if (dataset.empty()) throw ConfigError("loader dataset: no path given");
-  if (batch_size == 0 || batch_size > 65536) throw ConfigError(fmt::format("loader batch_size must be 1..65536, got {}", batch_size));
-  if (prefetch == 0 || prefetch > kMaxPrefetch) {
-    throw ConfigError(fmt::format("loader prefetch must be 1..{}, got {}", kMaxPrefetch, prefetch));
+  // Every option's range, from the one table (options.hpp); then the rules
+  // between fields.
+  for (const LoaderOption& o : loader_options()) o.check(*this);
+  if (world_size == 0 || rank >= world_size) {
+    throw ConfigError(fmt::format("loader rank {} is not in 0..world_size-1 (world_size {})", rank, world_size));
   }
-  if (threads > 1024) throw ConfigError(fmt::format("loader threads must be 0..1024, got {}", threads));
-  if (!(pinned_fraction > 0 && pinned_fraction <= 1)) {
-    throw ConfigError(fmt::format("loader pinned_fraction must be in (0, 1], got {}", pinned_fraction));
+  transform.validate();  // scale and ratio ranges ordered, resize >= size for a center crop, std > 0
+  for (std::size_t c = 0; c < 3; ++c) {
+    if (!std::isfinite(transform.mean[c]) || !std::isfinite(transform.std[c])) {
+      throw ConfigError(fmt::format("loader mean[{}] and std[{}] must be finite", c, c));
+    }
   }
-  if (max_image_pixels == 0) throw ConfigError("loader max_image_pixels must be > 0");
-  if (!(max_replaced_share >= 0 && max_replaced_share <= 1)) {
-    throw ConfigError(fmt::format("loader max_replaced_share must be in [0, 1], got {}", max_replaced_share));
-  }
-  check_max_classes(max_classes);
-  if (local_ranks > 4096) throw ConfigError(fmt::format("loader local_ranks must be 0..4096, got {}", local_ranks));
-  transform.validate();
   const std::uint64_t slot = slot_bytes();
   if (slot > memory::kMaxRegistrationBytes) {
     throw ConfigError(fmt::format("loader: one batch of {} bytes exceeds the slot maximum of {} bytes", slot,

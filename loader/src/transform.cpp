@@ -47,8 +47,9 @@ void TransformConfig::validate() const {
   if (size < kMinImageSize || size > kMaxImageSize) {
     throw ConfigError(fmt::format("transform size must be {}..{}, got {}", kMinImageSize, kMaxImageSize, size));
   }
-  if (crop == CropMode::center && (resize < size || resize > 8192)) {
-    throw ConfigError(fmt::format("transform resize must be size..8192 ({}..8192), got {}", size, resize));
+  if (crop == CropMode::center && (resize < size || resize > kMaxResize)) {
+    throw ConfigError(fmt::format("transform resize must be at least size for a center crop: {}..{}, got {}", size,
+                                  kMaxResize, resize));
   }
   if (!(scale_min > 0 && scale_min <= scale_max && scale_max <= 1.0)) {
     throw ConfigError(fmt::format("transform scale range [{}, {}] must satisfy 0 < min <= max <= 1", scale_min, scale_max));

@@ -107,6 +107,9 @@ void Worker::make_loaders(const loader::LoaderConfig& lc) {
   vc.shuffle = false;
   vc.drop_last_batch = false;
   vc.transform.crop = loader::CropMode::center;
+  // Resize then center-crop needs resize >= size: past the default 256,
+  // keep torchvision's 256/224 ratio (a 320 px run validates at 365).
+  if (vc.transform.resize < vc.transform.size) vc.transform.resize = vc.transform.size * 256 / 224;
   vc.transform.flip = false;
   vc.prefetch = 2;
   vc.watch_pressure = false;

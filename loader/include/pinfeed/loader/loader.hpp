@@ -41,6 +41,11 @@ namespace pinfeed::loader {
 
 /// Pool slots (LoaderConfig::prefetch) limit, for validate() and every CLI.
 inline constexpr std::size_t kMaxPrefetch = 256;
+/// The largest batch and thread count a loader accepts.
+inline constexpr std::size_t kMaxBatchSize = 65536;
+inline constexpr unsigned kMaxThreads = 1024;
+/// The largest max_image_pixels (2^40: a terapixel image is never a sample).
+inline constexpr std::uint64_t kMaxImagePixelsCeiling = 1ULL << 40;
 
 enum class BadSamplePolicy { replace, fail };
 BadSamplePolicy parse_bad_sample_policy(std::string_view text);  ///< "replace", "fail"

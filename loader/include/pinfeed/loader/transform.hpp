@@ -31,6 +31,9 @@ namespace pinfeed::loader {
 /// Output side limits (TransformConfig::size), for validate() and every CLI.
 inline constexpr int kMinImageSize = 8;
 inline constexpr int kMaxImageSize = 4096;
+/// The largest `resize` (center crop's shorter side) and aspect ratio bound.
+inline constexpr int kMaxResize = 8192;
+inline constexpr double kMaxAspectRatio = 100.0;
 
 enum class CropMode { random_resized, center, full };
 enum class Layout { nhwc_u8, nchw_f32 };

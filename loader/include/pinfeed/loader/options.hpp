@@ -1,0 +1,62 @@
+#pragma once
+// The loader's options, declared once: name, type, default, range and help
+// (the way DALI declares an operator's arguments once in its schema).
+// LoaderConfig::validate() checks every value against this table; the tools'
+// flags (tools/loader_flags.hpp), the Python keyword arguments (their
+// defaults, ranges and docstring) and the C ABI's defaults are all read from
+// it, and a test holds that they agree (tests/loader/options_test.cpp,
+// tests/python/test_options.py, tests/capi).
+//
+// The default of an option is the value in a default-constructed
+// LoaderConfig; the table never restates it.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pinfeed/loader/loader.hpp"
+
+namespace pinfeed::loader {
+
+enum class OptionType { integer, real, boolean, choice };
+
+struct LoaderOption {
+  std::string_view name;  ///< Python keyword, C field; the CLI flag is --name with '-' for '_'
+  OptionType type = OptionType::integer;
+  std::string_view help;
+  double min = 0, max = 0;     ///< integer and real: the valid range, inclusive...
+  bool min_exclusive = false;  ///< ...except the lower bound when this is set (reals: > 0)
+  std::vector<std::string_view> choices;  ///< choice: the accepted words
+
+  // Access to the field; only the pair matching `type` is set.
+  std::uint64_t (*get_int)(const LoaderConfig&) = nullptr;
+  void (*set_int)(LoaderConfig&, std::uint64_t) = nullptr;
+  double (*get_real)(const LoaderConfig&) = nullptr;
+  void (*set_real)(LoaderConfig&, double) = nullptr;
+  bool (*get_bool)(const LoaderConfig&) = nullptr;
+  void (*set_bool)(LoaderConfig&, bool) = nullptr;
+  std::string_view (*get_choice)(const LoaderConfig&) = nullptr;
+  void (*set_choice)(LoaderConfig&, std::string_view) = nullptr;  ///< ConfigError on a word not in choices
+
+  /// "--batch-size".
+  [[nodiscard]] std::string flag() const;
+  /// The value in `c` as text: "64", "0.01", "true", "random".
+  [[nodiscard]] std::string text(const LoaderConfig& c) const;
+  /// The default (from a default-constructed LoaderConfig), as text.
+  [[nodiscard]] std::string default_text() const;
+  /// "1..65536", "(0, 1]", "random, center, full", "true or false".
+  [[nodiscard]] std::string range_text() const;
+  /// ConfigError "loader <name> must be <range>, got <value>" unless the
+  /// value in `c` is within range.
+  void check(const LoaderConfig& c) const;
+  /// Parses `text` ("64", "0.5", "true"/"false"/"1"/"0", a choice) into the
+  /// field and checks it: ConfigError naming the option and the range.
+  void set_text(LoaderConfig& c, std::string_view text) const;
+};
+
+/// Every option, in the order the help lists them.
+const std::vector<LoaderOption>& loader_options();
+/// The option named `name`; ConfigError naming it otherwise.
+const LoaderOption& loader_option(std::string_view name);
+
+}  // namespace pinfeed::loader

@@ -1,0 +1,226 @@
+#include "pinfeed/loader/options.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <type_traits>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/dataset.hpp"
+
+namespace pinfeed::loader {
+namespace {
+
+// A field of LoaderConfig reached through a chain of member pointers
+// (&LoaderConfig::transform, &TransformConfig::size).
+template <auto... Path>
+auto& field(LoaderConfig& c) {
+  return (c .* ... .* Path);
+}
+template <auto... Path>
+const auto& field(const LoaderConfig& c) {
+  return (c .* ... .* Path);
+}
+template <auto... Path>
+using FieldType = std::remove_cvref_t<decltype(field<Path...>(std::declval<LoaderConfig&>()))>;
+
+LoaderOption base(std::string_view name, OptionType type, std::string_view help, double min = 0, double max = 0,
+                  bool min_exclusive = false) {
+  LoaderOption o;
+  o.name = name;
+  o.type = type;
+  o.help = help;
+  o.min = min;
+  o.max = max;
+  o.min_exclusive = min_exclusive;
+  return o;
+}
+
+template <auto... Path>
+LoaderOption integer(std::string_view name, double min, double max, std::string_view help) {
+  LoaderOption o = base(name, OptionType::integer, help, min, max);
+  o.get_int = [](const LoaderConfig& c) { return static_cast<std::uint64_t>(field<Path...>(c)); };
+  o.set_int = [](LoaderConfig& c, std::uint64_t v) { field<Path...>(c) = static_cast<FieldType<Path...>>(v); };
+  return o;
+}
+
+template <auto... Path>
+LoaderOption real(std::string_view name, double min, bool min_exclusive, double max, std::string_view help) {
+  LoaderOption o = base(name, OptionType::real, help, min, max, min_exclusive);
+  o.get_real = [](const LoaderConfig& c) { return static_cast<double>(field<Path...>(c)); };
+  o.set_real = [](LoaderConfig& c, double v) { field<Path...>(c) = v; };
+  return o;
+}
+
+template <auto... Path>
+LoaderOption boolean(std::string_view name, std::string_view help) {
+  LoaderOption o = base(name, OptionType::boolean, help);
+  o.get_bool = [](const LoaderConfig& c) { return static_cast<bool>(field<Path...>(c)); };
+  o.set_bool = [](LoaderConfig& c, bool v) { field<Path...>(c) = v; };
+  return o;
+}
+
+template <auto Parse, auto Print, auto... Path>
+LoaderOption choice(std::string_view name, std::vector<std::string_view> choices, std::string_view help) {
+  LoaderOption o = base(name, OptionType::choice, help);
+  o.choices = std::move(choices);
+  o.get_choice = [](const LoaderConfig& c) { return Print(field<Path...>(c)); };
+  o.set_choice = [](LoaderConfig& c, std::string_view v) { field<Path...>(c) = Parse(v); };
+  return o;
+}
+
+std::string_view print_pin_method(memory::PinMethod m) { return memory::to_string(m); }
+std::string_view print_crop(CropMode m) { return to_string(m); }
+std::string_view print_layout(Layout l) { return to_string(l); }
+std::string_view print_policy(BadSamplePolicy p) { return p == BadSamplePolicy::fail ? "fail" : "replace"; }
+
+std::vector<LoaderOption> make_options() {
+  using L = LoaderConfig;
+  using T = TransformConfig;
+  constexpr double u64_max = 18446744073709551615.0;
+  return {
+      integer<&L::batch_size>("batch_size", 1, kMaxBatchSize, "samples per batch"),
+      integer<&L::threads>("threads", 0, kMaxThreads, "decode threads (0: every core)"),
+      integer<&L::prefetch>("prefetch", 1, static_cast<double>(kMaxPrefetch), "batches in flight: pool slots"),
+      integer<&L::seed>("seed", 0, u64_max, "shuffling and augmentation seed"),
+      boolean<&L::shuffle>("shuffle", "shuffle the order every epoch (by seed and epoch)"),
+      boolean<&L::drop_last>("drop_last", "trim the dataset to a multiple of the world size instead of padding"),
+      boolean<&L::drop_last_batch>("drop_last_batch", "drop each rank's last partial batch"),
+      choice<&parse_crop_mode, &print_crop, &L::transform, &T::crop>(
+          "crop", {"random", "center", "full"},
+          "random (RandomResizedCrop + flip), center (Resize + CenterCrop), full (the whole image resized)"),
+      integer<&L::transform, &T::size>("size", kMinImageSize, kMaxImageSize, "output height and width, pixels"),
+      integer<&L::transform, &T::resize>("resize", kMinImageSize, kMaxResize,
+                                         "center crop: the shorter side before cropping (>= size)"),
+      real<&L::transform, &T::scale_min>("scale_min", 0, true, 1, "RandomResizedCrop: smallest area share"),
+      real<&L::transform, &T::scale_max>("scale_max", 0, true, 1, "RandomResizedCrop: largest area share"),
+      real<&L::transform, &T::ratio_min>("ratio_min", 0, true, kMaxAspectRatio, "RandomResizedCrop: smallest aspect ratio"),
+      real<&L::transform, &T::ratio_max>("ratio_max", 0, true, kMaxAspectRatio, "RandomResizedCrop: largest aspect ratio"),
+      boolean<&L::transform, &T::flip>("flip", "random horizontal flip (random crop only)"),
+      choice<&parse_layout, &print_layout, &L::transform, &T::layout>(
+          "layout", {"nchw-f32", "nhwc-u8"}, "nchw-f32 (normalized float32) or nhwc-u8 (to normalize on the device)"),
+      boolean<&L::transform, &T::dct_scaling>("dct_scaling", "decode at 1/2, 1/4, 1/8 where the output allows"),
+      boolean<&L::transform, &T::roi_decode>("roi_decode", "decode only the crop's region"),
+      choice<&parse_bad_sample_policy, &print_policy, &L::on_bad_sample>(
+          "bad_sample", {"replace", "fail"}, "a sample that cannot be decoded: replace it (counted) or fail"),
+      integer<&L::max_replacements>("max_replacements", 0, 1024, "substitutes tried for one bad sample"),
+      real<&L::max_replaced_share>("max_replaced_share", 0, false, 1,
+                                   "share of an epoch that bad samples may replace before it fails"),
+      integer<&L::max_classes>("max_classes", 1, static_cast<double>(kMaxClassesCeiling),
+                               "a label at or over it refuses the dataset"),
+      integer<&L::max_image_pixels>("max_image_pixels", 1, static_cast<double>(kMaxImagePixelsCeiling),
+                                    "larger images are bad samples"),
+      boolean<&L::pin>("pin", "page-lock the pool's slots within the budget"),
+      boolean<&L::require_pinned>("require_pinned", "fail instead of running with pageable slots"),
+      choice<&memory::parse_pin_method, &print_pin_method, &L::pin_method>(
+          "pin_method", {"auto", "mlock", "cuda"}, "auto (cuda with a device, else mlock), mlock or cuda"),
+      real<&L::pinned_fraction>("pinned_fraction", 0, true, 1, "share of available memory the pool may pin"),
+      integer<&L::local_ranks>("local_ranks", 0, 4096, "processes sharing this host's memory (0: from the launcher)"),
+      boolean<&L::watch_pressure>("watch_pressure", "follow memory pressure: pageable under pressure, pinned after"),
+  };
+}
+
+std::string number_text(double v) {
+  if (v >= 1.8446744073709552e19) return "2^64-1";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return fmt::format("{}", static_cast<long long>(v));
+  return fmt::format("{:g}", v);
+}
+
+}  // namespace
+
+const std::vector<LoaderOption>& loader_options() {
+  static const std::vector<LoaderOption> options = make_options();
+  return options;
+}
+
+const LoaderOption& loader_option(std::string_view name) {
+  for (const LoaderOption& o : loader_options()) {
+    if (o.name == name) return o;
+  }
+  throw ConfigError(fmt::format("loader has no option '{}'", name));
+}
+
+std::string LoaderOption::flag() const {
+  std::string f = "--" + std::string(name);
+  std::replace(f.begin(), f.end(), '_', '-');
+  return f;
+}
+
+std::string LoaderOption::text(const LoaderConfig& c) const {
+  switch (type) {
+    case OptionType::integer: return fmt::format("{}", get_int(c));
+    case OptionType::real: return fmt::format("{:g}", get_real(c));
+    case OptionType::boolean: return get_bool(c) ? "true" : "false";
+    case OptionType::choice: return std::string(get_choice(c));
+  }
+  return {};
+}
+
+std::string LoaderOption::default_text() const { return text(LoaderConfig{}); }
+
+std::string LoaderOption::range_text() const {
+  switch (type) {
+    case OptionType::integer: return fmt::format("{}..{}", number_text(min), number_text(max));
+    case OptionType::real: return fmt::format("{}{}, {}]", min_exclusive ? "(" : "[", number_text(min), number_text(max));
+    case OptionType::boolean: return "true or false";
+    case OptionType::choice: {
+      std::string out;
+      for (const auto c : choices) out += fmt::format("{}{}", out.empty() ? "" : ", ", c);
+      return "one of " + out;
+    }
+  }
+  return {};
+}
+
+void LoaderOption::check(const LoaderConfig& c) const {
+  double v = 0;
+  if (type == OptionType::integer) {
+    v = static_cast<double>(get_int(c));
+  } else if (type == OptionType::real) {
+    v = get_real(c);
+  } else {
+    return;  // booleans and choices hold only valid values
+  }
+  const bool low_ok = min_exclusive ? v > min : v >= min;
+  if (!(low_ok && v <= max)) {  // NaN fails too
+    throw ConfigError(fmt::format("loader {} must be {}, got {}", name, range_text(), text(c)));
+  }
+}
+
+void LoaderOption::set_text(LoaderConfig& c, std::string_view value) const {
+  const auto bad = [&] { return ConfigError(fmt::format("loader {} must be {}, got '{}'", name, range_text(), value)); };
+  switch (type) {
+    case OptionType::integer: {
+      std::uint64_t v = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size()) throw bad();
+      set_int(c, v);
+      break;
+    }
+    case OptionType::real: {
+      double v = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size() || !std::isfinite(v)) throw bad();
+      set_real(c, v);
+      break;
+    }
+    case OptionType::boolean:
+      if (value == "true" || value == "1") {
+        set_bool(c, true);
+      } else if (value == "false" || value == "0") {
+        set_bool(c, false);
+      } else {
+        throw bad();
+      }
+      break;
+    case OptionType::choice:
+      if (std::find(choices.begin(), choices.end(), value) == choices.end()) throw bad();
+      set_choice(c, value);
+      break;
+  }
+  check(c);
+}
+
+}  // namespace pinfeed::loader
