@@ -8,6 +8,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/loader.hpp"
+#include "pinfeed/loader/options.hpp"
 #include "pinfeed/memory/diagnostics.hpp"
 #include "pinfeed/pinfeed.h"
 
@@ -81,16 +82,17 @@ pinfeed::loader::LoaderConfig to_config(const pinfeed_loader_config& c) {
   lc.drop_last = c.drop_last != 0;
   lc.drop_last_batch = c.drop_last_batch != 0;
   lc.seed = c.seed;
-  lc.transform.crop = pl::parse_crop_mode(c.crop != nullptr ? c.crop : "random");
+  // A NULL word keeps LoaderConfig's default (options.hpp).
+  if (c.crop != nullptr) lc.transform.crop = pl::parse_crop_mode(c.crop);
   lc.transform.size = c.size;
   lc.transform.resize = c.resize;
   lc.transform.flip = c.flip != 0;
-  lc.transform.layout = pl::parse_layout(c.layout != nullptr ? c.layout : "nchw-f32");
+  if (c.layout != nullptr) lc.transform.layout = pl::parse_layout(c.layout);
   for (std::size_t i = 0; i < 3; ++i) {
     lc.transform.mean[i] = c.mean[i];
     lc.transform.std[i] = c.std[i];
   }
-  lc.on_bad_sample = pl::parse_bad_sample_policy(c.bad_sample != nullptr ? c.bad_sample : "replace");
+  if (c.bad_sample != nullptr) lc.on_bad_sample = pl::parse_bad_sample_policy(c.bad_sample);
   lc.pin = c.pin != 0;
   lc.watch_pressure = c.watch_pressure != 0;
   lc.validate();
@@ -118,16 +120,17 @@ void pinfeed_loader_config_init(pinfeed_loader_config* c) {
   c->drop_last = d.drop_last ? 1 : 0;
   c->drop_last_batch = d.drop_last_batch ? 1 : 0;
   c->seed = d.seed;
-  c->crop = "random";
+  // The words are the option table's (static strings: safe to keep).
+  c->crop = pinfeed::loader::loader_option("crop").get_choice(d).data();
   c->size = d.transform.size;
   c->resize = d.transform.resize;
   c->flip = d.transform.flip ? 1 : 0;
-  c->layout = "nchw-f32";
+  c->layout = pinfeed::loader::loader_option("layout").get_choice(d).data();
   for (std::size_t i = 0; i < 3; ++i) {
     c->mean[i] = d.transform.mean[i];
     c->std[i] = d.transform.std[i];
   }
-  c->bad_sample = "replace";
+  c->bad_sample = pinfeed::loader::loader_option("bad_sample").get_choice(d).data();
   c->pin = d.pin ? 1 : 0;
   c->watch_pressure = d.watch_pressure ? 1 : 0;
 }

@@ -29,9 +29,16 @@ from ._pinfeed import ConfigError, DataError, Error
 __all__ = ["Loader", "diag", "set_log_level", "Error", "ConfigError", "DataError"]
 __version__ = "0.1.0"
 
-_LAYOUTS = {"nchw-f32": "nchw-f32", "float32": "nchw-f32", "nhwc-u8": "nhwc-u8", "uint8": "nhwc-u8"}
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
+# The loader's options, declared once in C++ (loader/include/pinfeed/loader/
+# options.hpp): the keyword defaults below, the checks and the docstring's
+# option list all come from that table.
+_OPTIONS = {o["name"]: o for o in _pinfeed.loader_options()}
+_IMAGENET_MEAN, _IMAGENET_STD = _pinfeed.default_normalization()
+_LAYOUT_ALIASES = {"float32": "nchw-f32", "uint8": "nhwc-u8"}
+
+
+def _default(name):
+    return _OPTIONS[name]["default"]
 
 
 def _env_int(name):
@@ -53,18 +60,11 @@ def _int_arg(name, value, lo, hi):
     return int(value)
 
 
-def _bool_arg(name, value):
-    if not isinstance(value, (bool, numbers.Integral)) or value not in (0, 1):
-        raise TypeError(f"{name} must be True or False, not {value!r}")
-    return bool(value)
-
-
-def _float_arg(name, value, lo, hi):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
-    if not lo <= float(value) <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    return float(value)
+def _options_doc():
+    lines = []
+    for o in _OPTIONS.values():
+        lines.append(f"    {o['name']}={o['default']!r}: {o['help']} ({o['range']})")
+    return "\n".join(lines)
 
 
 def _triple(name, value):
@@ -85,7 +85,6 @@ def _triple(name, value):
     return out
 
 
-_U64 = 2**64 - 1
 
 
 class Loader:
@@ -117,40 +116,38 @@ class Loader:
     copy: yield tensors that own their memory (the slot is returned at once).
     return_indices: yield (images, labels, indices) with the dataset indices.
 
+    Any other loader option of the table below is a keyword argument too
+    (scale_min=0.25, ratio_max=2.0, max_replacements=4, ...).
+
     Waiting for a batch never blocks Ctrl-C: KeyboardInterrupt comes within
     ~50 ms and the loader stays usable. One iteration runs at a time: iter()
     restarts the epoch, and an older iterator that is asked for more raises
     RuntimeError instead of taking the new run's batches.
     """
 
-    def __init__(self, data, batch_size=64, *, transform="random", size=224, resize=256, flip=True,
-                 layout="nchw-f32", mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
-                 seed=0, shuffle=True, drop_last=False, drop_last_batch=False, threads=0, prefetch=4,
-                 pin_memory="auto", bad_sample="replace", copy=False, return_indices=False, list_root=None,
-                 local_rank=None, max_classes=1_000_000, max_replaced_share=0.01):
+    def __init__(self, data, batch_size=_default("batch_size"), *, transform=_default("crop"),
+                 size=_default("size"), resize=_default("resize"), flip=_default("flip"), layout=_default("layout"),
+                 mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None, seed=_default("seed"),
+                 shuffle=_default("shuffle"), drop_last=_default("drop_last"),
+                 drop_last_batch=_default("drop_last_batch"), threads=_default("threads"),
+                 prefetch=_default("prefetch"), pin_memory="auto", bad_sample=_default("bad_sample"), copy=False,
+                 return_indices=False, list_root=None, local_rank=None, max_classes=_default("max_classes"),
+                 max_replaced_share=_default("max_replaced_share"), **options):
         if not isinstance(data, (str, os.PathLike)):
             raise TypeError(f"data must be a path or a shard pattern, not {type(data).__name__}")
-        batch_size = _int_arg("batch_size", batch_size, 1, 65536)
-        if not isinstance(layout, str) or layout not in _LAYOUTS:
-            raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
         if not any(pin_memory is v for v in (True, False)) and pin_memory not in ("auto", "require"):
             raise ValueError(f"pin_memory must be 'auto', True, 'require' or False, got {pin_memory!r}")
-        for name, value, choices in (("transform", transform, ("random", "center", "full")),
-                                     ("bad_sample", bad_sample, ("replace", "fail"))):
-            if not isinstance(value, str) or value not in choices:
-                raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-        size = _int_arg("size", size, 8, 4096)
-        resize = _int_arg("resize", resize, 1, 8192)
-        threads = _int_arg("threads", threads, 0, 1024)
-        prefetch = _int_arg("prefetch", prefetch, 1, 256)
-        seed = _int_arg("seed", seed, 0, _U64)
-        max_classes = _int_arg("max_classes", max_classes, 1, 100_000_000)
-        max_replaced_share = _float_arg("max_replaced_share", max_replaced_share, 0.0, 1.0)
+        crops = _OPTIONS["crop"]["choices"]
+        if not isinstance(transform, str) or transform not in crops:
+            raise ValueError(f"transform must be one of {crops}, got {transform!r}")
+        for name in options:
+            if name not in _OPTIONS or name in ("crop", "pin", "require_pinned"):
+                raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+        if isinstance(layout, str):
+            layout = _LAYOUT_ALIASES.get(layout, layout)
         mean, std = _triple("mean", mean), _triple("std", std)
         if any(v <= 0 for v in std):
             raise ValueError(f"std must be positive, got {std!r}")
-        flip, shuffle = _bool_arg("flip", flip), _bool_arg("shuffle", shuffle)
-        drop_last, drop_last_batch = _bool_arg("drop_last", drop_last), _bool_arg("drop_last_batch", drop_last_batch)
         if rank is None:
             rank = _env_int("RANK") or 0
         if world_size is None:
@@ -162,6 +159,17 @@ class Loader:
         self.local_rank = _int_arg("local_rank", local_rank, 0, 2**31 - 1)
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        # Ranges, types and choices of the table's options are checked in C++
+        # (ConfigError is a ValueError; a wrong type is a TypeError), named.
+        self._impl = _pinfeed.Loader({
+            "dataset": os.fspath(data), "list_root": None if list_root is None else os.fspath(list_root),
+            "rank": rank, "world_size": world_size, "mean": list(mean), "std": list(std),
+            "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "shuffle": shuffle,
+            "drop_last": drop_last, "drop_last_batch": drop_last_batch, "seed": seed, "crop": transform,
+            "size": size, "resize": resize, "flip": flip, "layout": layout, "bad_sample": bad_sample,
+            "pin": pin_memory is not False, "require_pinned": pin_memory == "require",
+            "max_classes": max_classes, "max_replaced_share": max_replaced_share, **options,
+        })
         self.batch_size = batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.copy, self.return_indices = copy, return_indices
@@ -169,16 +177,6 @@ class Loader:
         self._epoch = 0
         self._resume = None
         self._active = None  # the running iteration's token
-        self._impl = _pinfeed.Loader({
-            "dataset": os.fspath(data), "list_root": None if list_root is None else os.fspath(list_root),
-            "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "rank": rank,
-            "world_size": world_size, "shuffle": shuffle, "drop_last": drop_last,
-            "drop_last_batch": drop_last_batch, "seed": seed, "crop": transform, "size": size,
-            "resize": resize, "flip": flip, "layout": _LAYOUTS[layout], "mean": list(mean), "std": list(std),
-            "bad_sample": bad_sample, "pin": pin_memory is not False, "watch_pressure": True,
-            "require_pinned": pin_memory == "require", "max_classes": max_classes,
-            "max_replaced_share": max_replaced_share,
-        })
         if pin_memory is True:
             report = self._impl.pin_report()
             if report["pinned_slots"] < report["slots"]:
@@ -260,6 +258,10 @@ class Loader:
         """Batches whose tensors are still alive (each holds a pool slot)."""
         return self._impl.live_batches()
 
+
+
+
+Loader.__doc__ += "\n    The loader's options (name=default: what; range), from its table:\n\n" + _options_doc() + "\n"
 
 def set_log_level(level):
     """pinfeed's own log on stderr: "trace", "debug", "info", "warning" (the default), "error", "off"."""

@@ -17,6 +17,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/loader.hpp"
+#include "pinfeed/loader/options.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/diagnostics.hpp"
 
@@ -70,40 +71,97 @@ py::capsule make_capsule(const std::shared_ptr<Holder>& h, void* data, DLDataTyp
   });
 }
 
-std::string text(const py::dict& d, const char* key, const char* fallback) {
-  return d.contains(key) ? d[key].cast<std::string>() : std::string(fallback);
+/// A Python value into option `o` of `c`: TypeError naming the option for a
+/// value of the wrong type, ConfigError (ValueError) for one out of range.
+void set_option(pl::LoaderConfig& c, const pl::LoaderOption& o, const py::handle& v) {
+  const bool is_bool = PyBool_Check(v.ptr()) != 0;
+  const bool is_int = PyLong_Check(v.ptr()) != 0 && !is_bool;
+  const auto wrong = [&](const char* want) {
+    return py::type_error(fmt::format("{} must be {}, not {} ({})", o.name, want, py::str(v.get_type().attr("__name__")).cast<std::string>(),
+                                      py::repr(v).cast<std::string>()));
+  };
+  switch (o.type) {
+    case pl::OptionType::integer:
+      if (!is_int) throw wrong("an integer");
+      o.set_text(c, py::str(v).cast<std::string>());  // negative and huge values fail the range, named
+      return;
+    case pl::OptionType::real:
+      if (!is_int && PyFloat_Check(v.ptr()) == 0) throw wrong("a number");
+      o.set_text(c, fmt::format("{:.17g}", v.cast<double>()));
+      return;
+    case pl::OptionType::boolean:
+      if (!is_bool && !(is_int && (v.cast<long long>() == 0 || v.cast<long long>() == 1))) throw wrong("True or False");
+      o.set_bool(c, v.cast<long long>() != 0);
+      return;
+    case pl::OptionType::choice:
+      if (PyUnicode_Check(v.ptr()) == 0) throw wrong("a string");
+      o.set_text(c, v.cast<std::string>());
+      return;
+  }
+}
+
+/// The Python value of option `o` in `c`.
+py::object option_value(const pl::LoaderConfig& c, const pl::LoaderOption& o) {
+  switch (o.type) {
+    case pl::OptionType::integer: return py::int_(o.get_int(c));
+    case pl::OptionType::real: return py::float_(o.get_real(c));
+    case pl::OptionType::boolean: return py::bool_(o.get_bool(c));
+    case pl::OptionType::choice: return py::str(std::string(o.get_choice(c)));
+  }
+  return py::none();
+}
+
+/// The option table (options.hpp) for the Python wrapper: its keyword
+/// defaults, its docstring and its tests come from here.
+py::list loader_options() {
+  py::list out;
+  const pl::LoaderConfig defaults;
+  static constexpr const char* kTypes[] = {"integer", "real", "boolean", "choice"};
+  for (const pl::LoaderOption& o : pl::loader_options()) {
+    py::dict d;
+    d["name"] = std::string(o.name);
+    d["type"] = kTypes[static_cast<int>(o.type)];
+    d["default"] = option_value(defaults, o);
+    d["range"] = o.range_text();
+    d["help"] = std::string(o.help);
+    if (o.type == pl::OptionType::integer || o.type == pl::OptionType::real) {
+      d["min"] = o.type == pl::OptionType::integer ? py::object(py::int_(static_cast<std::uint64_t>(o.min))) : py::object(py::float_(o.min));
+      d["max"] = o.type == pl::OptionType::integer ? py::object(py::int_(o.max >= 1.8446744073709552e19 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(o.max)))
+                                                   : py::object(py::float_(o.max));
+      d["min_exclusive"] = o.min_exclusive;
+    }
+    if (o.type == pl::OptionType::choice) {
+      py::list choices;
+      for (const auto w : o.choices) choices.append(std::string(w));
+      d["choices"] = choices;
+    }
+    out.append(d);
+  }
+  return out;
 }
 
 pl::LoaderConfig to_config(const py::dict& d) {
   pl::LoaderConfig c;
   c.dataset = d["dataset"].cast<std::string>();
   if (d.contains("list_root") && !d["list_root"].is_none()) c.list_root = d["list_root"].cast<std::string>();
-  c.batch_size = d["batch_size"].cast<std::size_t>();
-  c.threads = d["threads"].cast<unsigned>();
-  c.prefetch = d["prefetch"].cast<std::size_t>();
-  c.rank = d["rank"].cast<unsigned>();
-  c.world_size = d["world_size"].cast<unsigned>();
-  c.shuffle = d["shuffle"].cast<bool>();
-  c.drop_last = d["drop_last"].cast<bool>();
-  c.drop_last_batch = d["drop_last_batch"].cast<bool>();
-  c.seed = d["seed"].cast<std::uint64_t>();
-  c.transform.crop = pl::parse_crop_mode(text(d, "crop", "random"));
-  c.transform.size = d["size"].cast<int>();
-  c.transform.resize = d["resize"].cast<int>();
-  c.transform.flip = d["flip"].cast<bool>();
-  c.transform.layout = pl::parse_layout(text(d, "layout", "nchw-f32"));
-  const auto mean = d["mean"].cast<std::vector<float>>(), std = d["std"].cast<std::vector<float>>();
-  if (mean.size() != 3 || std.size() != 3) throw pinfeed::ConfigError("mean and std must have 3 values (R, G, B)");
-  for (std::size_t i = 0; i < 3; ++i) {
-    c.transform.mean[i] = mean[i];
-    c.transform.std[i] = std[i];
+  if (d.contains("rank")) c.rank = d["rank"].cast<unsigned>();
+  if (d.contains("world_size")) c.world_size = d["world_size"].cast<unsigned>();
+  // Every other key is an option of the table; an unknown one is an error.
+  for (const auto& [key, value] : d) {
+    const auto name = key.cast<std::string>();
+    if (name == "dataset" || name == "list_root" || name == "rank" || name == "world_size" || name == "mean" || name == "std") continue;
+    set_option(c, pl::loader_option(name), value);
   }
-  c.on_bad_sample = pl::parse_bad_sample_policy(text(d, "bad_sample", "replace"));
-  c.pin = d["pin"].cast<bool>();
-  if (d.contains("require_pinned")) c.require_pinned = d["require_pinned"].cast<bool>();
-  if (d.contains("max_classes")) c.max_classes = d["max_classes"].cast<std::size_t>();
-  if (d.contains("max_replaced_share")) c.max_replaced_share = d["max_replaced_share"].cast<double>();
-  c.watch_pressure = d["watch_pressure"].cast<bool>();
+  if (d.contains("mean")) {
+    const auto mean = d["mean"].cast<std::vector<float>>();
+    if (mean.size() != 3) throw pinfeed::ConfigError("mean must have 3 values (R, G, B)");
+    std::copy(mean.begin(), mean.end(), c.transform.mean.begin());
+  }
+  if (d.contains("std")) {
+    const auto deviation = d["std"].cast<std::vector<float>>();
+    if (deviation.size() != 3) throw pinfeed::ConfigError("std must have 3 values (R, G, B)");
+    std::copy(deviation.begin(), deviation.end(), c.transform.std.begin());
+  }
   c.validate();
   return c;
 }
@@ -233,6 +291,11 @@ PYBIND11_MODULE(_pinfeed, m) {
       .def("live_batches", &PyLoader::live_batches)
       .def("pin_report", &PyLoader::pin_report)
       .def("stats_json", &PyLoader::stats_json);
+  m.def("loader_options", &loader_options, "the loader's option table: name, type, default, range, help");
+  m.def("default_normalization", [] {
+    const pl::TransformConfig t;
+    return py::make_tuple(py::make_tuple(t.mean[0], t.mean[1], t.mean[2]), py::make_tuple(t.std[0], t.std[1], t.std[2]));
+  });
   m.def("set_log_level", [](const std::string& level) {
     const auto l = spdlog::level::from_str(level);
     if (l == spdlog::level::off && level != "off") throw pinfeed::ConfigError("log level '" + level + "' is not trace, debug, info, warning, error or off");

@@ -1,0 +1,108 @@
+// The loader's option table (options.hpp) against its readers: validate(),
+// the tools' flags (tools/loader_flags.hpp). Python and the C ABI are held to
+// the same table by tests/python/test_options.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "loader_flags.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/options.hpp"
+
+namespace pinfeed::loader {
+namespace {
+
+/// A value just outside the option's range, or a word not among its choices;
+/// empty for a boolean.
+std::string just_outside(const LoaderOption& o) {
+  switch (o.type) {
+    case OptionType::integer:
+      if (o.max < 1.8e19) return fmt::format("{}", static_cast<std::uint64_t>(o.max) + 1);
+      return "18446744073709551616";  // 2^64
+    case OptionType::real: return o.min_exclusive ? fmt::format("{}", o.min) : fmt::format("{}", o.max + 0.5);
+    case OptionType::choice: return "no-such-word";
+    case OptionType::boolean: return {};
+  }
+  return {};
+}
+
+LoaderConfig valid() {
+  LoaderConfig c;
+  c.dataset = "unused";
+  return c;
+}
+
+TEST(LoaderOptionsTest, EveryDefaultIsValidAndEveryOptionRejectsWhatIsOutsideItsRangeByName) {
+  ASSERT_GE(loader_options().size(), 25U);
+  EXPECT_NO_THROW(valid().validate()) << "a default-constructed config passes its own table";
+  for (const LoaderOption& o : loader_options()) {
+    EXPECT_EQ(o.default_text(), o.text(LoaderConfig{})) << o.name;
+    EXPECT_EQ(&loader_option(o.name), &o);
+    const std::string bad = just_outside(o);
+    if (bad.empty()) continue;
+    LoaderConfig c = valid();
+    try {
+      o.set_text(c, bad);
+      FAIL() << o.name << " accepted " << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(o.name), std::string::npos) << e.what();
+    }
+    // Round trip: the default's text sets the default back.
+    LoaderConfig d = valid();
+    o.set_text(d, o.default_text());
+    EXPECT_EQ(o.text(d), o.default_text()) << o.name;
+  }
+  EXPECT_THROW((void)loader_option("no_such_option"), ConfigError);
+}
+
+TEST(LoaderOptionsTest, ValidateChecksTheTableAndTheRulesBetweenFields) {
+  LoaderConfig c = valid();
+  c.threads = 5000;
+  EXPECT_THROW(c.validate(), ConfigError);
+  c = valid();
+  c.transform.crop = CropMode::center;
+  c.transform.size = 300;  // resize 256 < size
+  EXPECT_THROW(c.validate(), ConfigError);
+  c.transform.resize = 342;
+  EXPECT_NO_THROW(c.validate());
+  c = valid();
+  c.transform.scale_min = 0.9;
+  c.transform.scale_max = 0.5;
+  EXPECT_THROW(c.validate(), ConfigError);
+  c = valid();
+  c.rank = 2;
+  c.world_size = 2;
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
+TEST(LoaderOptionsTest, ToolFlagsCarryTheTablesDefaultsAndRejectWhatItRejects) {
+  for (const LoaderOption& o : loader_options()) {
+    LoaderConfig config;
+    CLI::App app;
+    // One option at a time: the helper takes an initializer list.
+    tools::add_loader_flags(app, config, {o.name});
+    app.parse(std::vector<std::string>{});  // no flag given: the table's default
+    EXPECT_EQ(o.text(config), o.default_text()) << o.name;
+    const std::string bad = just_outside(o);
+    if (bad.empty()) {
+      // A boolean flag flips the default.
+      const bool before = o.get_bool(config);
+      CLI::App flip;
+      tools::add_loader_flags(flip, config, {o.name});
+      const std::string flag = before ? "--no-" + o.flag().substr(2) : o.flag();
+      flip.parse(std::vector<std::string>{flag});
+      EXPECT_NE(o.get_bool(config), before) << flag;
+      continue;
+    }
+    CLI::App strict;
+    LoaderConfig other;
+    tools::add_loader_flags(strict, other, {o.name});
+    // CLI11 parses a reversed argv.
+    EXPECT_THROW(strict.parse(std::vector<std::string>{bad, o.flag()}), CLI::ValidationError) << o.flag() << " " << bad;
+  }
+}
+
+}  // namespace
+}  // namespace pinfeed::loader

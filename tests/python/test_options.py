@@ -1,0 +1,85 @@
+"""The loader's option table (options.hpp) against Python and the C ABI: the
+keyword defaults are the table's, what the table rejects Python rejects with
+the option's name, and the C ABI's init gives the table's defaults."""
+import ctypes
+import inspect
+import os
+
+import pytest
+
+import pinfeed
+from pinfeed import _pinfeed
+
+from test_loader import _Config
+
+OPTIONS = {o["name"]: o for o in _pinfeed.loader_options()}
+# Python keyword -> table name, where Python keeps the torchvision-like word.
+PY_NAMES = {"transform": "crop"}
+
+
+def small(dataset, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("size", 32)
+    kw.setdefault("threads", 2)
+    return pinfeed.Loader(str(dataset), **kw)
+
+
+def test_python_keyword_defaults_are_the_tables():
+    params = inspect.signature(pinfeed.Loader.__init__).parameters
+    checked = 0
+    for name, p in params.items():
+        table = OPTIONS.get(PY_NAMES.get(name, name))
+        if table is None or p.default is inspect.Parameter.empty:
+            continue
+        assert p.default == table["default"], name
+        checked += 1
+    assert checked >= 15
+    # Every option is documented in the docstring with its default and range.
+    for o in OPTIONS.values():
+        assert f"{o['name']}={o['default']!r}" in pinfeed.Loader.__doc__
+
+
+def _just_outside(o):
+    if o["type"] == "integer":
+        return o["max"] + 1
+    if o["type"] == "real":
+        return o["min"] if o["min_exclusive"] else o["max"] + 0.5
+    if o["type"] == "choice":
+        return "no-such-word"
+    return None
+
+
+@pytest.mark.parametrize("name", [n for n, o in OPTIONS.items()
+                                  if o["type"] != "boolean" and n not in ("crop", "pin", "require_pinned")])
+def test_python_rejects_what_the_table_rejects_naming_the_option(dataset, name):
+    with pytest.raises(ValueError, match=name):
+        small(dataset, **{name: _just_outside(OPTIONS[name])})
+
+
+def test_booleans_want_booleans_and_unknown_keywords_are_refused(dataset):
+    with pytest.raises(TypeError, match="roi_decode"):
+        small(dataset, roi_decode="yes")
+    with pytest.raises(TypeError, match="no_such_option"):
+        small(dataset, no_such_option=1)
+    # Options beyond the named keywords reach the loader.
+    loader = small(dataset, scale_min=0.5, ratio_max=1.5, dct_scaling=False)
+    images, _ = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32)
+
+
+def test_the_c_abis_defaults_are_the_tables():
+    lib = ctypes.CDLL(os.environ["PINFEED_CAPI"])
+    cfg = _Config()
+    lib.pinfeed_loader_config_init(ctypes.byref(cfg))
+    for field, _ in _Config._fields_:
+        o = OPTIONS.get(field)
+        if o is None:
+            continue
+        value = getattr(cfg, field)
+        if o["type"] == "choice":
+            value = value.decode()
+        elif o["type"] == "boolean":
+            value = bool(value)
+        assert value == o["default"], field
+    mean, std = _pinfeed.default_normalization()
+    assert tuple(cfg.mean) == pytest.approx(mean) and tuple(cfg.std) == pytest.approx(std)
