@@ -14,11 +14,7 @@
 
 namespace pinfeed::tools {
 
-/// Writes `csv` to prefix.csv and a script (a 900x540 PNG terminal, comma
-/// separated data, then `commands`, in which every {csv} names the data) to
-/// prefix.gp; runs gnuplot on it. Returns the PNG's path, or "" (with a
-/// note on stderr) when gnuplot is not installed. Throws DataError when a
-/// file cannot be written, Error when gnuplot fails.
+/// `commands` with every {csv} replaced by the data file's path.
 inline std::string with_data(std::string commands, const std::string& csv_path) {
   for (std::size_t at = commands.find("{csv}"); at != std::string::npos; at = commands.find("{csv}", at + csv_path.size())) {
     commands.replace(at, 5, csv_path);
@@ -26,6 +22,11 @@ inline std::string with_data(std::string commands, const std::string& csv_path) 
   return commands;
 }
 
+/// Writes `csv` to prefix.csv and a script (a 900x540 PNG terminal, comma
+/// separated data, then `commands`, in which every {csv} names the data) to
+/// prefix.gp; runs gnuplot on it. Returns the PNG's path, or "" (with a
+/// note on stderr) when gnuplot is not installed. Throws DataError when a
+/// file cannot be written, Error when gnuplot fails.
 inline std::string write_plot(const std::string& prefix, const std::string& csv, const std::string& commands,
                               const char* tool) {
   const std::string csv_path = prefix + ".csv", png = prefix + ".png", gp = prefix + ".gp";

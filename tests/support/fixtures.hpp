@@ -34,7 +34,7 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-/// Writes `text` to root/relative, creating folders. Writes to a temporary
+/// Writes `text` to `path`, creating folders. Writes to a temporary
 /// name and renames, so a concurrent reader sees the old or the new file.
 inline void write_file(const std::filesystem::path& path, std::string_view text) {
   std::filesystem::create_directories(path.parent_path());
@@ -46,13 +46,13 @@ inline void write_file(const std::filesystem::path& path, std::string_view text)
   std::filesystem::rename(tmp, path);
 }
 
-/// Copies a fixture procfs tree from tests/data/procfs/<name> into `dest`.
 /// A /proc/pressure/memory file with these avg10 percentages.
 inline std::string psi(double some, double full) {
   return fmt::format("some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10={:.2f} avg60=0.00 avg300=0.00 total=1\n",
                      some, full);
 }
 
+/// Copies a fixture procfs tree from tests/data/procfs/<name> into `dest`.
 inline void copy_fixture(std::string_view name, const std::filesystem::path& dest) {
   std::filesystem::copy(data_dir() / "procfs" / std::string(name), dest,
                         std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);

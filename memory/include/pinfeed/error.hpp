@@ -32,7 +32,7 @@ class DataError : public Error {
   std::string reason_;
 };
 
-/// A CUDA runtime call failed (see cuda_runtime.hpp).
+/// A CUDA runtime call failed (memory/cuda_host.hpp, the trainer's CUDA backend).
 class CudaError : public Error {
  public:
   using Error::Error;

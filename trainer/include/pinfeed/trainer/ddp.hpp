@@ -11,7 +11,7 @@
 //   model's backward), the comm stream waits for the compute stream's event
 //   and all-reduces the bucket (average over the world) while backward goes
 //   on: a comm stream on a GPU, a comm worker thread on the CPU backend.
-// - finish() makes the compute stream wait for the last bucket, so the
+// - finish_backward() makes the compute stream wait for the last bucket, so the
 //   optimizer step sees averaged gradients.
 // - no_sync: with sync=false, backward only accumulates locally (gradient
 //   accumulation); the next synchronized backward reduces the sum.

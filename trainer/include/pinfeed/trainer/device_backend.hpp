@@ -4,9 +4,10 @@
 // host-to-device copies, and the handful of math operations the reference
 // model needs, all enqueued on a stream.
 //
-//   CudaBackend  the CUDA runtime: cudaMallocAsync-free plain cudaMalloc,
+//   CudaBackend  the CUDA runtime: plain cudaMalloc (allocation happens
+//                before training, never per step),
 //                cudaMemcpyAsync, events, cuBLAS (loaded at run time) and
-//                our kernels (kernels.cu).
+//                our kernels (cuda_kernels.cu).
 //   CpuBackend   real memory and one worker thread per stream, so ordering,
 //                asynchrony and completion are exercised in every test run.
 //                Its math is plain C++ and OpenBLAS (cblas_sgemm).
