@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
   app.add_option("--reserve", o.reserve_bytes, "memory to keep free before the fraction applies (e.g. 4GiB)")
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--pin-method", o.pin_method, "auto, mlock or cuda: mlock is charged to RLIMIT_MEMLOCK")
-      ->check(CLI::IsMember({"auto", "mlock", "cuda"}));
+      ->check(CLI::IsMember(pinfeed::enum_choices(pinfeed::memory::kPinMethodWords)));
   app.add_option("--gpu-mem", o.gpu_memory_bytes, "memory per GPU for the 2x host RAM rule (default: GPU 0's)")
       ->transform(CLI::AsSizeValue(false));
   auto* w = app.add_option("--watch", o.watch_seconds, "stream a line per sample every SECONDS (default 1)")

@@ -24,15 +24,7 @@ ImageFormat sniff_format(std::span<const std::byte> d) noexcept {
   return ImageFormat::unknown;
 }
 
-std::string_view to_string(ImageFormat f) noexcept {
-  switch (f) {
-    case ImageFormat::jpeg: return "jpeg";
-    case ImageFormat::png: return "png";
-    case ImageFormat::webp: return "webp";
-    case ImageFormat::unknown: return "unknown";
-  }
-  return "?";
-}
+std::string_view to_string(ImageFormat f) noexcept { return enum_word(kImageFormatWords, f); }
 
 std::string_view extension(ImageFormat f) noexcept {
   switch (f) {

@@ -35,10 +35,9 @@ namespace flow = oneapi::tbb::flow;
 namespace pinfeed::loader {
 
 BadSamplePolicy parse_bad_sample_policy(std::string_view text) {
-  if (text == "replace") return BadSamplePolicy::replace;
-  if (text == "fail") return BadSamplePolicy::fail;
-  throw ConfigError(fmt::format("bad-sample policy '{}' is not one of replace, fail", text));
+  return parse_enum(kBadSamplePolicyWords, text, "bad-sample policy");
 }
+std::string_view to_string(BadSamplePolicy p) noexcept { return enum_word(kBadSamplePolicyWords, p); }
 
 void LoaderConfig::validate() const {
   if (dataset.empty()) throw ConfigError("loader dataset: no path given");

@@ -74,7 +74,7 @@ LoaderOption choice(std::string_view name, std::vector<std::string_view> choices
 std::string_view print_pin_method(memory::PinMethod m) { return memory::to_string(m); }
 std::string_view print_crop(CropMode m) { return to_string(m); }
 std::string_view print_layout(Layout l) { return to_string(l); }
-std::string_view print_policy(BadSamplePolicy p) { return p == BadSamplePolicy::fail ? "fail" : "replace"; }
+std::string_view print_policy(BadSamplePolicy p) { return to_string(p); }
 
 std::vector<LoaderOption> make_options() {
   using L = LoaderConfig;
@@ -89,7 +89,7 @@ std::vector<LoaderOption> make_options() {
       boolean<&L::drop_last>("drop_last", "trim the dataset to a multiple of the world size instead of padding"),
       boolean<&L::drop_last_batch>("drop_last_batch", "drop each rank's last partial batch"),
       choice<&parse_crop_mode, &print_crop, &L::transform, &T::crop>(
-          "crop", {"random", "center", "full"},
+          "crop", enum_choices(kCropModeWords),
           "random (RandomResizedCrop + flip), center (Resize + CenterCrop), full (the whole image resized)"),
       integer<&L::transform, &T::size>("size", kMinImageSize, kMaxImageSize, "output height and width, pixels"),
       integer<&L::transform, &T::resize>("resize", kMinImageSize, kMaxResize,
@@ -100,11 +100,11 @@ std::vector<LoaderOption> make_options() {
       real<&L::transform, &T::ratio_max>("ratio_max", 0, true, kMaxAspectRatio, "RandomResizedCrop: largest aspect ratio"),
       boolean<&L::transform, &T::flip>("flip", "random horizontal flip (random crop only)"),
       choice<&parse_layout, &print_layout, &L::transform, &T::layout>(
-          "layout", {"nchw-f32", "nhwc-u8"}, "nchw-f32 (normalized float32) or nhwc-u8 (to normalize on the device)"),
+          "layout", enum_choices(kLayoutWords), "nchw-f32 (normalized float32) or nhwc-u8 (to normalize on the device)"),
       boolean<&L::transform, &T::dct_scaling>("dct_scaling", "decode at 1/2, 1/4, 1/8 where the output allows"),
       boolean<&L::transform, &T::roi_decode>("roi_decode", "decode only the crop's region"),
       choice<&parse_bad_sample_policy, &print_policy, &L::on_bad_sample>(
-          "bad_sample", {"replace", "fail"}, "a sample that cannot be decoded: replace it (counted) or fail"),
+          "bad_sample", enum_choices(kBadSamplePolicyWords), "a sample that cannot be decoded: replace it (counted) or fail"),
       integer<&L::max_replacements>("max_replacements", 0, 1024, "substitutes tried for one bad sample"),
       real<&L::max_replaced_share>("max_replaced_share", 0, false, 1,
                                    "share of an epoch that bad samples may replace before it fails"),
@@ -115,7 +115,7 @@ std::vector<LoaderOption> make_options() {
       boolean<&L::pin>("pin", "page-lock the pool's slots within the budget"),
       boolean<&L::require_pinned>("require_pinned", "fail instead of running with pageable slots"),
       choice<&memory::parse_pin_method, &print_pin_method, &L::pin_method>(
-          "pin_method", {"auto", "mlock", "cuda"}, "auto (cuda with a device, else mlock), mlock or cuda"),
+          "pin_method", enum_choices(memory::kPinMethodWords), "auto (cuda with a device, else mlock), mlock or cuda"),
       real<&L::pinned_fraction>("pinned_fraction", 0, true, 1, "share of available memory the pool may pin"),
       integer<&L::local_ranks>("local_ranks", 0, 4096, "processes sharing this host's memory (0: from the launcher)"),
       boolean<&L::watch_pressure>("watch_pressure", "follow memory pressure: pageable under pressure, pinned after"),

@@ -19,29 +19,13 @@
 
 namespace pinfeed::loader {
 
-CropMode parse_crop_mode(std::string_view text) {
-  if (text == "random") return CropMode::random_resized;
-  if (text == "center") return CropMode::center;
-  if (text == "full") return CropMode::full;
-  throw ConfigError(fmt::format("crop '{}' is not one of random, center, full", text));
-}
+CropMode parse_crop_mode(std::string_view text) { return parse_enum(kCropModeWords, text, "crop"); }
 
-Layout parse_layout(std::string_view text) {
-  if (text == "nhwc-u8") return Layout::nhwc_u8;
-  if (text == "nchw-f32") return Layout::nchw_f32;
-  throw ConfigError(fmt::format("layout '{}' is not one of nhwc-u8, nchw-f32", text));
-}
+Layout parse_layout(std::string_view text) { return parse_enum(kLayoutWords, text, "layout"); }
 
-std::string_view to_string(CropMode m) noexcept {
-  switch (m) {
-    case CropMode::random_resized: return "random";
-    case CropMode::center: return "center";
-    case CropMode::full: return "full";
-  }
-  return "?";
-}
+std::string_view to_string(CropMode m) noexcept { return enum_word(kCropModeWords, m); }
 
-std::string_view to_string(Layout l) noexcept { return l == Layout::nhwc_u8 ? "nhwc-u8" : "nchw-f32"; }
+std::string_view to_string(Layout l) noexcept { return enum_word(kLayoutWords, l); }
 
 void TransformConfig::validate() const {
   if (size < kMinImageSize || size > kMaxImageSize) {

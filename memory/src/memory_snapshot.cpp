@@ -13,14 +13,7 @@ namespace fs = std::filesystem;
 
 namespace pinfeed::memory {
 
-std::string_view to_string(CgroupVersion v) noexcept {
-  switch (v) {
-    case CgroupVersion::none: return "none";
-    case CgroupVersion::v1: return "v1";
-    case CgroupVersion::v2: return "v2";
-  }
-  return "?";
-}
+std::string_view to_string(CgroupVersion v) noexcept { return enum_word(kCgroupVersionWords, v); }
 
 namespace {
 

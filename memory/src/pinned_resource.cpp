@@ -15,21 +15,9 @@
 
 namespace pinfeed::memory {
 
-PinMethod parse_pin_method(std::string_view text) {
-  if (text == "auto") return PinMethod::automatic;
-  if (text == "mlock") return PinMethod::mlock;
-  if (text == "cuda") return PinMethod::cuda_register;
-  throw ConfigError(fmt::format("pin method '{}' is not one of auto, mlock, cuda", text));
-}
+PinMethod parse_pin_method(std::string_view text) { return parse_enum(kPinMethodWords, text, "pin method"); }
 
-std::string_view to_string(PinMethod method) noexcept {
-  switch (method) {
-    case PinMethod::automatic: return "auto";
-    case PinMethod::mlock: return "mlock";
-    case PinMethod::cuda_register: return "cuda";
-  }
-  return "?";
-}
+std::string_view to_string(PinMethod method) noexcept { return enum_word(kPinMethodWords, method); }
 
 namespace {
 PinMethod resolve(PinMethod method) {

@@ -10,15 +10,7 @@
 
 namespace pinfeed::memory {
 
-std::string_view to_string(Verdict v) noexcept {
-  switch (v) {
-    case Verdict::pin: return "pin";
-    case Verdict::pin_reduced: return "pin-reduced";
-    case Verdict::pageable: return "pageable";
-    case Verdict::does_not_fit: return "does-not-fit";
-  }
-  return "?";
-}
+std::string_view to_string(Verdict v) noexcept { return enum_word(kVerdictWords, v); }
 
 std::uint64_t batch_bytes_from_shape(std::string_view shape) {
   const auto bad = [&](std::string_view why) {

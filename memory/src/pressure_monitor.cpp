@@ -9,14 +9,7 @@
 
 namespace pinfeed::memory {
 
-std::string_view to_string(PressureLevel level) noexcept {
-  switch (level) {
-    case PressureLevel::normal: return "normal";
-    case PressureLevel::elevated: return "elevated";
-    case PressureLevel::critical: return "critical";
-  }
-  return "?";
-}
+std::string_view to_string(PressureLevel level) noexcept { return enum_word(kPressureLevelWords, level); }
 
 void PressureMonitor::Config::validate() const {
   if (period.count() < 10 || period.count() > 60'000) {

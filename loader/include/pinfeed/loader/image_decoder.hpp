@@ -17,10 +17,15 @@
 #include <utility>
 
 #include "pinfeed/loader/jpeg_decoder.hpp"
+#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::loader {
 
 enum class ImageFormat { jpeg, png, webp, unknown };
+inline constexpr std::array<EnumWord<ImageFormat>, 4> kImageFormatWords{{{ImageFormat::jpeg, "jpeg"},
+                                                                        {ImageFormat::png, "png"},
+                                                                        {ImageFormat::webp, "webp"},
+                                                                        {ImageFormat::unknown, "unknown"}}};
 /// From the first bytes: FF D8 (JPEG), the PNG signature, RIFF....WEBP.
 ImageFormat sniff_format(std::span<const std::byte> data) noexcept;
 std::string_view to_string(ImageFormat f) noexcept;  ///< "jpeg", "png", "webp", "unknown"

@@ -36,6 +36,7 @@
 #include "pinfeed/memory/pageable_resource.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
+#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::loader {
 
@@ -48,7 +49,10 @@ inline constexpr unsigned kMaxThreads = 1024;
 inline constexpr std::uint64_t kMaxImagePixelsCeiling = 1ULL << 40;
 
 enum class BadSamplePolicy { replace, fail };
+inline constexpr std::array<EnumWord<BadSamplePolicy>, 2> kBadSamplePolicyWords{
+    {{BadSamplePolicy::replace, "replace"}, {BadSamplePolicy::fail, "fail"}}};
 BadSamplePolicy parse_bad_sample_policy(std::string_view text);  ///< "replace", "fail"
+std::string_view to_string(BadSamplePolicy p) noexcept;
 
 struct LoaderConfig {
   std::string dataset;                       ///< folder, file list, or tar shard(s) (see open_dataset)

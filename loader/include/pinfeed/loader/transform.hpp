@@ -25,6 +25,7 @@
 
 #include "pinfeed/loader/jpeg_decoder.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
+#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::loader {
 
@@ -37,6 +38,9 @@ inline constexpr double kMaxAspectRatio = 100.0;
 
 enum class CropMode { random_resized, center, full };
 enum class Layout { nhwc_u8, nchw_f32 };
+inline constexpr std::array<EnumWord<CropMode>, 3> kCropModeWords{
+    {{CropMode::random_resized, "random"}, {CropMode::center, "center"}, {CropMode::full, "full"}}};
+inline constexpr std::array<EnumWord<Layout>, 2> kLayoutWords{{{Layout::nchw_f32, "nchw-f32"}, {Layout::nhwc_u8, "nhwc-u8"}}};
 CropMode parse_crop_mode(std::string_view text);  ///< "random", "center", "full"; ConfigError otherwise
 Layout parse_layout(std::string_view text);       ///< "nhwc-u8", "nchw-f32"; ConfigError otherwise
 std::string_view to_string(CropMode m) noexcept;

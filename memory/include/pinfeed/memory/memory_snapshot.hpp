@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "pinfeed/enum_words.hpp"
+
 namespace pinfeed::memory {
 
 /// One line of a PSI file: percentages of wall time stalled, and total µs.
@@ -27,6 +29,8 @@ struct Psi {
 };
 
 enum class CgroupVersion { none, v1, v2 };
+inline constexpr std::array<EnumWord<CgroupVersion>, 3> kCgroupVersionWords{
+    {{CgroupVersion::none, "none"}, {CgroupVersion::v1, "v1"}, {CgroupVersion::v2, "v2"}}};
 std::string_view to_string(CgroupVersion v) noexcept;
 
 struct CgroupMemory {

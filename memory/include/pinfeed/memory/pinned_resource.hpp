@@ -24,10 +24,13 @@
 
 #include "pinfeed/memory/host_resource.hpp"
 #include "pinfeed/units.hpp"
+#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::memory {
 
 enum class PinMethod { automatic, mlock, cuda_register };
+inline constexpr std::array<EnumWord<PinMethod>, 3> kPinMethodWords{
+    {{PinMethod::automatic, "auto"}, {PinMethod::mlock, "mlock"}, {PinMethod::cuda_register, "cuda"}}};
 
 /// "auto", "mlock", "cuda"; ConfigError for anything else.
 PinMethod parse_pin_method(std::string_view text);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pinfeed/memory/pinned_budget.hpp"
+#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::memory {
 
@@ -58,6 +59,10 @@ struct PoolPlanRequest {
 
 /// does_not_fit: the pool would not fit in memory at all, pinned or not.
 enum class Verdict { pin, pin_reduced, pageable, does_not_fit };
+inline constexpr std::array<EnumWord<Verdict>, 4> kVerdictWords{{{Verdict::pin, "pin"},
+                                                                 {Verdict::pin_reduced, "pin-reduced"},
+                                                                 {Verdict::pageable, "pageable"},
+                                                                 {Verdict::does_not_fit, "does-not-fit"}}};
 std::string_view to_string(Verdict v) noexcept;
 
 struct PoolPlan {

@@ -23,10 +23,13 @@
 #include <thread>
 
 #include "pinfeed/memory/memory_snapshot.hpp"
+#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::memory {
 
 enum class PressureLevel { normal = 0, elevated = 1, critical = 2 };
+inline constexpr std::array<EnumWord<PressureLevel>, 3> kPressureLevelWords{
+    {{PressureLevel::normal, "normal"}, {PressureLevel::elevated, "elevated"}, {PressureLevel::critical, "critical"}}};
 std::string_view to_string(PressureLevel level) noexcept;
 
 /// A level is entered when ANY signal reaches its threshold.
