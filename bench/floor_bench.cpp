@@ -162,7 +162,7 @@ void print_report(const json& j) {
 /// writing the output into a cold pool-sized pinned buffer. Their sum
 /// against the matching decode is the least overhead the loader can have.
 int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::size_t evict_mib, bool as_json) {
-  const unsigned threads = config.threads != 0 ? config.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
+  const unsigned threads = pl::default_threads(config.threads);
   const auto dataset = pl::open_dataset(config.dataset, config.list_root);
   const pl::TransformConfig& t = config.transform;
   const std::size_t n_files = std::min<std::size_t>(dataset->size(), 2000);

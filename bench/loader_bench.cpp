@@ -173,7 +173,7 @@ void print_report(const json& j) {
 
 int run_loader_bench(pl::LoaderConfig config, std::size_t epochs, std::size_t repeat, std::size_t ceiling_files,
                      bool as_json) {
-  const unsigned threads = config.threads != 0 ? config.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
+  const unsigned threads = pl::default_threads(config.threads);
   const auto dataset = pl::open_dataset(config.dataset, config.list_root);
   pl::Loader loader(config);
   const LoaderRuns runs = measure(loader, *dataset, config, threads, epochs, repeat, ceiling_files);

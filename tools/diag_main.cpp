@@ -194,8 +194,7 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
                 {"reason", r.reason}};
       if (pool) {
         const auto st = pool->stats();
-        line["pool"] = {{"pinned_slots", st.pinned_slots}, {"pageable_slots", st.pageable_slots},
-                        {"pinned_bytes", st.pinned_bytes}, {"pageable_bytes", st.pageable_bytes}};
+        line["pool"] = st;
       }
       fmt::print("{}\n", line.dump());
     } else {

@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   pt::TrainConfig config;
   config.loader.transform.size = 64;
   config.model.pool = 4;
-  std::string devices = "auto", hidden = "256", compare_out = "compare";
+  std::string devices = "auto", compare_out = "compare";
   double bucket_mb = 25;
   int compare = 0;
   bool as_json = false, quiet = false, host_normalize = false;
@@ -121,7 +121,10 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", config.resume, "continue from --checkpoint");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
   app.add_option("--pool", config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
-  app.add_option("--hidden", hidden, "hidden layer widths, comma separated");
+  app.add_option("--hidden", config.model.hidden, "hidden layer widths, comma separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   // The loader's own options, from its table (seed also draws the initial
   // weights; threads are shared by the workers; prefetch is per worker).
   pinfeed::tools::add_loader_flags(app, config.loader,
@@ -138,19 +141,6 @@ int main(int argc, char** argv) {
 
   return pinfeed::tools::run_tool("pinfeed-train", app, argc, argv, [&] {
     spdlog::set_level(quiet || as_json ? spdlog::level::warn : spdlog::level::info);
-    config.model.hidden.clear();
-    for (std::size_t start = 0; start <= hidden.size();) {
-      const auto comma = hidden.find(',', start);
-      const std::string item = hidden.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      int width = 0;
-      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), width);
-      if (item.empty() || ec != std::errc{} || end != item.data() + item.size() || width < 1 || width > 65536) {
-        throw pinfeed::ConfigError(fmt::format("--hidden '{}': '{}' is not a width in 1..65536", hidden, item));
-      }
-      config.model.hidden.push_back(width);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
     config.devices = pt::parse_devices(devices);
     config.device_normalize = !host_normalize;
     config.ddp.bucket_cap_bytes = static_cast<std::size_t>(bucket_mb * 1024 * 1024);

@@ -1,5 +1,7 @@
 #include "pinfeed/loader/dataset_tools.hpp"
 
+#include "pinfeed/loader/loader.hpp"
+
 #include <fmt/format.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/enumerable_thread_specific.h>
@@ -42,7 +44,7 @@ class ProgressReporter {
 
 template <typename F>
 void run_parallel(unsigned threads, std::size_t n, F&& body) {
-  const int t = threads != 0 ? static_cast<int>(threads) : oneapi::tbb::info::default_concurrency();
+  const auto t = static_cast<int>(default_threads(threads));
   oneapi::tbb::global_control control(oneapi::tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(t));
   oneapi::tbb::task_arena arena(t);
   arena.execute([&] {

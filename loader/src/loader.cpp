@@ -34,6 +34,10 @@ namespace flow = oneapi::tbb::flow;
 
 namespace pinfeed::loader {
 
+unsigned default_threads(unsigned requested) {
+  return requested != 0 ? requested : static_cast<unsigned>(std::max(1, oneapi::tbb::info::default_concurrency()));
+}
+
 BadSamplePolicy parse_bad_sample_policy(std::string_view text) {
   return parse_enum(kBadSamplePolicyWords, text, "bad-sample policy");
 }
@@ -393,20 +397,7 @@ std::string stats_json(const LoaderStats& s) {
                            {"in_flight", s.in_flight},
                            {"pinned_batches", s.pinned_batches},
                            {"pageable_batches", s.pageable_batches}};
-  j["pool"] = {{"slots", s.pool.slots},
-               {"slot_bytes", s.pool.slot_bytes},
-               {"pinned_slots", s.pool.pinned_slots},
-               {"pageable_slots", s.pool.pageable_slots},
-               {"pinned_bytes", s.pool.pinned_bytes},
-               {"pageable_bytes", s.pool.pageable_bytes},
-               {"free_slots", s.pool.free_slots},
-               {"leased_slots", s.pool.leased_slots},
-               {"fenced_slots", s.pool.fenced_slots},
-               {"acquire_waits", s.pool.acquire_waits},
-               {"acquire_wait_seconds", s.pool.acquire_wait_seconds},
-               {"to_pageable", s.pool.to_pageable},
-               {"to_pinned", s.pool.to_pinned},
-               {"pressure", std::string(memory::to_string(s.pool.level))}};
+  j["pool"] = s.pool;
   return j.dump();
 }
 
@@ -511,7 +502,7 @@ Loader::Loader(LoaderConfig config)
       sampler_(sampler_config(config_, dataset_->size())),
       pinned_(pinned_config(config_)) {
   const unsigned threads =
-      config_.threads != 0 ? config_.threads : static_cast<unsigned>(oneapi::tbb::info::default_concurrency());
+      default_threads(config_.threads);
   const unsigned local_ranks =
       config_.local_ranks != 0 ? config_.local_ranks : static_cast<unsigned>(std::max(1, read_launch_env().local_size));
 

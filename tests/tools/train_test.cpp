@@ -113,7 +113,7 @@ TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
   EXPECT_NE(r.err.find("pool 4 must divide"), std::string::npos) << r.err;
   r = train(d + "--resume --devices cpu:1");
   EXPECT_EQ(r.rc, 2);
-  for (const char* hidden : {"4x", "4,", "0", "-3", "99999999999"}) {
+  for (const char* hidden : {"4x", "0", "-3", "99999999999", "4,x"}) {
     r = train(d + "--devices cpu:1 --batch-size 8 --hidden " + hidden);
     EXPECT_EQ(r.rc, 2) << "--hidden " << hidden;
     EXPECT_NE(r.err.find("--hidden"), std::string::npos) << r.err;

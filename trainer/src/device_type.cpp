@@ -34,7 +34,7 @@ DeviceSpec parse_devices(std::string_view text) {
     for (const DeviceType* t : device_types()) {
       if (t->indexed && t->visible() > 0) return parse_devices(fmt::format("{}:all", t->name));
     }
-    return parse_devices(fmt::format("cpu:{}", std::min(2U, std::max(1U, std::thread::hardware_concurrency()))));
+    return parse_devices(fmt::format("cpu:{}", std::min(2U, loader::default_threads())));
   }
   const auto colon = text.find(':');
   const std::string_view name = text.substr(0, colon);

@@ -85,8 +85,7 @@ loader::LoaderConfig Worker::training_loader_config() const {
   lc.batch_size = micro_batch_;
   lc.drop_last_batch = true;  // every step has the global batch
   lc.transform.layout = cfg_.device_normalize ? loader::Layout::nhwc_u8 : loader::Layout::nchw_f32;
-  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
-  const unsigned threads = cfg_.loader.threads == 0 ? cores : cfg_.loader.threads;
+  const unsigned threads = loader::default_threads(cfg_.loader.threads);
   lc.threads = std::max(1U, threads / static_cast<unsigned>(group_.local_workers));
   // Every loader of every worker on this host shares its memory: the pinned
   // budget and the pool-fit allowance are split across all of them.

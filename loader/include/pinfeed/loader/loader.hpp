@@ -45,6 +45,11 @@ inline constexpr std::size_t kMaxPrefetch = 256;
 /// The largest batch and thread count a loader accepts.
 inline constexpr std::size_t kMaxBatchSize = 65536;
 inline constexpr unsigned kMaxThreads = 1024;
+/// `requested` threads, or (0) the cores this process may use: oneTBB's
+/// default concurrency, which follows the affinity mask and cgroup CPU
+/// limits. The one place a default thread count comes from.
+unsigned default_threads(unsigned requested = 0);
+
 /// The largest max_image_pixels (2^40: a terapixel image is never a sample).
 inline constexpr std::uint64_t kMaxImagePixelsCeiling = 1ULL << 40;
 

@@ -42,6 +42,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pinfeed/memory/fence.hpp"
 #include "pinfeed/memory/host_resource.hpp"
 #include "pinfeed/memory/pool_policy.hpp"
@@ -115,6 +117,32 @@ struct PoolStats {
   /// settled pool serves batches.
   std::uint64_t maintenance_rounds = 0;
 };
+
+/// The one JSON form of PoolStats (nlohmann's to_json: `json j = stats;`),
+/// used by the loader's stats and pinfeed-diag.
+template <class Json>
+void to_json(Json& j, const PoolStats& s) {
+  j = Json{{"slots", s.slots},
+                     {"slot_bytes", s.slot_bytes},
+                     {"slabs", s.slabs},
+                     {"pinned_slots", s.pinned_slots},
+                     {"pageable_slots", s.pageable_slots},
+                     {"pinned_bytes", s.pinned_bytes},
+                     {"pageable_bytes", s.pageable_bytes},
+                     {"free_slots", s.free_slots},
+                     {"leased_slots", s.leased_slots},
+                     {"fenced_slots", s.fenced_slots},
+                     {"pending_slots", s.pending_slots},
+                     {"acquires", s.acquires},
+                     {"acquire_waits", s.acquire_waits},
+                     {"acquire_wait_seconds", s.acquire_wait_seconds},
+                     {"to_pageable", s.to_pageable},
+                     {"to_pinned", s.to_pinned},
+                     {"failed_pins", s.failed_pins},
+                     {"maintenance_rounds", s.maintenance_rounds},
+                     {"pressure", std::string(to_string(s.level))}};
+}
+
 
 /// Every live BufferPool of this process added up: what the process holds
 /// pinned and pageable for batches (every loader, training and validation,
