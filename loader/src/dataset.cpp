@@ -310,13 +310,13 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
   check_max_classes(max_classes);
   if (shards_.empty()) throw ConfigError("tar shards: no shard given");
   std::int64_t max_label = -1;
-  try {
+  {  // the descriptors are owned by fds_ from the start: a throw closes them
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       const fs::path& path = shards_[s];
       RegularFile file(path, "a tar shard");
       const std::uint64_t file_size = file.size();
-      const int fd = file.release();
-      fds_.push_back(fd);
+      fds_.push_back(file.take());
+      const int fd = fds_.back().get();
       // key -> (image member, label); WebDataset keys are the name up to the
       // first dot of the base name.
       std::map<std::string, std::pair<std::optional<Member>, std::optional<std::int64_t>>> by_key;
@@ -349,20 +349,14 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
         max_label = std::max(max_label, *label);
       }
     }
-  } catch (...) {
-    for (const int fd : fds_) ::close(fd);
-    throw;
   }
   if (samples_.empty()) {
-    for (const int fd : fds_) ::close(fd);
     throw DataError(shards_.front(), "dataset is empty: no key.jpg + key.cls pairs in the shards");
   }
   num_classes_ = static_cast<std::size_t>(max_label + 1);
 }
 
-TarShards::~TarShards() {
-  for (const int fd : fds_) ::close(fd);
-}
+TarShards::~TarShards() = default;
 
 std::string TarShards::describe(std::size_t i) const {
   const Sample& s = samples_.at(i);
@@ -373,7 +367,7 @@ void TarShards::read(std::size_t i, std::vector<std::byte>& out) const {
   const Sample& s = samples_.at(i);
   if (s.size > kMaxSampleBytes) throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
   out.resize(s.size);
-  pread_exact(fds_[s.shard], out.data(), s.size, s.offset, shards_[s.shard], s.key.c_str());
+  pread_exact(fds_[s.shard].get(), out.data(), s.size, s.offset, shards_[s.shard], s.key.c_str());
 }
 
 std::string TarShards::summary() const {

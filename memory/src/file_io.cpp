@@ -25,35 +25,23 @@ std::string_view file_kind(unsigned mode) noexcept {
   }
 }
 
+void UniqueFd::reset(int fd) noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
 RegularFile::RegularFile(const std::filesystem::path& path, std::string_view what) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd_ < 0) throw DataError(path, fmt::format("cannot open {}: {}", what, std::strerror(errno)));
+  fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd_) throw DataError(path, fmt::format("cannot open {}: {}", what, std::strerror(errno)));
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) {
-    const int e = errno;
-    ::close(fd_);
-    throw DataError(path, fmt::format("cannot stat {}: {}", what, std::strerror(e)));
-  }
+  if (::fstat(fd_.get(), &st) != 0) throw DataError(path, fmt::format("cannot stat {}: {}", what, std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd_);
     throw DataError(path, fmt::format("is {}, not a regular file (expected {})", file_kind(st.st_mode), what));
   }
   size_ = static_cast<std::uint64_t>(st.st_size);
-  const int flags = ::fcntl(fd_, F_GETFL);
-  if (flags >= 0) (void)::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
-}
-
-RegularFile::~RegularFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-RegularFile::RegularFile(RegularFile&& other) noexcept : fd_(other.fd_), size_(other.size_) { other.fd_ = -1; }
-
-int RegularFile::release() noexcept {
-  const int fd = fd_;
-  fd_ = -1;
-  return fd;
+  const int flags = ::fcntl(fd_.get(), F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd_.get(), F_SETFL, flags & ~O_NONBLOCK);
 }
 
 void read_regular_file(const std::filesystem::path& path, std::string_view what, std::uint64_t max_bytes,

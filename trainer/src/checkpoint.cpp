@@ -30,14 +30,6 @@ void put(std::vector<std::byte>& out, const T* p, std::size_t count) {
   out.insert(out.end(), b, b + count * sizeof(T));
 }
 
-/// An fd closed on every path.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 void write_all(int fd, const std::byte* p, std::size_t n, const std::filesystem::path& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
@@ -78,10 +70,10 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
   const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
   const std::filesystem::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
   try {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) throw DataError(tmp, fmt::format("cannot create: {}", std::strerror(errno)));
-    write_all(f.fd, out.data(), out.size(), tmp);
-    if (::fsync(f.fd) != 0) throw DataError(tmp, fmt::format("fsync failed: {}", std::strerror(errno)));
+    const UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!f) throw DataError(tmp, fmt::format("cannot create: {}", std::strerror(errno)));
+    write_all(f.get(), out.data(), out.size(), tmp);
+    if (::fsync(f.get()) != 0) throw DataError(tmp, fmt::format("fsync failed: {}", std::strerror(errno)));
   } catch (...) {
     ::unlink(tmp.c_str());  // a failed write (disk full) leaves no temporary behind
     throw;
@@ -92,8 +84,8 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
     ::unlink(tmp.c_str());
     throw DataError(path, fmt::format("cannot rename {} over it: {}", tmp.string(), std::strerror(e)));
   }
-  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (d.fd >= 0) (void)::fsync(d.fd);  // the rename itself durable; best effort
+  const UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (d) (void)::fsync(d.get());  // the rename itself durable; best effort
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path) {
@@ -157,11 +149,9 @@ void check_checkpoint_writable(const std::filesystem::path& path) {
   char host[256] = {};
   (void)::gethostname(host, sizeof host - 1);
   const fs::path probe = dir / fmt::format(".{}.probe.{}.{}", path.filename().string(), host, ::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    throw DataError(dir, fmt::format("checkpoint folder does not take a new file: {}", std::strerror(errno)));
-  }
-  ::close(fd);
+  UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) throw DataError(dir, fmt::format("checkpoint folder does not take a new file: {}", std::strerror(errno)));
+  fd.reset();
   ::unlink(probe.c_str());
 }
 

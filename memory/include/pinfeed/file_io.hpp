@@ -16,6 +16,34 @@ namespace pinfeed {
 /// What kind of file `mode` (st_mode) is, in words: "a FIFO", "a directory".
 std::string_view file_kind(unsigned mode) noexcept;
 
+/// A file descriptor, closed when its owner goes: the one way pinfeed owns
+/// one (RegularFile, tar shards, checkpoints). Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+  /// Gives the descriptor up: the caller closes it.
+  [[nodiscard]] int release() noexcept {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
 /// A read-only descriptor of a regular file, closed on scope exit.
 ///
 /// Opens with O_NONBLOCK (so a FIFO does not wait for a writer), checks with
@@ -25,20 +53,19 @@ std::string_view file_kind(unsigned mode) noexcept;
 class RegularFile {
  public:
   RegularFile(const std::filesystem::path& path, std::string_view what);
-  ~RegularFile();
   RegularFile(const RegularFile&) = delete;
   RegularFile& operator=(const RegularFile&) = delete;
-  RegularFile(RegularFile&& other) noexcept;
+  RegularFile(RegularFile&& other) noexcept = default;
   RegularFile& operator=(RegularFile&&) = delete;
 
-  [[nodiscard]] int fd() const noexcept { return fd_; }
+  [[nodiscard]] int fd() const noexcept { return fd_.get(); }
   /// Size from fstat at open time.
   [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
-  /// Gives the descriptor up: the caller closes it.
-  [[nodiscard]] int release() noexcept;
+  /// The descriptor, for an owner that outlives this object.
+  [[nodiscard]] UniqueFd take() noexcept { return std::move(fd_); }
 
  private:
-  int fd_ = -1;
+  UniqueFd fd_;
   std::uint64_t size_ = 0;
 };
 

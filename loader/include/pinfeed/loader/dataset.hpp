@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "pinfeed/file_io.hpp"
+
 namespace pinfeed::loader {
 
 class Dataset {
@@ -131,7 +133,7 @@ class TarShards final : public Dataset {
     std::string key;
   };
   std::vector<std::filesystem::path> shards_;
-  std::vector<int> fds_;
+  std::vector<UniqueFd> fds_;  // one per shard, open for the dataset's life
   std::vector<Sample> samples_;
   std::size_t num_classes_ = 0;
 };
