@@ -13,6 +13,7 @@ pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
 pkg_check_modules(SPNG REQUIRED IMPORTED_TARGET spng)
 pkg_check_modules(LIBWEBP REQUIRED IMPORTED_TARGET libwebp)
+find_package(ZLIB REQUIRED)  # crc32 of checkpoints
 # libyuv ships no CMake or pkg-config file in Debian.
 find_path(LIBYUV_INCLUDE_DIR libyuv.h REQUIRED)
 find_library(LIBYUV_LIBRARY NAMES yuv REQUIRED)

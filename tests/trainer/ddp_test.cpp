@@ -3,6 +3,7 @@
 // no_sync do not change the result; slots outlive their copies; checkpoints
 // resume exactly and survive a writer killed before the rename.
 #include <gtest/gtest.h>
+#include <zlib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -296,11 +297,7 @@ TEST_F(DdpTest, CraftedAndMisplacedCheckpointsAreNamedErrors) {
     out.append(reinterpret_cast<const char*>(&len), 8);
     out += header;
     out += text.substr(text.size() - 8 - 24, 24);
-    std::uint64_t sum = 0xcbf29ce484222325ULL;
-    for (const char ch : out) {
-      sum ^= static_cast<unsigned char>(ch);
-      sum *= 0x100000001b3ULL;
-    }
+    const std::uint64_t sum = crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(out.data()), out.size());
     out.append(reinterpret_cast<const char*>(&sum), 8);
     std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
   }
@@ -310,6 +307,19 @@ TEST_F(DdpTest, CraftedAndMisplacedCheckpointsAreNamedErrors) {
   } catch (const DataError& e) {
     EXPECT_EQ(e.path(), path);
     EXPECT_NE(e.reason().find("parameter"), std::string::npos) << e.reason();
+  }
+  // A checkpoint of the previous format says so instead of "corrupt".
+  {
+    save_checkpoint(path, ok);
+    std::string text = read_all(path);
+    text[7] = '1';
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+    try {
+      (void)load_checkpoint(path);
+      FAIL();
+    } catch (const DataError& e) {
+      EXPECT_NE(e.reason().find("format 01"), std::string::npos) << e.reason();
+    }
   }
   // Not a regular file: refused without blocking.
   const auto fifo = tmp.path() / "fifo.ckpt";

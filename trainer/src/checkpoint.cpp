@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
+#include <zlib.h>
 #include <nlohmann/json.hpp>
 
 #include "pinfeed/error.hpp"
@@ -14,14 +15,14 @@
 namespace pinfeed::trainer {
 namespace {
 
-constexpr char kMagic[8] = {'P', 'F', 'C', 'K', 'P', 'T', '0', '1'};
+// Format 02: magic, header length, JSON header, weights, momentum, then
+// zlib's CRC-32 of all of it in the last 8 bytes. (01 had a hand-written
+// FNV-1a there.)
+constexpr char kMagic[8] = {'P', 'F', 'C', 'K', 'P', 'T', '0', '2'};
+constexpr char kMagicV1[8] = {'P', 'F', 'C', 'K', 'P', 'T', '0', '1'};
 
-std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ULL) {
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= static_cast<std::uint64_t>(p[i]);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
+std::uint64_t checksum(const std::byte* p, std::size_t n) {
+  return crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(p), n);
 }
 
 template <class T>
@@ -64,7 +65,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
   put(out, header.data(), header.size());
   put(out, c.weights.data(), c.weights.size());
   put(out, c.momentum.data(), c.momentum.size());
-  const std::uint64_t sum = fnv1a(out.data(), out.size());
+  const std::uint64_t sum = checksum(out.data(), out.size());
   put(out, &sum, 1);
 
   const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
@@ -95,12 +96,16 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
 }
 
 Checkpoint parse_checkpoint(std::span<const std::byte> in, const std::filesystem::path& path) {
+  if (in.size() >= sizeof kMagicV1 && std::memcmp(in.data(), kMagicV1, sizeof kMagicV1) == 0) {
+    throw DataError(path, "checkpoint format 01, written by a pinfeed before 2026-12-01: resume it with that "
+                          "version, or start the run again");
+  }
   if (in.size() < sizeof kMagic + 16 || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0) {
     throw DataError(path, "not a pinfeed checkpoint (bad magic or too short)");
   }
   std::uint64_t stored = 0;
   std::memcpy(&stored, in.data() + in.size() - 8, 8);
-  if (fnv1a(in.data(), in.size() - 8) != stored) throw DataError(path, "checksum mismatch (truncated or corrupt)");
+  if (checksum(in.data(), in.size() - 8) != stored) throw DataError(path, "checksum mismatch (truncated or corrupt)");
   std::uint64_t len = 0;
   std::memcpy(&len, in.data() + 8, 8);
   if (len > in.size() - 24) throw DataError(path, "header length past the end of the file");
