@@ -66,7 +66,7 @@ void LoaderConfig::validate() const {
 
 namespace detail {
 
-struct Job {
+struct BatchPlan {
   std::size_t seq = 0;       // batch number in this run
   std::size_t position = 0;  // epoch position of its first sample
   std::size_t count = 0;     // samples in it
@@ -74,7 +74,7 @@ struct Job {
 using Token = int;
 
 struct Build {
-  Job job;
+  BatchPlan job;
   memory::SlotLease lease;
   std::vector<std::int64_t> labels;
   std::vector<std::size_t> indices;
@@ -100,10 +100,10 @@ struct EpochRun {
 
   // The graph. Built inside the arena so its tasks run there.
   std::unique_ptr<flow::graph> graph;
-  std::unique_ptr<flow::input_node<Job>> source;
+  std::unique_ptr<flow::input_node<BatchPlan>> source;
   std::unique_ptr<flow::buffer_node<Token>> tokens;
-  std::unique_ptr<flow::join_node<std::tuple<Job, Token>, flow::reserving>> join;
-  std::unique_ptr<flow::function_node<std::tuple<Job, Token>, BuildPtr>> assemble;
+  std::unique_ptr<flow::join_node<std::tuple<BatchPlan, Token>, flow::reserving>> join;
+  std::unique_ptr<flow::function_node<std::tuple<BatchPlan, Token>, BuildPtr>> assemble;
   std::unique_ptr<flow::sequencer_node<BuildPtr>> sequencer;
   std::unique_ptr<flow::function_node<BuildPtr, flow::continue_msg>> deliver;
 
@@ -275,7 +275,7 @@ struct EpochRun {
     }
   }
 
-  BuildPtr assemble_batch(const Job& job) {
+  BuildPtr assemble_batch(const BatchPlan& job) {
     auto b = std::make_shared<Build>();
     b->job = job;
     ++in_flight;
@@ -318,20 +318,20 @@ struct EpochRun {
 
   void build_graph(std::size_t prefetch) {
     graph = std::make_unique<flow::graph>();
-    source = std::make_unique<flow::input_node<Job>>(*graph, [this](oneapi::tbb::flow_control& fc) -> Job {
+    source = std::make_unique<flow::input_node<BatchPlan>>(*graph, [this](oneapi::tbb::flow_control& fc) -> BatchPlan {
       if (stopping.load() || next_job >= num_batches) {
         fc.stop();
         return {};
       }
       const std::size_t bs = config.batch_size;
-      Job j{next_job, start + next_job * bs, std::min(bs, order.size() - (start + next_job * bs))};
+      BatchPlan j{next_job, start + next_job * bs, std::min(bs, order.size() - (start + next_job * bs))};
       ++next_job;
       return j;
     });
     tokens = std::make_unique<flow::buffer_node<Token>>(*graph);
-    join = std::make_unique<flow::join_node<std::tuple<Job, Token>, flow::reserving>>(*graph);
-    assemble = std::make_unique<flow::function_node<std::tuple<Job, Token>, BuildPtr>>(
-        *graph, flow::unlimited, [this](const std::tuple<Job, Token>& in) { return assemble_batch(std::get<0>(in)); });
+    join = std::make_unique<flow::join_node<std::tuple<BatchPlan, Token>, flow::reserving>>(*graph);
+    assemble = std::make_unique<flow::function_node<std::tuple<BatchPlan, Token>, BuildPtr>>(
+        *graph, flow::unlimited, [this](const std::tuple<BatchPlan, Token>& in) { return assemble_batch(std::get<0>(in)); });
     sequencer = std::make_unique<flow::sequencer_node<BuildPtr>>(*graph, [](const BuildPtr& b) { return b->job.seq; });
     deliver = std::make_unique<flow::function_node<BuildPtr, flow::continue_msg>>(
         *graph, flow::serial, [this](const BuildPtr& b) {

@@ -411,14 +411,11 @@ bool BufferPool::slab_idle_locked(const Slab& slab) const {
   return true;
 }
 
-std::optional<BufferPool::Job> BufferPool::next_job_locked(bool idle_only) const {
-  const auto move =
-      next_pool_move(policy_locked(), slabs_, [this](std::size_t i) { return slab_idle_locked(slabs_[i]); }, idle_only);
-  if (!move) return std::nullopt;
-  return Job{move->slab, move->to_pinned, move->reason};
+std::optional<PoolMove> BufferPool::next_job_locked(bool idle_only) const {
+  return next_pool_move(policy_locked(), slabs_, [this](std::size_t i) { return slab_idle_locked(slabs_[i]); }, idle_only);
 }
 
-bool BufferPool::still_wanted_locked(const Job& job) const {
+bool BufferPool::still_wanted_locked(const PoolMove& job) const {
   // Asked about the prepared move itself (or one being prepared): its own
   // move is not counted as done, and a pin that succeeded ignores back-off.
   return pool_move_wanted(policy_locked(/*without_prepared=*/true), slabs_, job.slab, job.to_pinned);
@@ -463,7 +460,7 @@ void BufferPool::free_retired(std::unique_lock<std::mutex>& lock) {
   freeing_ = false;
 }
 
-void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const Job& job) {
+void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job) {
   moving_ = true;
   HostResource& target = job.to_pinned ? pinned_resource_ : pageable_resource_;
   const std::size_t bytes = slabs_[job.slab].bytes;

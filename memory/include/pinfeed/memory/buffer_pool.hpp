@@ -218,13 +218,8 @@ class BufferPool {
     std::shared_ptr<Fence> fence;
   };
 
-  struct Job {
-    std::size_t slab;
-    bool to_pinned;
-    std::string reason;
-  };
   struct Prepared {  // replacement memory waiting for its slab to go idle
-    Job job;
+    PoolMove job;
     std::byte* data;
     HostResource* owner;
   };
@@ -243,16 +238,16 @@ class BufferPool {
   void allocate_initial();
   void free_all_slabs() noexcept;
   void maintain(const std::stop_token& stop);
-  void run_job(std::unique_lock<std::mutex>& lock, const Job& job);
+  void run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job);
   bool try_swap_locked();
   void free_retired(std::unique_lock<std::mutex>& lock);
   // Note [Pool policy] (pool_policy.hpp) decides; these only ask it.
   /// The policy's view of the pool; the prepared move counted as done unless
   /// `without_prepared`.
   [[nodiscard]] PolicyInput policy_locked(bool without_prepared = false) const;
-  [[nodiscard]] bool still_wanted_locked(const Job& job) const;
+  [[nodiscard]] bool still_wanted_locked(const PoolMove& job) const;
   /// The next slab to move; idle slabs first; with idle_only, only those.
-  [[nodiscard]] std::optional<Job> next_job_locked(bool idle_only = false) const;
+  [[nodiscard]] std::optional<PoolMove> next_job_locked(bool idle_only = false) const;
   [[nodiscard]] bool slab_idle_locked(const Slab& slab) const;
   /// Whether the policy wants any slab moved, so a plain release does not
   /// wake the maintenance thread.
