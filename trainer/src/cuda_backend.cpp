@@ -3,7 +3,6 @@
 // machines without it. Every call first selects the backend's device: one
 // host thread may drive several devices.
 #include <cublas_api.h>
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <mutex>
@@ -11,6 +10,7 @@
 
 #include "cuda_backend_impl.hpp"
 #include "cuda_kernels.hpp"
+#include "dynamic_library.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/device_type.hpp"
@@ -60,28 +60,12 @@ struct Cublas {
  private:
   static Cublas load() {
     Cublas c;
-    void* h = nullptr;
-    // When libcublas.so.13 is there but its libcublasLt.so.13 is not, that
-    // is the reason to report, not the next name's "no such file".
-    std::string first, missing_dependency;
-    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
-      h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (h != nullptr) break;
-      const char* why = dlerror();
-      const std::string reason = why != nullptr ? why : std::string(name) + ": cannot be loaded";
-      if (first.empty()) first = reason;
-      if (missing_dependency.empty() && reason.rfind(std::string(name) + ":", 0) != 0) missing_dependency = reason;
-    }
-    const std::string& first_error = missing_dependency.empty() ? first : missing_dependency;
-    if (h == nullptr) {
-      c.error = fmt::format("cannot load cuBLAS (libcublas.so.13, .12 or libcublas.so): {}", first_error);
-      return c;
-    }
-    c.create = reinterpret_cast<Create>(dlsym(h, "cublasCreate_v2"));
-    c.destroy = reinterpret_cast<Destroy>(dlsym(h, "cublasDestroy_v2"));
-    c.set_stream = reinterpret_cast<SetStream>(dlsym(h, "cublasSetStream_v2"));
-    c.sgemm = reinterpret_cast<Sgemm>(dlsym(h, "cublasSgemm_v2"));
-    if (!c.create || !c.destroy || !c.set_stream || !c.sgemm) c.error = "cuBLAS lacks cublasSgemm_v2 and friends";
+    detail::DynamicLibrary lib("cuBLAS", {"libcublas.so.13", "libcublas.so.12", "libcublas.so"});
+    lib.bind(c.create, "cublasCreate_v2");
+    lib.bind(c.destroy, "cublasDestroy_v2");
+    lib.bind(c.set_stream, "cublasSetStream_v2");
+    lib.bind(c.sgemm, "cublasSgemm_v2");
+    c.error = lib.error();
     return c;
   }
 };

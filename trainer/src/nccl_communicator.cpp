@@ -5,7 +5,6 @@
 // reported (with ncclCommGetAsyncError's verdict) and the communicator
 // aborted, so the streams waiting on it fail instead of hanging. Later calls
 // throw CommError naming the rank, the operation and the bytes.
-#include <dlfcn.h>
 #include <fmt/format.h>
 #include <nccl.h>
 
@@ -17,6 +16,7 @@
 #include <thread>
 
 #include "cuda_backend_impl.hpp"
+#include "dynamic_library.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
@@ -49,29 +49,21 @@ struct Nccl {
   }
 
  private:
-  template <class F>
-  static void bind(void* h, F& f, const char* name, std::string& error) {
-    f = reinterpret_cast<F>(dlsym(h, name));
-    if (f == nullptr && error.empty()) error = fmt::format("libnccl lacks {}", name);
-  }
   static Nccl load() {
     Nccl n;
-    void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      n.error = fmt::format("cannot load NCCL (libnccl.so.2): {}", dlerror());
-      return n;
-    }
-    bind(h, n.get_unique_id, "ncclGetUniqueId", n.error);
-    bind(h, n.init_rank, "ncclCommInitRank", n.error);
-    bind(h, n.init_all, "ncclCommInitAll", n.error);
-    bind(h, n.all_reduce, "ncclAllReduce", n.error);
-    bind(h, n.broadcast, "ncclBroadcast", n.error);
-    bind(h, n.group_start, "ncclGroupStart", n.error);
-    bind(h, n.group_end, "ncclGroupEnd", n.error);
-    bind(h, n.destroy, "ncclCommDestroy", n.error);
-    bind(h, n.abort, "ncclCommAbort", n.error);
-    bind(h, n.async_error, "ncclCommGetAsyncError", n.error);
-    bind(h, n.error_string, "ncclGetErrorString", n.error);
+    detail::DynamicLibrary lib("NCCL", {"libnccl.so.2"});
+    lib.bind(n.get_unique_id, "ncclGetUniqueId");
+    lib.bind(n.init_rank, "ncclCommInitRank");
+    lib.bind(n.init_all, "ncclCommInitAll");
+    lib.bind(n.all_reduce, "ncclAllReduce");
+    lib.bind(n.broadcast, "ncclBroadcast");
+    lib.bind(n.group_start, "ncclGroupStart");
+    lib.bind(n.group_end, "ncclGroupEnd");
+    lib.bind(n.destroy, "ncclCommDestroy");
+    lib.bind(n.abort, "ncclCommAbort");
+    lib.bind(n.async_error, "ncclCommGetAsyncError");
+    lib.bind(n.error_string, "ncclGetErrorString");
+    n.error = lib.error();
     return n;
   }
 };
