@@ -17,6 +17,7 @@
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/dataset_tools.hpp"
 #include "pinfeed/units.hpp"
+#include "progress.hpp"
 #include "tool_main.hpp"
 
 namespace {
@@ -24,21 +25,10 @@ namespace {
 namespace pl = pinfeed::loader;
 using json = nlohmann::ordered_json;
 
-/// A progress bar on stderr when it is a terminal, a line per 10% otherwise.
+/// The tools' progress bar (progress.hpp) as the dataset tools' callback.
 pl::Progress progress_bar(const std::string& what) {
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
-  return [what, tty, last = std::size_t{0}](std::size_t done, std::size_t total) mutable {
-    const std::size_t pct = total == 0 ? 100 : done * 100 / total;
-    if (tty) {
-      const std::size_t width = 40, filled = pct * width / 100;
-      fmt::print(stderr, "\r{} [{}{}] {:3}% {}/{}", what, std::string(filled, '#'), std::string(width - filled, '.'), pct,
-                 done, total);
-      if (done == total) fmt::print(stderr, "\n");
-    } else if (pct / 10 != last / 10 || done == total) {
-      fmt::print(stderr, "{}: {}% ({}/{})\n", what, pct, done, total);
-    }
-    last = pct;
-  };
+  auto bar = std::make_shared<pinfeed::tools::ProgressBar>(what);
+  return [bar](std::size_t done, std::size_t total) { bar->update(done, total); };
 }
 
 }  // namespace

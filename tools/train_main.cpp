@@ -21,6 +21,7 @@
 #include "pinfeed/units.hpp"
 #include "plot.hpp"
 #include "loader_flags.hpp"
+#include "progress.hpp"
 #include "tool_main.hpp"
 
 namespace {
@@ -54,19 +55,18 @@ json epoch_json(const pt::EpochSummary& e) {
               {"step_loss", e.step_loss}};
 }
 
-/// Progress on stderr: a bar per epoch on a terminal, nothing otherwise
-/// (the per-epoch line says it all in logs).
+/// Progress on stderr: a bar per epoch on a terminal (progress.hpp), nothing
+/// otherwise (the per-epoch line says it all in logs).
 pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
   pt::TrainCallbacks cb;
   if (quiet) return cb;
-  if (::isatty(STDERR_FILENO) != 0) {
-    cb.on_step = [epochs](const pt::StepProgress& p) {
-      const std::size_t width = 30, filled = p.steps == 0 ? width : p.step * width / p.steps;
-      fmt::print(stderr, "\repoch {}/{} [{}{}] {}/{} steps {:.0f} img/s", p.epoch + 1, epochs, std::string(filled, '#'),
-                 std::string(width - filled, '.'), p.step, p.steps, p.images_per_second);
-      if (p.step == p.steps) fmt::print(stderr, "\r{}\r", std::string(80, ' '));
-    };
-  }
+  auto bar = std::make_shared<std::unique_ptr<pinfeed::tools::ProgressBar>>();
+  cb.on_step = [epochs, bar](const pt::StepProgress& p) {
+    if (p.step == 1 || !*bar) {
+      *bar = std::make_unique<pinfeed::tools::ProgressBar>(fmt::format("epoch {}/{}", p.epoch + 1, epochs), true);
+    }
+    (*bar)->update(p.step, p.steps, fmt::format("steps {:.0f} img/s", p.images_per_second));
+  };
   cb.on_epoch = [epochs](const pt::EpochSummary& e) {
     fmt::print(
         "epoch {}/{}  loss {:.4f}  acc {}  val_loss {}  val_acc {}  {:.0f} img/s  data wait {}  lr {:.4g}  batches "
