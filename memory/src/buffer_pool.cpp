@@ -229,6 +229,7 @@ void BufferPool::record_locked(std::size_t slab, bool to_pinned, std::string rea
 void BufferPool::back_off_pinning_locked() {
   const unsigned shift = std::min(pin_refusals_in_a_row_, 6U);
   no_pin_before_ = Clock::now() + config_.retry_pin_after * (1U << shift);
+  ++policy_version_;
   ++pin_refusals_in_a_row_;
 }
 
@@ -345,7 +346,7 @@ PolicyInput BufferPool::policy_locked(bool without_prepared) const {
   in.pin = config_.pin;
   in.min_pinned_slots = config_.min_pinned_slots;
   in.pinned_budget_bytes = config_.pinned_budget_bytes;
-  in.pin_backed_off = Clock::now() < no_pin_before_;
+  in.pin_backed_off = no_pin_before_ != Clock::time_point{} && Clock::now() < no_pin_before_;
   if (prepared_ && !without_prepared) {
     in.prepared = prepared_->job.slab;
     in.prepared_to_pinned = prepared_->job.to_pinned;
@@ -354,7 +355,18 @@ PolicyInput BufferPool::policy_locked(bool without_prepared) const {
 }
 
 bool BufferPool::maintenance_wanted_locked() const {
-  return next_pool_move(policy_locked(), slabs_, [](std::size_t) { return true; }).has_value();
+  // Asked on every release: the answer is kept until the policy's inputs
+  // change (level, pinning, a prepared move, a back-off) or a back-off it
+  // depended on ends, so a settled pool answers with two compares.
+  if (wanted_version_ == policy_version_ &&
+      (wanted_until_ == Clock::time_point::max() || Clock::now() < wanted_until_)) {
+    return wanted_;
+  }
+  const PolicyInput in = policy_locked();
+  wanted_ = next_pool_move(in, slabs_, [](std::size_t) { return true; }).has_value();
+  wanted_version_ = policy_version_;
+  wanted_until_ = in.pin_backed_off ? no_pin_before_ : Clock::time_point::max();
+  return wanted_;
 }
 
 void BufferPool::release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept {
@@ -388,6 +400,7 @@ void BufferPool::on_pressure(PressureLevel level) {
     if (level_ == level) return;
     pinfeed::detail::log().info("buffer pool: pressure {} -> {}", to_string(level_), to_string(level));
     level_ = level;
+    ++policy_version_;
     if (level == PressureLevel::normal) {  // a fresh "normal" may retry at once
       no_pin_before_ = {};
       pin_refusals_in_a_row_ = 0;
@@ -427,6 +440,7 @@ bool BufferPool::try_swap_locked() {
   // lock, so no lease sees the memory change under it.
   Prepared p = std::move(*prepared_);
   prepared_.reset();
+  ++policy_version_;  // the slab's pinning changes below
   Slab& slab = slabs_[p.job.slab];
   retired_.push_back(Retired{slab.data, slab.bytes, slab.owner});
   slab.data = p.data;
@@ -499,6 +513,7 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
     return;
   }
   prepared_ = Prepared{job, fresh, &target};
+  ++policy_version_;
   if (try_swap_locked()) {
     lock.unlock();
     slot_cv_.notify_all();
@@ -517,6 +532,7 @@ void BufferPool::maintain(const std::stop_token& stop) {
     if (prepared_ && !still_wanted_locked(prepared_->job)) {
       retired_.push_back(Retired{prepared_->data, slabs_[prepared_->job.slab].bytes, prepared_->owner});
       prepared_.reset();
+      ++policy_version_;
       continue;
     }
     if (!prepared_) {

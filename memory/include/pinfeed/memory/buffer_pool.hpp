@@ -281,6 +281,12 @@ class BufferPool {
   std::vector<PoolTransition> transitions_;
   std::uint64_t acquires_ = 0, acquire_waits_ = 0, to_pageable_ = 0, to_pinned_ = 0, failed_pins_ = 0;
   std::uint64_t maintenance_rounds_ = 0;
+  std::uint64_t policy_version_ = 0;  // bumped whenever an input of Note [Pool policy] changes
+  // maintenance_wanted_locked()'s last answer, valid for policy_version_ and
+  // until a back-off it depended on ends.
+  mutable bool wanted_ = false;
+  mutable std::uint64_t wanted_version_ = ~std::uint64_t{0};
+  mutable Clock::time_point wanted_until_{};
   double acquire_wait_seconds_ = 0;
 
   PressureMonitor* monitor_ = nullptr;
