@@ -94,6 +94,54 @@ std::string plot(const std::vector<pt::Curve>& curves, const std::string& prefix
   return pinfeed::tools::write_plot(prefix, pt::curves_csv(curves), commands, "pinfeed-train");
 }
 
+/// --compare N: the curves, their CSV and plot, and a line (or JSON) per run.
+int run_compare(const pt::TrainConfig& config, int workers, const pt::TrainCallbacks& cb, const std::string& out,
+                bool as_json) {
+  const auto curves = pt::compare_workers(config, workers, cb);
+  const std::string png = plot(curves, out);
+  json j = json::array();
+  for (const auto& c : curves) {
+    const auto& last = c.result.epochs.back();
+    j.push_back(json{{"label", c.label}, {"global_batch", c.global_batch}, {"peak_lr", c.peak_lr},
+                     {"steps", c.result.steps}, {"final_loss", last.loss}, {"final_accuracy", last.accuracy},
+                     {"final_val_accuracy", std::isnan(last.val_accuracy) ? json(nullptr) : json(last.val_accuracy)}});
+    if (!as_json) {
+      fmt::print("{:<50} batch {:>5}  steps {:>5}  final loss {:.4f}  acc {}\n", c.label, c.global_batch, c.result.steps,
+                 last.loss, percent(last.accuracy));
+    }
+  }
+  if (as_json) {
+    fmt::print("{}\n", json{{"compare", j}, {"csv", out + ".csv"}, {"png", png}}.dump(2));
+  } else {
+    fmt::print("curves: {}.csv{}\n", out, png.empty() ? "" : fmt::format(", plot: {}", png));
+  }
+  return 0;
+}
+
+/// One training run; rank 0 reports (a line, or JSON with every epoch).
+int run_training(const pt::TrainConfig& config, const pt::TrainCallbacks& cb, bool as_json) {
+  const pt::TrainResult r = pt::train(config, cb);
+  if (r.rank != 0) return 0;  // in multi-process runs, rank 0 reports
+  if (as_json) {
+    json epochs = json::array();
+    for (const auto& e : r.epochs) epochs.push_back(epoch_json(e));
+    fmt::print("{}\n", json{{"devices", r.devices},
+                            {"world_size", r.world_size},
+                            {"communicator", r.communicator},
+                            {"global_batch", config.global_batch},
+                            {"steps", r.steps},
+                            {"steps_per_epoch", r.steps_per_epoch},
+                            {"seconds", r.seconds},
+                            {"parameters", r.weights.size()},
+                            {"epochs", epochs}}
+                           .dump(2));
+  } else {
+    fmt::print("trained on {} ({} workers, {}): {} steps in {:.1f} s\n", r.devices, r.world_size, r.communicator,
+               r.steps, r.seconds);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,47 +195,7 @@ int main(int argc, char** argv) {
     config.ddp.first_bucket_bytes = std::min(config.ddp.first_bucket_bytes, config.ddp.bucket_cap_bytes);
     const auto cb = callbacks(quiet || as_json, config.epochs);
 
-    if (compare > 0) {
-      const auto curves = pt::compare_workers(config, compare, cb);
-      const std::string png = plot(curves, compare_out);
-      json j = json::array();
-      for (const auto& c : curves) {
-        const auto& last = c.result.epochs.back();
-        j.push_back(json{{"label", c.label}, {"global_batch", c.global_batch}, {"peak_lr", c.peak_lr},
-                         {"steps", c.result.steps}, {"final_loss", last.loss}, {"final_accuracy", last.accuracy},
-                         {"final_val_accuracy", std::isnan(last.val_accuracy) ? json(nullptr) : json(last.val_accuracy)}});
-        if (!as_json) {
-          fmt::print("{:<50} batch {:>5}  steps {:>5}  final loss {:.4f}  acc {}\n", c.label, c.global_batch,
-                     c.result.steps, last.loss, percent(last.accuracy));
-        }
-      }
-      if (as_json) {
-        fmt::print("{}\n", json{{"compare", j}, {"csv", compare_out + ".csv"}, {"png", png}}.dump(2));
-      } else {
-        fmt::print("curves: {}.csv{}\n", compare_out, png.empty() ? "" : fmt::format(", plot: {}", png));
-      }
-      return 0;
-    }
-
-    const pt::TrainResult r = pt::train(config, cb);
-    if (r.rank != 0) return 0;  // in multi-process runs, rank 0 reports
-    if (as_json) {
-      json epochs = json::array();
-      for (const auto& e : r.epochs) epochs.push_back(epoch_json(e));
-      fmt::print("{}\n", json{{"devices", r.devices},
-                              {"world_size", r.world_size},
-                              {"communicator", r.communicator},
-                              {"global_batch", config.global_batch},
-                              {"steps", r.steps},
-                              {"steps_per_epoch", r.steps_per_epoch},
-                              {"seconds", r.seconds},
-                              {"parameters", r.weights.size()},
-                              {"epochs", epochs}}
-                             .dump(2));
-    } else {
-      fmt::print("trained on {} ({} workers, {}): {} steps in {:.1f} s\n", r.devices, r.world_size, r.communicator,
-                 r.steps, r.seconds);
-    }
-    return 0;
+    if (compare > 0) return run_compare(config, compare, cb, compare_out, as_json);
+    return run_training(config, cb, as_json);
   });
 }
