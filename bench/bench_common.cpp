@@ -164,4 +164,13 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+int emit_report(const json& j, bool as_json, void (*print)(const json&)) {
+  if (as_json) {
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    print(j);
+  }
+  return 0;
+}
+
 }  // namespace pinfeed::bench

@@ -46,6 +46,10 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
 /// and the planned (matching) decode on `threads` threads.
 Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads);
 
+/// Prints `j` as JSON, or as the command's table (`print`, which reads it);
+/// returns the exit code, 0.
+int emit_report(const json& j, bool as_json, void (*print)(const json&));
+
 // The commands: each prints a table or JSON and returns the exit code.
 int run_loader_bench(pl::LoaderConfig config, std::size_t epochs, std::size_t repeat, std::size_t ceiling_files,
                      bool as_json);

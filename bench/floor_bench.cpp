@@ -191,12 +191,7 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
   // floor / (decode + floor).
   j["floor_time_vs_matching_decode"] = floor_us / decode_us;
   j["floor_overhead_vs_matching_decode"] = floor_us / (decode_us + floor_us);
-  if (as_json) {
-    fmt::print("{}\n", j.dump(2));
-  } else {
-    print_report(j);
-  }
-  return 0;
+  return emit_report(j, as_json, print_report);
 }
 
 }  // namespace pinfeed::bench

@@ -178,12 +178,7 @@ int run_loader_bench(pl::LoaderConfig config, std::size_t epochs, std::size_t re
   pl::Loader loader(config);
   const LoaderRuns runs = measure(loader, *dataset, config, threads, epochs, repeat, ceiling_files);
   const json j = report(runs, loader, *dataset, config, threads, epochs, repeat);
-  if (as_json) {
-    fmt::print("{}\n", j.dump(2));
-  } else {
-    print_report(j);
-  }
-  return 0;
+  return emit_report(j, as_json, print_report);
 }
 
 }  // namespace pinfeed::bench

@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 
 #include "pinfeed/trainer/cuda_backend.hpp"
-#include "pinfeed/trainer/device_type.hpp"
 
 namespace pinfeed::trainer {
 
@@ -20,18 +19,6 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
 
 std::unique_ptr<Communicator> make_nccl_communicator_mpi(DeviceBackend& /*backend*/, CommConfig) {
   throw CudaError("NCCL: this pinfeed was built without CUDA");
-}
-
-namespace {
-std::unique_ptr<DeviceBackend> make_cuda_device(int index, const BackendOptions& /*options*/) {
-  return make_cuda_backend(index);
-}
-}  // namespace
-
-const DeviceType& cuda_device_type() {
-  static const DeviceType type{BackendKind::cuda, "cuda", true, &cuda_device_count, &make_cuda_device,
-                               &make_nccl_group, &make_nccl_communicator_mpi};
-  return type;
 }
 
 }  // namespace pinfeed::trainer

@@ -13,7 +13,6 @@
 #include "dynamic_library.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
-#include "pinfeed/trainer/device_type.hpp"
 
 namespace pinfeed::trainer {
 namespace detail {
@@ -279,18 +278,6 @@ std::unique_ptr<DeviceBackend> make_cuda_backend(int device) {
     throw CudaError(fmt::format("cuda:{}: no such device ({} visible{})", device, n, n == 0 ? ": no driver or no GPU" : ""));
   }
   return std::make_unique<CudaBackend>(device);
-}
-
-namespace {
-std::unique_ptr<DeviceBackend> make_cuda_device(int index, const BackendOptions& /*options*/) {
-  return make_cuda_backend(index);
-}
-}  // namespace
-
-const DeviceType& cuda_device_type() {
-  static const DeviceType type{BackendKind::cuda, "cuda", true, &cuda_device_count, &make_cuda_device,
-                               &make_nccl_group, &make_nccl_communicator_mpi};
-  return type;
 }
 
 }  // namespace pinfeed::trainer
