@@ -92,7 +92,7 @@ std::vector<LoaderOption> make_options() {
           "crop", enum_choices(kCropModeWords),
           "random (RandomResizedCrop + flip), center (Resize + CenterCrop), full (the whole image resized)"),
       integer<&L::transform, &T::size>("size", kMinImageSize, kMaxImageSize, "output height and width, pixels"),
-      integer<&L::transform, &T::resize>("resize", kMinImageSize, kMaxResize,
+      integer<&L::transform, &T::resize>("resize", 1, kMaxResize,
                                          "center crop: the shorter side before cropping (>= size)"),
       real<&L::transform, &T::scale_min>("scale_min", 0, true, 1, "RandomResizedCrop: smallest area share"),
       real<&L::transform, &T::scale_max>("scale_max", 0, true, 1, "RandomResizedCrop: largest area share"),
@@ -196,6 +196,8 @@ void LoaderOption::set_text(LoaderConfig& c, std::string_view value) const {
       std::uint64_t v = 0;
       const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
       if (value.empty() || ec != std::errc() || end != value.data() + value.size()) throw bad();
+      // Checked before it is narrowed into the field: 2^32 must not become 0.
+      if (static_cast<double>(v) < min || static_cast<double>(v) > max) throw bad();
       set_int(c, v);
       break;
     }

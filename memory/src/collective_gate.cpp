@@ -61,7 +61,8 @@ std::uint64_t CollectiveGate::gave_up() const {
 
 bool CollectiveGate::lock_exclusive(std::chrono::milliseconds patience) {
   std::unique_lock lock(mutex_);
-  cv_.wait(lock, [&] { return !exclusive_; });  // one registration at a time
+  cv_.wait(lock, [&] { return !registering_; });  // one registration at a time
+  registering_ = true;
   const auto deadline = std::chrono::steady_clock::now() + patience;
   bool waited = false, drained = true;
   for (;;) {
@@ -79,7 +80,11 @@ bool CollectiveGate::lock_exclusive(std::chrono::milliseconds patience) {
     cv_.wait_for(lock, std::chrono::milliseconds(1));
   }
   if (waited) ++waited_;
-  exclusive_ = true;
+  // Drained: hold new collectives back while the registration runs. Not
+  // drained: a collective in flight may wait for one that has yet to enter
+  // (another GPU of this process), so nothing is held back: the
+  // registration runs beside them, as it would without the gate.
+  exclusive_ = drained;
   return drained;
 }
 
@@ -87,6 +92,7 @@ void CollectiveGate::unlock_exclusive() noexcept {
   {
     const std::scoped_lock lock(mutex_);
     exclusive_ = false;
+    registering_ = false;
   }
   cv_.notify_all();
 }

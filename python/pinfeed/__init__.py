@@ -261,7 +261,8 @@ class Loader:
 
 
 
-Loader.__doc__ += "\n    The loader's options (name=default: what; range), from its table:\n\n" + _options_doc() + "\n"
+if Loader.__doc__ is not None:  # None under python -OO
+    Loader.__doc__ += "\n    The loader's options (name=default: what; range), from its table:\n\n" + _options_doc() + "\n"
 
 def set_log_level(level):
     """pinfeed's own log on stderr: "trace", "debug", "info", "warning" (the default), "error", "off"."""

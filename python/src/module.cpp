@@ -74,24 +74,36 @@ py::capsule make_capsule(const std::shared_ptr<Holder>& h, void* data, DLDataTyp
 /// A Python value into option `o` of `c`: TypeError naming the option for a
 /// value of the wrong type, ConfigError (ValueError) for one out of range.
 void set_option(pl::LoaderConfig& c, const pl::LoaderOption& o, const py::handle& v) {
-  const bool is_bool = PyBool_Check(v.ptr()) != 0;
-  const bool is_int = PyLong_Check(v.ptr()) != 0 && !is_bool;
+  // Integral: anything with __index__ (int, numpy integers, IntEnum), not
+  // bool; real: anything with __float__ (float, numpy floats) or integral.
+  const bool is_bool = PyBool_Check(v.ptr()) != 0 || py::str(v.get_type().attr("__name__")).cast<std::string>() == "bool_";
+  const bool is_int = !is_bool && PyIndex_Check(v.ptr()) != 0;
+  const bool is_real = is_int || (!is_bool && PyUnicode_Check(v.ptr()) == 0 && py::hasattr(v, "__float__"));
   const auto wrong = [&](const char* want) {
-    return py::type_error(fmt::format("{} must be {}, not {} ({})", o.name, want, py::str(v.get_type().attr("__name__")).cast<std::string>(),
+    return py::type_error(fmt::format("{} must be {}, not {} ({})", o.name, want,
+                                      py::str(v.get_type().attr("__name__")).cast<std::string>(),
                                       py::repr(v).cast<std::string>()));
+  };
+  const auto as_int_text = [&] {
+    return py::str(py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()))).cast<std::string>();
   };
   switch (o.type) {
     case pl::OptionType::integer:
       if (!is_int) throw wrong("an integer");
-      o.set_text(c, py::str(v).cast<std::string>());  // negative and huge values fail the range, named
+      o.set_text(c, as_int_text());  // negative and huge values fail the range, named
       return;
     case pl::OptionType::real:
-      if (!is_int && PyFloat_Check(v.ptr()) == 0) throw wrong("a number");
-      o.set_text(c, fmt::format("{:.17g}", v.cast<double>()));
+      if (!is_real) throw wrong("a number");
+      o.set_text(c, fmt::format("{:.17g}", py::float_(py::reinterpret_borrow<py::object>(v)).cast<double>()));
       return;
     case pl::OptionType::boolean:
-      if (!is_bool && !(is_int && (v.cast<long long>() == 0 || v.cast<long long>() == 1))) throw wrong("True or False");
-      o.set_bool(c, v.cast<long long>() != 0);
+      if (is_bool) {
+        o.set_bool(c, py::bool_(py::reinterpret_borrow<py::object>(v)).cast<bool>());
+      } else if (is_int && (as_int_text() == "0" || as_int_text() == "1")) {
+        o.set_bool(c, as_int_text() == "1");
+      } else {
+        throw wrong("True or False");
+      }
       return;
     case pl::OptionType::choice:
       if (PyUnicode_Check(v.ptr()) == 0) throw wrong("a string");

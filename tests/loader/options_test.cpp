@@ -55,6 +55,12 @@ TEST(LoaderOptionsTest, EveryDefaultIsValidAndEveryOptionRejectsWhatIsOutsideIts
     EXPECT_EQ(o.text(d), o.default_text()) << o.name;
   }
   EXPECT_THROW((void)loader_option("no_such_option"), ConfigError);
+  // Parsed as 64 bits, checked before it is narrowed into an unsigned field:
+  // 2^32 threads must not wrap to 0 ("every core").
+  LoaderConfig wrap = valid();
+  EXPECT_THROW(loader_option("threads").set_text(wrap, "4294967296"), ConfigError);
+  EXPECT_THROW(loader_option("size").set_text(wrap, "4294967360"), ConfigError);
+  EXPECT_EQ(wrap.threads, 0U);
 }
 
 TEST(LoaderOptionsTest, ValidateChecksTheTableAndTheRulesBetweenFields) {

@@ -64,7 +64,15 @@ TEST(CollectiveGateTest, ACollectiveThatNeverEndsDelaysARegistrationOnlyByItsPat
   gate.enter().track(never);
   const auto t0 = std::chrono::steady_clock::now();
   bool ran = false;
-  EXPECT_FALSE(gate.exclusive([&] { ran = true; }, 50ms));
+  EXPECT_FALSE(gate.exclusive(
+      [&] {
+        ran = true;
+        // Given up: a collective that enters now (another GPU's, which the
+        // one in flight may wait for) is not held back.
+        auto other = std::async(std::launch::async, [&] { gate.enter().track(nullptr); });
+        EXPECT_EQ(other.wait_for(2s), std::future_status::ready) << "a collective was held back after the gate gave up";
+      },
+      50ms));
   EXPECT_TRUE(ran);
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 50ms);
   EXPECT_EQ(gate.gave_up(), 1U);

@@ -83,3 +83,26 @@ def test_the_c_abis_defaults_are_the_tables():
         assert value == o["default"], field
     mean, std = _pinfeed.default_normalization()
     assert tuple(cfg.mean) == pytest.approx(mean) and tuple(cfg.std) == pytest.approx(std)
+
+
+def test_numpy_numbers_and_int_enums_are_numbers_and_nothing_wraps(dataset):
+    np = pytest.importorskip("numpy")
+    import enum
+
+    class Threads(enum.IntEnum):
+        TWO = 2
+
+    loader = small(dataset, batch_size=np.int64(8), threads=Threads.TWO, seed=np.uint32(7),
+                   max_replaced_share=np.float32(0.05), flip=np.bool_(True), shuffle=np.int64(1))
+    images, _ = next(iter(loader))
+    assert images.shape[0] == 8
+    with pytest.raises(ValueError, match="threads"):
+        small(dataset, threads=2**32)  # not 0, "every core"
+    with pytest.raises(TypeError, match="flip"):
+        small(dataset, flip=2**70)
+
+
+def test_the_package_imports_without_docstrings():
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-OO", "-c", "import pinfeed"], check=True, env=dict(os.environ))

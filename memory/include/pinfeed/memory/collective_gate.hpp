@@ -19,8 +19,9 @@
 // exclusive() never blocks a collective that is already in flight, so one
 // GPU's collective waiting for another GPU's (which would have to enter
 // first) cannot deadlock against it. It waits at most `patience` for the
-// collectives to drain: a process whose collectives never pause (a broken
-// peer the watchdog has not yet caught) gets its registration anyway, logged.
+// collectives to drain; a process whose collectives never pause gets its
+// registration anyway, logged, and then new collectives are not held back
+// (holding them while one is in flight is the deadlock above).
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -90,7 +91,8 @@ class CollectiveGate {
 
   mutable std::mutex mutex_;  // guards everything below
   std::condition_variable cv_;
-  bool exclusive_ = false;
+  bool exclusive_ = false;    // new collectives wait (a drained registration runs)
+  bool registering_ = false;  // a registration runs (drained or not)
   std::size_t entering_ = 0;
   std::vector<std::shared_ptr<Fence>> tracked_;
   std::uint64_t waited_ = 0, gave_up_ = 0;
