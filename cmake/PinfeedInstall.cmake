@@ -33,3 +33,14 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/pinfeedConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/pinfeedConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/pinfeedConfig.cmake ${PROJECT_BINARY_DIR}/pinfeedConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/pinfeed)
+
+# The Python package (component "python", what `pip install .` installs;
+# pyproject.toml): the extension next to __init__.py, the tools under
+# pinfeed/bin, started by the console scripts of pinfeed/_tools.py.
+if(TARGET _pinfeed)
+  install(TARGETS _pinfeed LIBRARY DESTINATION pinfeed COMPONENT python)
+  install(TARGETS pinfeed-diag pinfeed-data pinfeed-train RUNTIME DESTINATION pinfeed/bin COMPONENT python)
+  if(TARGET pinfeed-bench)
+    install(TARGETS pinfeed-bench RUNTIME DESTINATION pinfeed/bin COMPONENT python)
+  endif()
+endif()

@@ -34,8 +34,10 @@ namespace flow = oneapi::tbb::flow;
 
 namespace pinfeed::loader {
 
-unsigned default_threads(unsigned requested) {
-  return requested != 0 ? requested : static_cast<unsigned>(std::max(1, oneapi::tbb::info::default_concurrency()));
+unsigned default_threads(unsigned requested, unsigned local_ranks) {
+  if (requested != 0) return requested;
+  const auto cores = static_cast<unsigned>(std::max(1, oneapi::tbb::info::default_concurrency()));
+  return std::max(1U, cores / std::max(1U, local_ranks));
 }
 
 BadSamplePolicy parse_bad_sample_policy(std::string_view text) {
@@ -501,10 +503,9 @@ Loader::Loader(LoaderConfig config)
       dataset_(open_dataset(config_.dataset, config_.list_root, config_.max_classes)),
       sampler_(sampler_config(config_, dataset_->size())),
       pinned_(pinned_config(config_)) {
-  const unsigned threads =
-      default_threads(config_.threads);
   const unsigned local_ranks =
       config_.local_ranks != 0 ? config_.local_ranks : static_cast<unsigned>(std::max(1, read_launch_env().local_size));
+  const unsigned threads = default_threads(config_.threads, local_ranks);
 
   memory::BufferPool::Config pc;
   pc.slots = config_.prefetch;

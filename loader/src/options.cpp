@@ -82,7 +82,7 @@ std::vector<LoaderOption> make_options() {
   constexpr double u64_max = 18446744073709551615.0;
   return {
       integer<&L::batch_size>("batch_size", 1, kMaxBatchSize, "samples per batch"),
-      integer<&L::threads>("threads", 0, kMaxThreads, "decode threads (0: every core)"),
+      integer<&L::threads>("threads", 0, kMaxThreads, "decode threads (0: the cores divided by the ranks on this host)"),
       integer<&L::prefetch>("prefetch", 1, static_cast<double>(kMaxPrefetch), "batches in flight: pool slots"),
       integer<&L::seed>("seed", 0, u64_max, "shuffling and augmentation seed"),
       boolean<&L::shuffle>("shuffle", "shuffle the order every epoch (by seed and epoch)"),

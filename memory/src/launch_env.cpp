@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
@@ -50,12 +52,13 @@ int tasks_on_node(const char* name, std::string_view layout, int node) {
 /// node from SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID (1 when absent).
 LaunchEnv read_slurm_step(const std::function<const char*(const char*)>& getenv) {
   LaunchEnv env;
+  env.source = "SLURM_PROCID/SLURM_STEP_NUM_TASKS";
   const char* step = getenv("SLURM_STEP_ID");
   const char* rank = getenv("SLURM_PROCID");
   const char* size = getenv("SLURM_STEP_NUM_TASKS");
-  if (step == nullptr || rank == nullptr || size == nullptr) return env;
+  if (step == nullptr || rank == nullptr || size == nullptr) return LaunchEnv{};
   const std::string_view s(step);
-  if (s == "batch" || s == "extern" || s == "4294967294" || s == "4294967291") return env;
+  if (s == "batch" || s == "extern" || s == "4294967294" || s == "4294967291") return LaunchEnv{};
   env.launcher = "slurm";
   env.rank = parse_int("SLURM_PROCID", rank);
   env.world_size = parse_int("SLURM_STEP_NUM_TASKS", size);
@@ -74,38 +77,87 @@ LaunchEnv read_slurm_step(const std::function<const char*(const char*)>& getenv)
   return env;
 }
 
+
+/// One launcher's variables, or nullopt when its rank and size are unset.
+std::optional<LaunchEnv> read_launcher(const std::function<const char*(const char*)>& getenv, const char* launcher,
+                                       const char* rank_name, const char* size_name, const char* local_rank_name,
+                                       const char* local_size_name) {
+  const char* rank = getenv(rank_name);
+  const char* size = getenv(size_name);
+  if (rank == nullptr || size == nullptr) return std::nullopt;
+  LaunchEnv env;
+  env.launcher = launcher;
+  env.source = fmt::format("{}/{}", rank_name, size_name);
+  env.rank = parse_int(rank_name, rank);
+  env.world_size = parse_int(size_name, size);
+  const char* lr = getenv(local_rank_name);
+  const char* ls = getenv(local_size_name);
+  env.local_rank = lr != nullptr ? parse_int(local_rank_name, lr) : env.rank;
+  env.local_size = ls != nullptr ? parse_int(local_size_name, ls) : env.world_size;
+  if (env.world_size < 1 || env.rank >= env.world_size) {
+    throw ConfigError(fmt::format("{}={} is not a rank of {}={}", rank_name, env.rank, size_name, env.world_size));
+  }
+  if (env.local_size < 1 || env.local_rank >= env.local_size) {
+    throw ConfigError(
+        fmt::format("{}={} is not below {}={}", local_rank_name, env.local_rank, local_size_name, env.local_size));
+  }
+  return env;
+}
+
+std::string describe(const LaunchEnv& e) {
+  return fmt::format("{} ({}) says rank {} of {}", e.launcher, e.source, e.rank, e.world_size);
+}
+
 }  // namespace
 
-LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv) {
-  struct Names {
-    const char *launcher, *rank, *size, *local_rank, *local_size;
+LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
+                          const std::optional<ProcessGroupView>& group) {
+  std::vector<LaunchEnv> found;
+  const auto add = [&](std::optional<LaunchEnv> e) {
+    if (e) found.push_back(std::move(*e));
   };
-  static constexpr Names kLaunchers[] = {
-      {"mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {"mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-  };
+  add(read_launcher(getenv, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"));
+  add(read_launcher(getenv, "mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE"));
+  add(read_launcher(getenv, "pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"));
+  if (LaunchEnv slurm = read_slurm_step(getenv); slurm.launcher != "single") found.push_back(std::move(slurm));
+
   LaunchEnv env;
-  for (const Names& n : kLaunchers) {
-    const char* rank = getenv(n.rank);
-    const char* size = getenv(n.size);
-    if (rank == nullptr || size == nullptr) continue;
-    env.launcher = n.launcher;
-    env.rank = parse_int(n.rank, rank);
-    env.world_size = parse_int(n.size, size);
-    const char* lr = getenv(n.local_rank);
-    const char* ls = getenv(n.local_size);
-    env.local_rank = lr != nullptr ? parse_int(n.local_rank, lr) : env.rank;
-    env.local_size = ls != nullptr ? parse_int(n.local_size, ls) : env.world_size;
-    if (env.world_size < 1 || env.rank >= env.world_size) {
-      throw ConfigError(fmt::format("{}={} is not a rank of {}={}", n.rank, env.rank, n.size, env.world_size));
+  if (!found.empty()) {
+    env = found.front();
+    // torchrun started by srun or mpirun (once per node), mpirun's daemons
+    // started by srun: the outer launch is a smaller world, not a rival.
+    const bool torchrun_agent = env.launcher == "torchrun" && getenv("TORCHELASTIC_RUN_ID") != nullptr;
+    const bool mpi = env.launcher == "mpi" || env.launcher == "pmi";
+    for (std::size_t i = 1; i < found.size(); ++i) {
+      const LaunchEnv& other = found[i];
+      if (other.rank == env.rank && other.world_size == env.world_size) continue;
+      const bool outer = other.world_size < env.world_size &&
+                         (torchrun_agent || (mpi && other.launcher == "slurm"));
+      if (outer) continue;
+      throw ConfigError(fmt::format("the launch variables disagree: {}, but {}. Unset the stale ones (or launch with "
+                                    "one launcher)",
+                                    describe(env), describe(other)));
     }
-    if (env.local_size < 1 || env.local_rank >= env.local_size) {
-      throw ConfigError(fmt::format("{}={} is not below {}={}", n.local_rank, env.local_rank, n.local_size, env.local_size));
-    }
-    return env;
   }
-  return read_slurm_step(getenv);
+  if (group) {
+    if (group->world_size < 1 || group->rank < 0 || group->rank >= group->world_size) {
+      throw ConfigError(fmt::format("{} says rank {} of {}", group->name, group->rank, group->world_size));
+    }
+    if (env.launcher != "single" && (env.rank != group->rank || env.world_size != group->world_size)) {
+      throw ConfigError(fmt::format("{} is initialized as rank {} of {}, but {}", group->name, group->rank,
+                                    group->world_size, describe(env)));
+    }
+    if (env.launcher == "single") {
+      env.local_rank = 0;
+      env.local_size = 1;
+    }
+    env.rank = group->rank;
+    env.world_size = group->world_size;
+    env.launcher = group->name;
+    env.source = env.source.empty() ? "its process group" : env.source;
+  }
+  return env;
 }
 
 LaunchEnv read_launch_env() {

@@ -12,7 +12,8 @@ Tensors are zero-copy views of the loader's pool slot (page-locked when the
 host can afford it). The slot goes back to the pool when the last tensor made
 from the batch is freed, so keep at most `prefetch - 1` batches alive at a
 time (the usual loop does), or pass copy=True to get tensors that own their
-memory. Under torchrun the rank and world size come from RANK and WORLD_SIZE.
+memory. Under torchrun, mpirun or srun (or with torch.distributed initialized)
+the rank and world size come from the launch: see pinfeed.launch_env().
 """
 
 import json
@@ -26,7 +27,7 @@ from torch.utils.dlpack import from_dlpack
 from . import _pinfeed
 from ._pinfeed import ConfigError, DataError, Error
 
-__all__ = ["Loader", "diag", "set_log_level", "Error", "ConfigError", "DataError"]
+__all__ = ["Loader", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError"]
 __version__ = "0.1.0"
 
 # The loader's options, declared once in C++ (loader/include/pinfeed/loader/
@@ -41,14 +42,18 @@ def _default(name):
     return _OPTIONS[name]["default"]
 
 
-def _env_int(name):
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+def launch_env():
+    """Where this process sits in a launch, as a dict: rank, world_size,
+    local_rank, local_world_size, launcher and source. From, in this order,
+    torch.distributed when it is initialized, torchrun's RANK/WORLD_SIZE/
+    LOCAL_RANK/LOCAL_WORLD_SIZE, OpenMPI's OMPI_COMM_WORLD_*, PMI_*, and an
+    srun step's SLURM_* variables: the reader pinfeed-train uses. Sources
+    that disagree raise pinfeed.ConfigError naming both."""
+    group = None
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        group = (dist.get_rank(), dist.get_world_size())
+    return dict(_pinfeed.launch_env(group))
 
 
 def _int_arg(name, value, lo, hi):
@@ -97,10 +102,11 @@ class Loader:
         (Resize(resize) + CenterCrop(size)) or "full" (the whole image resized).
     layout: "nchw-f32" (normalized with mean/std, float32) or "nhwc-u8" (uint8,
         to normalize on the GPU).
-    rank, world_size: the shard; default RANK / WORLD_SIZE from the
-        environment (torchrun), else 0 of 1. LOCAL_RANK is read too and kept
-        as `loader.local_rank`: the GPU this process feeds
-        (`images.cuda(loader.local_rank, non_blocking=True)`).
+    rank, world_size: the shard; default from the launch (pinfeed.launch_env():
+        torch.distributed, torchrun, mpirun, srun), else 0 of 1. The local
+        rank is kept as `loader.local_rank`: the GPU this process feeds
+        (`images.cuda(loader.local_rank, non_blocking=True)`); the local world
+        size splits this host's pinned budget and, with threads=0, its cores.
     pin_memory: "auto" (pin within the host's budget, pageable beyond it or
         under memory pressure), True (the same, but a RuntimeWarning names the
         reason when fewer slots than `prefetch` can be pinned), "require"
@@ -148,12 +154,13 @@ class Loader:
         mean, std = _triple("mean", mean), _triple("std", std)
         if any(v <= 0 for v in std):
             raise ValueError(f"std must be positive, got {std!r}")
-        if rank is None:
-            rank = _env_int("RANK") or 0
-        if world_size is None:
-            world_size = _env_int("WORLD_SIZE") or 1
-        if local_rank is None:
-            local_rank = _env_int("LOCAL_RANK") or 0
+        if rank is None or world_size is None or local_rank is None or "local_ranks" not in options:
+            env = launch_env()
+            rank = env["rank"] if rank is None else rank
+            world_size = env["world_size"] if world_size is None else world_size
+            local_rank = env["local_rank"] if local_rank is None else local_rank
+            # Ranks on this host split its memory and (threads=0) its cores.
+            options.setdefault("local_ranks", env["local_world_size"])
         rank = _int_arg("rank", rank, 0, 2**31 - 1)
         world_size = _int_arg("world_size", world_size, 1, 2**31 - 1)
         self.local_rank = _int_arg("local_rank", local_rank, 0, 2**31 - 1)

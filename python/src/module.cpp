@@ -12,10 +12,14 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <optional>
+#include <utility>
 #include <memory>
 #include <string>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/launch_env.hpp"
 #include "pinfeed/loader/loader.hpp"
 #include "pinfeed/loader/options.hpp"
 #include "pinfeed/log.hpp"
@@ -303,6 +307,28 @@ PYBIND11_MODULE(_pinfeed, m) {
       .def("live_batches", &PyLoader::live_batches)
       .def("pin_report", &PyLoader::pin_report)
       .def("stats_json", &PyLoader::stats_json);
+  m.def(
+      "launch_env",
+      [](const std::optional<std::pair<int, int>>& group) {
+        std::optional<pinfeed::ProcessGroupView> view;
+        if (group) {
+          view.emplace();
+          view->rank = group->first;
+          view->world_size = group->second;
+        }
+        const pinfeed::LaunchEnv e = group ? pinfeed::read_launch_env([](const char* n) -> const char* { return std::getenv(n); }, view)
+                                           : pinfeed::read_launch_env();
+        py::dict d;
+        d["rank"] = e.rank;
+        d["world_size"] = e.world_size;
+        d["local_rank"] = e.local_rank;
+        d["local_world_size"] = e.local_size;
+        d["launcher"] = e.launcher;
+        d["source"] = e.source;
+        return d;
+      },
+      py::arg("group") = py::none(),
+      "where this process sits in a launch (pinfeed/launch_env.hpp); group: torch.distributed's (rank, world_size)");
   m.def("loader_options", &loader_options, "the loader's option table: name, type, default, range, help");
   m.def("default_normalization", [] {
     const pl::TransformConfig t;

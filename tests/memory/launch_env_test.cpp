@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "pinfeed/error.hpp"
@@ -11,21 +12,43 @@
 namespace pinfeed {
 namespace {
 
-TEST(LaunchEnvTest, ReadsMpiThenTorchrunVariables) {
-  const auto env = [](std::map<std::string, std::string> vars) {
-    return read_launch_env([vars = std::move(vars)](const char* name) -> const char* {
-      const auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    });
-  };
+using Vars = std::map<std::string, std::string>;
+
+LaunchEnv env(Vars vars, std::optional<ProcessGroupView> group = std::nullopt) {
+  return read_launch_env(
+      [vars = std::move(vars)](const char* name) -> const char* {
+        const auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      },
+      group);
+}
+
+std::string conflict(Vars vars, std::optional<ProcessGroupView> group = std::nullopt) {
+  try {
+    (void)env(std::move(vars), std::move(group));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(LaunchEnvTest, ReadsTorchrunMpiPmiAndSlurmVariables) {
   EXPECT_EQ(env({}).launcher, "single");
   const auto mpi = env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"RANK", "3"}, {"WORLD_SIZE", "4"}});
+                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_EQ(mpi.launcher, "mpi");
+  EXPECT_TRUE(mpi.mpi_launch());
   EXPECT_EQ(mpi.rank, 1);
+  EXPECT_EQ(mpi.world_size, 4);
+  EXPECT_EQ(mpi.local_rank, 1);
   EXPECT_EQ(mpi.local_size, 2);
+  const auto pmi = env({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "1"}});
+  EXPECT_EQ(pmi.launcher, "pmi");
+  EXPECT_EQ(pmi.rank, 2);
+  EXPECT_EQ(pmi.local_size, 1);
   const auto tr = env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}});
   EXPECT_EQ(tr.launcher, "torchrun");
+  EXPECT_FALSE(tr.mpi_launch());
   EXPECT_EQ(tr.rank, 3);
   EXPECT_EQ(tr.local_rank, 1);
   EXPECT_THROW(env({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), ConfigError);
@@ -44,6 +67,76 @@ TEST(LaunchEnvTest, ReadsMpiThenTorchrunVariables) {
   EXPECT_THROW(env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"},
                     {"SLURM_STEP_TASKS_PER_NODE", "2(x"}}),
                ConfigError);
+}
+
+TEST(LaunchEnvTest, SourcesThatDisagreeAreAnErrorNamingBoth) {
+  // Agreeing sources are fine: srun starting an MPI program sets both.
+  const auto both = env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_STEP_ID", "0"},
+                         {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}});
+  EXPECT_EQ(both.launcher, "mpi");
+  // A stale RANK/WORLD_SIZE exported by hand under mpirun.
+  const std::string stale = conflict({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "1"},
+                                      {"OMPI_COMM_WORLD_SIZE", "4"}});
+  EXPECT_NE(stale.find("RANK/WORLD_SIZE"), std::string::npos) << stale;
+  EXPECT_NE(stale.find("OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"), std::string::npos) << stale;
+  EXPECT_NE(stale.find("rank 3 of 4"), std::string::npos) << stale;
+  EXPECT_NE(stale.find("rank 1 of 4"), std::string::npos) << stale;
+  EXPECT_NE(conflict({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}}),
+            "no error");
+  // An MPI launch whose world is larger than the srun step's tasks is one
+  // the other way round: the step is 2 tasks, MPI claims 1 of 2 elsewhere.
+  EXPECT_NE(conflict({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "4"},
+                      {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
+            "no error");
+}
+
+TEST(LaunchEnvTest, TorchrunInsideSrunOrMpirunIgnoresTheOuterLaunch) {
+  // srun --ntasks-per-node 1 torchrun --nnodes 2 --nproc_per_node 4: the
+  // step is 2 tasks (one agent per node), torchrun's world is 8.
+  const Vars srun_torchrun{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                           {"TORCHELASTIC_RUN_ID", "job"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"},
+                           {"SLURM_STEP_NUM_TASKS", "2"}};
+  const auto e = env(srun_torchrun);
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.local_size, 4);
+  // mpirun -np 2 torchrun --nproc_per_node 2.
+  EXPECT_EQ(env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"TORCHELASTIC_RUN_ID", "x"}, {"OMPI_COMM_WORLD_RANK", "1"},
+                 {"OMPI_COMM_WORLD_SIZE", "2"}})
+                .rank,
+            3);
+  // The same variables without torchrun's own marker are set by hand: a conflict.
+  Vars by_hand = srun_torchrun;
+  by_hand.erase("TORCHELASTIC_RUN_ID");
+  EXPECT_NE(conflict(by_hand), "no error");
+  // mpirun's daemons started by srun (one per node): the step is 2 tasks, MPI's world 8.
+  EXPECT_EQ(env({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"SLURM_STEP_ID", "0"},
+                 {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}})
+                .rank,
+            6);
+}
+
+TEST(LaunchEnvTest, AnInitializedProcessGroupOutranksTheVariables) {
+  ProcessGroupView group;
+  group.rank = 1;
+  group.world_size = 2;
+  // Alone: rank and size from the group, no local information.
+  const auto alone = env({}, group);
+  EXPECT_EQ(alone.launcher, "torch.distributed");
+  EXPECT_EQ(alone.rank, 1);
+  EXPECT_EQ(alone.world_size, 2);
+  EXPECT_EQ(alone.local_size, 1);
+  // With torchrun's agreeing variables: their local rank and size.
+  const auto tr = env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}}, group);
+  EXPECT_EQ(tr.launcher, "torch.distributed");
+  EXPECT_EQ(tr.local_rank, 1);
+  EXPECT_EQ(tr.local_size, 2);
+  // A group of another shape than the launch is an error naming both.
+  const std::string why = conflict({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}}, group);
+  EXPECT_NE(why.find("torch.distributed is initialized as rank 1 of 2"), std::string::npos) << why;
+  EXPECT_NE(why.find("OMPI_COMM_WORLD_RANK"), std::string::npos) << why;
+  group.rank = 2;
+  EXPECT_THROW(env({}, group), ConfigError);
 }
 
 }  // namespace

@@ -85,12 +85,14 @@ loader::LoaderConfig Worker::training_loader_config() const {
   lc.batch_size = micro_batch_;
   lc.drop_last_batch = true;  // every step has the global batch
   lc.transform.layout = cfg_.device_normalize ? loader::Layout::nhwc_u8 : loader::Layout::nchw_f32;
-  const unsigned threads = loader::default_threads(cfg_.loader.threads);
-  lc.threads = std::max(1U, threads / static_cast<unsigned>(group_.local_workers));
-  // Every loader of every worker on this host shares its memory: the pinned
-  // budget and the pool-fit allowance are split across all of them.
+  // Every loader of every worker on this host shares its memory and cores:
+  // the pinned budget, the pool-fit allowance and (threads 0) the cores are
+  // split across all of them.
   lc.local_ranks = (cfg_.loader.local_ranks != 0 ? cfg_.loader.local_ranks : group_.local_processes) *
                    static_cast<unsigned>(group_.local_workers);
+  lc.threads = cfg_.loader.threads != 0
+                   ? std::max(1U, cfg_.loader.threads / static_cast<unsigned>(group_.local_workers))
+                   : loader::default_threads(0, lc.local_ranks);
   lc.cuda_device = backend_.cuda_device();  // slots registered with this GPU current, on every thread
   // The device decides how its source memory is pinned (a CPU worker's
   // copies are memcpy: mlock, no driver registration).

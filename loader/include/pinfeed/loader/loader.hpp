@@ -45,10 +45,12 @@ inline constexpr std::size_t kMaxPrefetch = 256;
 /// The largest batch and thread count a loader accepts.
 inline constexpr std::size_t kMaxBatchSize = 65536;
 inline constexpr unsigned kMaxThreads = 1024;
-/// `requested` threads, or (0) the cores this process may use: oneTBB's
-/// default concurrency, which follows the affinity mask and cgroup CPU
-/// limits. The one place a default thread count comes from.
-unsigned default_threads(unsigned requested = 0);
+/// `requested` threads, or (0) this process's share of the cores it may use:
+/// oneTBB's default concurrency (which follows the affinity mask and cgroup
+/// CPU limits) divided by `local_ranks`, the processes of the launch on this
+/// host (8 ranks on a node must not each take every core), at least 1. The
+/// one place a default thread count comes from.
+unsigned default_threads(unsigned requested = 0, unsigned local_ranks = 1);
 
 /// The largest max_image_pixels (2^40: a terapixel image is never a sample).
 inline constexpr std::uint64_t kMaxImagePixelsCeiling = 1ULL << 40;
@@ -63,7 +65,7 @@ struct LoaderConfig {
   std::string dataset;                       ///< folder, file list, or tar shard(s) (see open_dataset)
   std::filesystem::path list_root;           ///< root of a file list's relative paths (default: the list's folder)
   std::size_t batch_size = 64;               ///< samples per batch
-  unsigned threads = 0;                      ///< worker threads; 0: every core
+  unsigned threads = 0;                      ///< worker threads; 0: the cores over the ranks on this host (default_threads)
   std::size_t prefetch = 4;                  ///< batches in flight = pool slots (>= 2 to overlap)
   unsigned rank = 0, world_size = 1;         ///< this process's shard
   bool shuffle = true;                       ///< permute every epoch
