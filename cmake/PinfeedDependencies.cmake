@@ -38,6 +38,20 @@ if(NOT PINFEED_MPI STREQUAL "OFF")
   endif()
 endif()
 
+# Gloo: optional at build time (CPU ranks under torchrun, without MPI).
+set(PINFEED_HAVE_GLOO OFF)
+if(NOT PINFEED_GLOO STREQUAL "OFF")
+  find_package(Gloo CONFIG QUIET)
+  if(TARGET gloo)
+    set(PINFEED_HAVE_GLOO ON)
+  elseif(PINFEED_GLOO STREQUAL "ON")
+    message(FATAL_ERROR "PINFEED_GLOO=ON but Gloo was not found (install libgloo-dev)")
+  endif()
+endif()
+
+# torchrun (Debian's python3-torch): the tests of torchrun launches.
+find_program(TORCHRUN_EXECUTABLE torchrun)
+
 # CUDA: optional at build time, detected at run time. We call only the
 # runtime API from C++ translation units, linked statically, so binaries
 # start on machines with no toolkit and report "no driver" there.

@@ -193,7 +193,9 @@ int main(int argc, char** argv) {
     config.device_normalize = !host_normalize;
     config.ddp.bucket_cap_bytes = static_cast<std::size_t>(bucket_mb * 1024 * 1024);
     config.ddp.first_bucket_bytes = std::min(config.ddp.first_bucket_bytes, config.ddp.bucket_cap_bytes);
-    const auto cb = callbacks(quiet || as_json, config.epochs);
+    // In a multi-process launch every rank trains; rank 0 alone reports.
+    config.launch = pinfeed::read_launch_env();
+    const auto cb = callbacks(quiet || as_json || config.launch->rank != 0, config.epochs);
 
     if (compare > 0) return run_compare(config, compare, cb, compare_out, as_json);
     return run_training(config, cb, as_json);

@@ -278,6 +278,16 @@ class PyLoader {
 
 }  // namespace
 
+/// Sets `type` as the pending Python error (pybind11 2.12 renamed this).
+template <typename E>
+void raise(py::exception<E>& type, const char* what) {
+#if PYBIND11_VERSION_HEX >= 0x020C0000
+  py::set_error(type, what);
+#else
+  type(what);
+#endif
+}
+
 PYBIND11_MODULE(_pinfeed, m) {
   m.doc() = "pinfeed's C++ loader (use the pinfeed package, not this module)";
   // pinfeed's errors become Python exceptions with the same message.
@@ -288,11 +298,11 @@ PYBIND11_MODULE(_pinfeed, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const pinfeed::ConfigError& e) {
-      config_error(e.what());
+      raise(config_error, e.what());
     } catch (const pinfeed::DataError& e) {
-      data_error(e.what());
+      raise(data_error, e.what());
     } catch (const pinfeed::Error& e) {
-      base(e.what());
+      raise(base, e.what());
     }
   });
   py::class_<PyLoader>(m, "Loader")

@@ -184,4 +184,39 @@ TEST_F(TrainToolTest, UnderMpirunTwoProcessesTrainAndAFailingRankEndsEveryRankAt
 #endif
 }
 
+TEST_F(TrainToolTest, UnderTorchrunTwoProcessesTrainWithoutMpiAndAFailingRankEndsEveryRank) {
+#ifndef PINFEED_TORCHRUN
+  GTEST_SKIP() << "built without Gloo, without torchrun (python3-torch), or under a sanitizer";
+#else
+  // torch 1.13 on Python 3.11 crashes on --redirects/--tee 0 (their
+  // default); 9:1 names a local rank that does not exist (docs/launching.md).
+  // The static rendezvous on a port of its own: --standalone's fixed port
+  // belongs to DdpLaunchTest.UnderTorchrunStandalone, which may run meanwhile.
+  const auto torchrun = [](const std::string& args) {
+    return run(std::string(PINFEED_TORCHRUN) + " --redirects 9:1 --tee 9:1 --master_port 29533 --nproc_per_node 2 --no_python " +
+                   PINFEED_TRAIN,
+               args);
+  };
+  const std::string common = " --devices cpu:1 --batch-size 16 --size 16 --pool 2 --threads 1 -q";
+  Result r = torchrun("--data " + data() + common + " --epochs 2 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);  // rank 0 reports, alone
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["communicator"], "gloo");
+  EXPECT_EQ(j["steps_per_epoch"], 4);  // 72 images / 16, the last partial batch dropped
+
+  pinfeed::testing::TempDir tmp;
+  std::filesystem::copy(data(), tmp.path() / "train", std::filesystem::copy_options::recursive);
+  const auto bad = tmp.path() / "train/class_002/000005.jpg";
+  ASSERT_TRUE(std::filesystem::exists(bad));
+  std::ofstream(bad, std::ios::trunc) << std::string(100, 'x');
+  const auto t0 = std::chrono::steady_clock::now();
+  r = torchrun("--data " + (tmp.path() / "train").string() + common + " --epochs 20 --max-replaced-share 0");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 60.0) << "the healthy rank waited for the collective timeout";
+  EXPECT_NE((r.out + r.err).find("000005.jpg"), std::string::npos) << r.err;
+#endif
+}
+
 }  // namespace

@@ -445,6 +445,10 @@ void CpuBackend::fill(Stream& s, float* x, std::size_t count, float value) {
 
 namespace {
 int cpu_workers_possible() noexcept { return 256; }
+/// mpirun and srun: MPI; torchrun: Gloo over its rendezvous store.
+std::unique_ptr<Communicator> make_cpu_launched(DeviceBackend& backend, CommConfig config, const LaunchEnv& env) {
+  return env.mpi_launch() ? make_mpi_communicator(backend, config) : make_gloo_communicator(backend, env, config);
+}
 std::unique_ptr<DeviceBackend> make_cpu_backend(int index, const BackendOptions& options) {
   CpuBackendConfig c;
   c.index = index;
@@ -455,7 +459,7 @@ std::unique_ptr<DeviceBackend> make_cpu_backend(int index, const BackendOptions&
 
 const DeviceType& cpu_device_type() {
   static const DeviceType type{BackendKind::cpu, "cpu", false, &cpu_workers_possible, &make_cpu_backend,
-                               &make_thread_group, &make_mpi_communicator};
+                               &make_thread_group, &make_cpu_launched};
   return type;
 }
 

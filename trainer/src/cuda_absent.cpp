@@ -17,7 +17,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   throw CudaError("NCCL: this pinfeed was built without CUDA");
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator_mpi(DeviceBackend& /*backend*/, CommConfig) {
+std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& /*backend*/, CommConfig, const LaunchEnv&) {
   throw CudaError("NCCL: this pinfeed was built without CUDA");
 }
 

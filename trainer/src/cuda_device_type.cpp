@@ -13,7 +13,7 @@ std::unique_ptr<DeviceBackend> make_cuda_device(int index, const BackendOptions&
 
 const DeviceType& cuda_device_type() {
   static const DeviceType type{BackendKind::cuda, "cuda", true, &cuda_device_count, &make_cuda_device,
-                               &make_nccl_group, &make_nccl_communicator_mpi};
+                               &make_nccl_group, &make_nccl_communicator_launched};
   return type;
 }
 

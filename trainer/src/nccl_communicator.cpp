@@ -17,6 +17,7 @@
 
 #include "cuda_backend_impl.hpp"
 #include "dynamic_library.hpp"
+#include "tcp_store.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
@@ -77,12 +78,16 @@ const Nccl& nccl() {
 /// Set at exit: destructors then make no NCCL calls (the library may be gone).
 std::atomic<bool> g_exiting{false};
 
+/// How the process's ranks were started: one process (no launch), mpirun
+/// or srun (MPI), torchrun (its store).
+enum class Launch { none, mpi, store };
+
 class NcclCommunicator final : public Communicator {
  public:
-  /// `mpi_launched`: one rank per process under mpirun; abort() then ends
+  /// `launch`: one rank per process under mpirun (or torchrun); abort() then ends
   /// every process with MPI_Abort (ncclCommAbort reaches this process only).
-  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config, bool mpi_launched)
-      : comm_(comm), rank_(rank), size_(size), mpi_launched_(mpi_launched), backend_(backend), config_(config),
+  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config, Launch launch)
+      : comm_(comm), rank_(rank), size_(size), launch_(launch), backend_(backend), config_(config),
         barrier_stream_(backend.create_stream()), barrier_value_(backend.allocate(sizeof(float))),
         watchdog_([this](const std::stop_token& st) { watch(st); }) {
     static std::once_flag once;
@@ -144,11 +149,17 @@ class NcclCommunicator final : public Communicator {
         comm_ = nullptr;
       }
     }
-#ifdef PINFEED_HAVE_MPI
     // The other processes' ranks sit in collectives that only their own
-    // watchdogs would end, after the timeout: the launcher ends them now.
-    if (mpi_launched_ && size_ > 1) detail::mpi_abort(rank_, why);
+    // watchdogs would end, after the timeout: the launcher ends them now
+    // (MPI_Abort; under torchrun this process ends, and torchrun ends the rest).
+#ifdef PINFEED_HAVE_MPI
+    if (launch_ == Launch::mpi && size_ > 1) detail::mpi_abort(rank_, why);
 #endif
+    if (launch_ == Launch::store && size_ > 1) {
+      pinfeed::detail::log().error("nccl rank {}: ending this process so that every rank stops", rank_);
+      pinfeed::detail::log().flush();
+      std::_Exit(1);
+    }
   }
 
  private:
@@ -225,7 +236,7 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_;  // guarded by mutex_ once the watchdog runs
   int rank_, size_;
-  bool mpi_launched_;
+  Launch launch_;
   DeviceBackend& backend_;
   CommConfig config_;
   std::mutex mutex_;  // guards comm_, failure_, pending_
@@ -257,37 +268,58 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   std::vector<std::unique_ptr<Communicator>> out;
   for (std::size_t i = 0; i < comms.size(); ++i) {
     out.push_back(std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size()),
-                                                     *backends[i], config, false));
+                                                     *backends[i], config, Launch::none));
   }
   return out;
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator_mpi(DeviceBackend& backend, CommConfig config) {
-#ifdef PINFEED_HAVE_MPI
+std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& backend, CommConfig config,
+                                                              const LaunchEnv& env) {
   const Nccl& n = nccl();
-  detail::mpi_init();
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  ncclUniqueId id{};
-  if (rank == 0) {
-    const ncclResult_t r = n.get_unique_id(&id);
-    if (r != ncclSuccess) throw CommError(rank, "ncclGetUniqueId", 0, n.error_string(r));
-  }
-  if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
-    throw CommError(rank, "MPI_Bcast(nccl id)", sizeof id, "MPI broadcast of the NCCL unique id failed");
-  }
   if (backend.cuda_device() < 0) throw ConfigError(fmt::format("nccl: {} is not a CUDA device", backend.name()));
+  int rank = env.rank, size = env.world_size;
+  ncclUniqueId id{};
+  std::unique_ptr<detail::TcpStore> store;
+  if (env.mpi_launch()) {
+#ifdef PINFEED_HAVE_MPI
+    detail::mpi_init();
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank == 0) {
+      const ncclResult_t r = n.get_unique_id(&id);
+      if (r != ncclSuccess) throw CommError(rank, "ncclGetUniqueId", 0, n.error_string(r));
+    }
+    if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+      throw CommError(rank, "MPI_Bcast(nccl id)", sizeof id, "MPI broadcast of the NCCL unique id failed");
+    }
+#else
+    throw ConfigError(fmt::format("{} launched {} processes, but this pinfeed was built without MPI (launch with "
+                                  "torchrun, or rebuild with libopenmpi-dev)",
+                                  env.launcher, env.world_size));
+#endif
+  } else {
+    // torchrun: rank 0's id through the rendezvous store.
+    store = detail::connect_launch_store(env, config.timeout);
+    if (rank == 0) {
+      const ncclResult_t r = n.get_unique_id(&id);
+      if (r != ncclSuccess) throw CommError(rank, "ncclGetUniqueId", 0, n.error_string(r));
+      store->set("nccl/id", std::vector<char>(id.internal, id.internal + sizeof id.internal));
+    } else {
+      const std::vector<char> bytes = store->get("nccl/id");
+      if (bytes.size() != sizeof id.internal) {
+        throw CommError(rank, "rendezvous get(nccl id)", bytes.size(), "the NCCL unique id in the store has the wrong size");
+      }
+      std::copy(bytes.begin(), bytes.end(), id.internal);
+    }
+  }
   backend.make_current();
   ncclComm_t comm = nullptr;
   const ncclResult_t r = n.init_rank(&comm, size, id, rank);
   if (r != ncclSuccess) throw CommError(rank, "ncclCommInitRank", 0, fmt::format("{} ranks: {}", size, n.error_string(r)));
-  return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config, true);
-#else
-  (void)backend;
-  (void)config;
-  throw ConfigError("multi-process NCCL needs MPI to share the unique id; this pinfeed was built without MPI");
-#endif
+  // Every rank has read the id before rank 0 may take its store down.
+  if (store) store->barrier("nccl/ready", size);
+  return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config,
+                                            env.mpi_launch() ? Launch::mpi : Launch::store);
 }
 
 }  // namespace pinfeed::trainer

@@ -96,10 +96,11 @@ std::vector<std::unique_ptr<Communicator>> make_communicators(const TrainConfig&
                                                               const std::vector<std::unique_ptr<DeviceBackend>>& backends) {
   std::vector<std::unique_ptr<Communicator>> comms;
   if (env.world_size > 1) {
-    comms.push_back(type.make_launched(*backends[0], config.comm));
-    if (comms[0]->size() != env.world_size) {
-      throw ConfigError(fmt::format("{} says {} processes but MPI sees {}: launch multi-process runs with mpirun",
-                                    env.launcher, env.world_size, comms[0]->size()));
+    comms.push_back(type.make_launched(*backends[0], config.comm, env));
+    if (comms[0]->size() != env.world_size || comms[0]->rank() != env.rank) {
+      throw ConfigError(fmt::format("{} ({}) says rank {} of {}, but the {} communicator sees rank {} of {}",
+                                    env.launcher, env.source, env.rank, env.world_size, comms[0]->name(),
+                                    comms[0]->rank(), comms[0]->size()));
     }
   } else if (backends.size() == 1) {
     comms.push_back(make_solo_communicator());  // one worker: nothing to exchange, no NCCL needed

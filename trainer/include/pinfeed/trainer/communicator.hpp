@@ -88,6 +88,15 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<D
 using pinfeed::LaunchEnv;
 using pinfeed::read_launch_env;
 
+/// True when pinfeed was built with Gloo.
+bool gloo_compiled() noexcept;
+/// The CPU communicator of a process launched by torchrun (no MPI): Gloo
+/// over TCP, the ranks meeting through torchrun's rendezvous store
+/// (MASTER_ADDR:MASTER_PORT). abort() ends the process, so that the other
+/// ranks' collectives fail at once. Throws ConfigError when built without
+/// Gloo or when the store's variables are missing.
+std::unique_ptr<Communicator> make_gloo_communicator(DeviceBackend& backend, const LaunchEnv& env, CommConfig config = {});
+
 /// True when pinfeed was built with MPI.
 bool mpi_compiled() noexcept;
 /// The CPU communicator of a process launched by mpirun: initializes MPI

@@ -29,7 +29,9 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
                                                            CommConfig config = {});
 
 /// One communicator for this process's single GPU in a multi-process launch:
-/// rank 0 creates the NCCL unique id and MPI broadcasts it.
-std::unique_ptr<Communicator> make_nccl_communicator_mpi(DeviceBackend& backend, CommConfig config = {});
+/// rank 0 creates the NCCL unique id; MPI broadcasts it under mpirun or srun
+/// (env.mpi_launch()), torchrun's rendezvous store carries it otherwise.
+std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& backend, CommConfig config,
+                                                              const LaunchEnv& env);
 
 }  // namespace pinfeed::trainer

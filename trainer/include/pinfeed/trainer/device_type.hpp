@@ -35,8 +35,9 @@ struct DeviceType {
   /// One communicator per backend of this process, rank i driving backends[i].
   std::vector<std::unique_ptr<Communicator>> (*make_group)(const std::vector<DeviceBackend*>& backends,
                                                            CommConfig config) = nullptr;
-  /// This process's rank in a multi-process launch (mpirun).
-  std::unique_ptr<Communicator> (*make_launched)(DeviceBackend& backend, CommConfig config) = nullptr;
+  /// This process's rank in a multi-process launch (mpirun, srun, torchrun).
+  std::unique_ptr<Communicator> (*make_launched)(DeviceBackend& backend, CommConfig config,
+                                                 const LaunchEnv& env) = nullptr;
 };
 
 /// Every type pinfeed knows, CPU first.

@@ -1,6 +1,8 @@
-// DDP under MPI: run by ctest as `mpirun -np 2 ddp_mpi_test`. Two processes,
-// one CPU worker each, MPI all-reduce; rank 0 then trains the same job with
-// two worker threads in one process and compares the weights.
+// DDP across processes: run by ctest as `mpirun -np 2 ddp_launch_test`
+// (MPI all-reduce) and as `torchrun --nproc_per_node 2 ddp_launch_test`
+// (Gloo over torchrun's rendezvous store, no MPI). Two processes, one CPU
+// worker each; rank 0 then trains the same job with two worker threads in
+// one process and compares the weights.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,21 +16,24 @@
 namespace pinfeed::trainer {
 namespace {
 
-TEST(DdpMpiTest, TwoProcessesReachTheWeightsOfTwoThreads) {
+TEST(DdpLaunchTest, TwoProcessesReachTheWeightsOfTwoThreads) {
   const LaunchEnv env = read_launch_env();
-  if (env.launcher != "mpi" || env.world_size != 2) {
-    // ctest launches it under mpirun and says so: there, not being under MPI is a failure.
-    if (std::getenv("PINFEED_REQUIRE_MPI") != nullptr) FAIL() << "expected to run under mpirun -np 2";
-    GTEST_SKIP() << "run under mpirun -np 2 (ctest does)";
+  // ctest launches it and says under what: there, another launch is a failure.
+  const char* expected = std::getenv("PINFEED_REQUIRE_LAUNCHER");
+  if (expected == nullptr && env.world_size != 2) GTEST_SKIP() << "run under mpirun or torchrun with 2 processes (ctest does)";
+  ASSERT_EQ(env.world_size, 2) << "expected 2 processes under " << (expected ? expected : "a launcher");
+  if (expected != nullptr) {
+    ASSERT_EQ(env.launcher, expected);
   }
+  const char* communicator = env.mpi_launch() ? "mpi" : "gloo";
   // Each rank writes the same deterministic dataset into its own folder.
   testing::TempDir dir;
   const auto data = testing::make_small_dataset(dir.path(), 4, 16);
   TrainConfig c = testing::tiny_train_config(data.folder.string(), "cpu:1");
   c.loader.threads = 1;
-  c.launch.reset();  // ranks from mpirun
+  c.launch.reset();  // ranks from the launcher
   const TrainResult mpi = train(c);
-  EXPECT_EQ(mpi.communicator, "mpi");
+  EXPECT_EQ(mpi.communicator, communicator);
   EXPECT_EQ(mpi.world_size, 2);
   EXPECT_EQ(mpi.rank, env.rank);
   if (env.rank != 0) return;

@@ -1,0 +1,491 @@
+#include "tcp_store.hpp"
+
+// Note [TCPStore protocol]
+// The subset of torch.distributed's TCPStore wire protocol (PyTorch 1.13,
+// torch/csrc/distributed/c10d/TCPStore.cpp) pinfeed uses. A request is a
+// u8 query type followed by its fields; a string is a u64 length (host byte
+// order) and its bytes; numbers are raw i64. No framing, no handshake:
+//   SET=0  key, value            -> (nothing)
+//   GET=2  key                   -> value          (clients WAIT first)
+//   ADD=3  key, i64 delta        -> i64 sum        (stored as decimal text)
+//   CHECK=4 u64 n, n keys        -> u8 0 ready / 1 not ready
+//   WAIT=5 u64 n, n keys         -> u8 0 once every key exists
+//   GETNUMKEYS=6                 -> i64
+//   DELETE_KEY=8 key             -> i64 deleted
+// A client first ADDs 1 to "init/" (no prefix: the server counts its
+// workers), and torch's clients open a second, idle "callback" connection;
+// pinfeed's client does the first and not the second. torch puts "/" before
+// every other key. Timeouts are the client's (SO_RCVTIMEO); the server never
+// times out. The server here keeps one thread per connection: a launch has
+// a handful of ranks, each with one connection for the bootstrap.
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
+#include "pinfeed/trainer/communicator.hpp"
+
+namespace pinfeed::trainer::detail {
+namespace {
+
+enum Query : std::uint8_t { kSet = 0, kCompareSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5, kNumKeys = 6, kDelete = 8 };
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+/// Every byte of `data` to `fd`; false when the peer is gone.
+bool write_all(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+/// Exactly `n` bytes from `fd`: 0 when done, else the errno (ECONNRESET for
+/// a closed peer, EAGAIN for a receive timeout).
+int read_all(int fd, void* data, std::size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return errno;
+    if (r == 0) return ECONNRESET;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// ---- the server ------------------------------------------------------------
+
+class TcpStoreServer {
+ public:
+  explicit TcpStoreServer(int port) {
+    listen_fd_ = listen_on(port);
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+  ~TcpStoreServer() {
+    {
+      const std::scoped_lock lock(mutex_);
+      stopping_ = true;
+      for (const int fd : clients_) ::shutdown(fd, SHUT_RDWR);
+    }
+    changed_.notify_all();
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    accept_thread_.join();
+    for (auto& t : threads_) t.join();
+    for (const int fd : clients_) ::close(fd);
+    ::close(listen_fd_);
+  }
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+ private:
+  static int listen_on(int port) {
+    // Dual-stack IPv6 first, then IPv4, like torch's server.
+    for (const int family : {AF_INET6, AF_INET}) {
+      const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      const int one = 1, zero = 0;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      int rc = -1;
+      if (family == AF_INET6) {
+        ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        sockaddr_in6 a{};
+        a.sin6_family = AF_INET6;
+        a.sin6_addr = in6addr_any;
+        a.sin6_port = htons(static_cast<std::uint16_t>(port));
+        rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      } else {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      }
+      if (rc == 0 && ::listen(fd, 1024) == 0) return fd;
+      const int e = errno;
+      ::close(fd);
+      if (family == AF_INET) {
+        throw ConfigError(fmt::format("rendezvous store: cannot listen on port {} (MASTER_PORT): {}", port, errno_text(e)));
+      }
+    }
+    throw ConfigError(fmt::format("rendezvous store: cannot listen on port {} (MASTER_PORT)", port));
+  }
+
+  void accept_loop() {
+    for (;;) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // shut down
+      }
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      const std::scoped_lock lock(mutex_);
+      if (stopping_) {
+        ::close(fd);
+        return;
+      }
+      clients_.push_back(fd);
+      threads_.emplace_back([this, fd] { serve(fd); });
+    }
+  }
+
+  bool read_string(int fd, std::string& out) {
+    std::uint64_t n = 0;
+    if (read_all(fd, &n, sizeof n) != 0 || n > (1ULL << 30)) return false;
+    out.resize(n);
+    return n == 0 || read_all(fd, out.data(), n) == 0;
+  }
+  bool read_keys(int fd, std::vector<std::string>& keys) {
+    std::uint64_t n = 0;
+    if (read_all(fd, &n, sizeof n) != 0 || n > 4096) return false;
+    keys.resize(n);
+    for (auto& k : keys) {
+      if (!read_string(fd, k)) return false;
+    }
+    return true;
+  }
+  static bool write_string(int fd, const std::string& s) {
+    const std::uint64_t n = s.size();
+    return write_all(fd, &n, sizeof n) && write_all(fd, s.data(), s.size());
+  }
+  bool all_present(const std::vector<std::string>& keys) const {
+    for (const auto& k : keys) {
+      if (data_.find(k) == data_.end()) return false;
+    }
+    return true;
+  }
+
+  /// One connection's requests until it closes or the server stops; an
+  /// unknown or malformed request drops the connection (as torch's does).
+  void serve(int fd) {
+    for (;;) {
+      std::uint8_t q = 0;
+      if (read_all(fd, &q, 1) != 0) break;
+      std::string key, value, expected;
+      std::vector<std::string> keys;
+      bool ok = true;
+      switch (q) {
+        case kSet:
+          ok = read_string(fd, key) && read_string(fd, value);
+          if (ok) {
+            const std::scoped_lock lock(mutex_);
+            data_[key] = value;
+            changed_.notify_all();
+          }
+          break;
+        case kCompareSet: {
+          ok = read_string(fd, key) && read_string(fd, expected) && read_string(fd, value);
+          if (!ok) break;
+          std::string current;
+          {
+            const std::scoped_lock lock(mutex_);
+            const auto it = data_.find(key);
+            if (it == data_.end()) {
+              if (expected.empty()) data_[key] = value;
+              current = expected.empty() ? value : expected;
+            } else {
+              if (it->second == expected) it->second = value;
+              current = it->second;
+            }
+            changed_.notify_all();
+          }
+          ok = write_string(fd, current);
+          break;
+        }
+        case kGet: {
+          ok = read_string(fd, key);
+          if (!ok) break;
+          std::string v;
+          {
+            const std::scoped_lock lock(mutex_);
+            const auto it = data_.find(key);
+            ok = it != data_.end();
+            if (ok) v = it->second;
+          }
+          ok = ok && write_string(fd, v);
+          break;
+        }
+        case kAdd: {
+          std::int64_t delta = 0;
+          ok = read_string(fd, key) && read_all(fd, &delta, sizeof delta) == 0;
+          if (!ok) break;
+          std::int64_t sum = 0;
+          {
+            const std::scoped_lock lock(mutex_);
+            std::string& v = data_[key];
+            std::int64_t current = 0;
+            std::from_chars(v.data(), v.data() + v.size(), current);
+            sum = current + delta;
+            v = std::to_string(sum);
+            changed_.notify_all();
+          }
+          ok = write_all(fd, &sum, sizeof sum);
+          break;
+        }
+        case kCheck: {
+          ok = read_keys(fd, keys);
+          if (!ok) break;
+          std::uint8_t ready = 1;
+          {
+            const std::scoped_lock lock(mutex_);
+            ready = all_present(keys) ? 0 : 1;
+          }
+          ok = write_all(fd, &ready, 1);
+          break;
+        }
+        case kWait: {
+          ok = read_keys(fd, keys);
+          if (!ok) break;
+          {
+            std::unique_lock lock(mutex_);
+            changed_.wait(lock, [&] { return stopping_ || all_present(keys); });
+            if (stopping_) return;
+          }
+          const std::uint8_t stop_waiting = 0;
+          ok = write_all(fd, &stop_waiting, 1);
+          break;
+        }
+        case kNumKeys: {
+          std::int64_t n = 0;
+          {
+            const std::scoped_lock lock(mutex_);
+            n = static_cast<std::int64_t>(data_.size());
+          }
+          ok = write_all(fd, &n, sizeof n);
+          break;
+        }
+        case kDelete: {
+          ok = read_string(fd, key);
+          if (!ok) break;
+          std::int64_t n = 0;
+          {
+            const std::scoped_lock lock(mutex_);
+            n = static_cast<std::int64_t>(data_.erase(key));
+          }
+          ok = write_all(fd, &n, sizeof n);
+          break;
+        }
+        default:
+          ok = false;
+      }
+      if (!ok) break;
+    }
+    const std::scoped_lock lock(mutex_);
+    if (!stopping_) {
+      std::erase(clients_, fd);
+      ::close(fd);
+    }
+  }
+
+  int listen_fd_ = -1;
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::map<std::string, std::string> data_;
+  std::vector<int> clients_;
+  std::vector<std::thread> threads_;
+};
+
+// ---- the client ------------------------------------------------------------
+
+namespace {
+
+/// A connected socket to host:port, retrying refused connections (the
+/// server may not listen yet) until `timeout`.
+int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last = "no address";
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+    if (rc != 0) {
+      throw ConfigError(fmt::format("rendezvous store: MASTER_ADDR '{}' does not resolve: {}", host, ::gai_strerror(rc)));
+    }
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        ::freeaddrinfo(found);
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return fd;
+      }
+      last = errno_text(errno);
+      ::close(fd);
+    }
+    ::freeaddrinfo(found);
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw CommError(-1, "rendezvous connect", 0,
+                      fmt::format("cannot reach the rendezvous store at {}:{} (MASTER_ADDR:MASTER_PORT) within {} s: {}",
+                                  host, port, timeout.count() / 1000, last));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+TcpStore::TcpStore(Options options) : options_(std::move(options)) {
+  if (options_.serve) server_ = std::make_unique<TcpStoreServer>(options_.port);
+  fd_ = connect_to(options_.serve ? std::string("127.0.0.1") : options_.host, options_.port, options_.timeout);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(options_.timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((options_.timeout.count() % 1000) * 1000);
+  ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  // As torch's clients do: count this worker at the server (no prefix).
+  const std::uint8_t q = kAdd;
+  send_bytes(&q, 1);
+  send_string("init/");
+  const std::int64_t one = 1;
+  send_bytes(&one, sizeof one);
+  std::int64_t count = 0;
+  recv_bytes(&count, sizeof count, "add");
+}
+
+TcpStore::~TcpStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TcpStore::send_bytes(const void* data, std::size_t n) {
+  if (!write_all(fd_, data, n)) {
+    throw CommError(-1, "rendezvous store", n, fmt::format("the store at {}:{} closed the connection", options_.host, options_.port));
+  }
+}
+void TcpStore::send_string(const std::string& s) {
+  const std::uint64_t n = s.size();
+  send_bytes(&n, sizeof n);
+  send_bytes(s.data(), s.size());
+}
+void TcpStore::recv_bytes(void* data, std::size_t n, const char* op) {
+  const int e = read_all(fd_, data, n);
+  if (e == 0) return;
+  if (e == EAGAIN || e == EWOULDBLOCK) {
+    throw CommError(-1, fmt::format("rendezvous {}", op), n,
+                    fmt::format("no answer from the store at {}:{} within {} s (a rank did not start?)", options_.host,
+                                options_.port, options_.timeout.count() / 1000));
+  }
+  throw CommError(-1, fmt::format("rendezvous {}", op), n,
+                  fmt::format("the store at {}:{}: {}", options_.host, options_.port, errno_text(e)));
+}
+std::vector<char> TcpStore::recv_vector(const char* op) {
+  std::uint64_t n = 0;
+  recv_bytes(&n, sizeof n, op);
+  std::vector<char> v(n);
+  if (n > 0) recv_bytes(v.data(), n, op);
+  return v;
+}
+
+void TcpStore::set(const std::string& key, const std::vector<char>& value) {
+  const std::uint8_t q = kSet;
+  send_bytes(&q, 1);
+  send_string(options_.prefix + key);
+  send_string(std::string(value.begin(), value.end()));
+}
+
+std::vector<char> TcpStore::get(const std::string& key) {
+  wait({key}, options_.timeout);
+  const std::uint8_t q = kGet;
+  send_bytes(&q, 1);
+  send_string(options_.prefix + key);
+  return recv_vector("get");
+}
+
+std::int64_t TcpStore::add(const std::string& key, std::int64_t delta) {
+  const std::uint8_t q = kAdd;
+  send_bytes(&q, 1);
+  send_string(options_.prefix + key);
+  send_bytes(&delta, sizeof delta);
+  std::int64_t sum = 0;
+  recv_bytes(&sum, sizeof sum, "add");
+  return sum;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  // WAIT's answer comes when the keys exist; a wait longer than the socket's
+  // receive timeout polls CHECK instead, so the connection never carries a
+  // late answer to an abandoned WAIT.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const std::uint8_t q = kCheck;
+    send_bytes(&q, 1);
+    const std::uint64_t n = keys.size();
+    send_bytes(&n, sizeof n);
+    for (const auto& k : keys) send_string(options_.prefix + k);
+    std::uint8_t ready = 1;
+    recv_bytes(&ready, 1, "check");
+    if (ready == 0) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw CommError(-1, "rendezvous wait", 0,
+                      fmt::format("key '{}' did not appear in the store at {}:{} within {} s (a rank did not start or "
+                                  "failed)",
+                                  keys.empty() ? std::string() : keys.front(), options_.host, options_.port,
+                                  timeout.count() / 1000));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void TcpStore::barrier(const std::string& name, int world) {
+  if (add(name + "/count", 1) == world) set(name + "/done", {'1'});
+  wait({name + "/done"}, options_.timeout);
+}
+
+// ---- torchrun's store --------------------------------------------------------
+
+std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port_text = std::getenv("MASTER_PORT");
+  if (addr == nullptr || port_text == nullptr || *addr == '\0') {
+    throw ConfigError(fmt::format("{} launched {} processes, but MASTER_ADDR and MASTER_PORT (the rendezvous store) are "
+                                  "not set: launch with torchrun, or with mpirun on a build with MPI",
+                                  env.launcher, env.world_size));
+  }
+  int port = 0;
+  const std::string_view pt(port_text);
+  const auto [end, ec] = std::from_chars(pt.data(), pt.data() + pt.size(), port);
+  if (ec != std::errc() || end != pt.data() + pt.size() || port < 1 || port > 65535) {
+    throw ConfigError(fmt::format("environment variable MASTER_PORT='{}' is not a port (1..65535)", pt));
+  }
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const char* run = std::getenv("TORCHELASTIC_RUN_ID");
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  TcpStore::Options o;
+  o.host = addr;
+  o.port = port;
+  o.serve = !(agent != nullptr && std::string_view(agent) == "True") && env.rank == 0;
+  o.timeout = timeout;
+  o.prefix = fmt::format("/pinfeed/{}/{}/", run != nullptr ? run : "run", restart != nullptr ? restart : "0");
+  pinfeed::detail::log().debug("rendezvous: {} the store at {}:{}", o.serve ? "serving" : "using", o.host, o.port);
+  return std::make_unique<TcpStore>(std::move(o));
+}
+
+}  // namespace pinfeed::trainer::detail

@@ -1,0 +1,68 @@
+#pragma once
+// A key-value store for bootstrapping a multi-process launch without MPI:
+// torchrun's rendezvous store (MASTER_ADDR:MASTER_PORT). It speaks the wire
+// protocol of torch.distributed's TCPStore as PyTorch 1.13 has it (u8
+// query type, u64 host-order length prefixes; see Note [TCPStore protocol]
+// in tcp_store.cpp), so it can be a client of the store torchrun's agent
+// already serves (static rendezvous, TORCHELASTIC_USE_AGENT_STORE=True), or
+// serve it itself from rank 0 (torchrun --standalone, where the workers'
+// rank 0 hosts the store, as init_process_group does).
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pinfeed/launch_env.hpp"
+
+namespace pinfeed::trainer::detail {
+
+class TcpStoreServer;
+
+class TcpStore {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";
+    int port = 29500;
+    bool serve = false;  ///< this process hosts the store on `port`
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< connect and wait limit
+    std::string prefix;  ///< put before every key (torch's "/" included)
+  };
+  explicit TcpStore(Options options);
+  ~TcpStore();
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  void set(const std::string& key, const std::vector<char>& value);
+  /// Waits for `key` (up to the timeout), then returns its value.
+  std::vector<char> get(const std::string& key);
+  /// Adds `delta` to the counter `key` (missing: 0) and returns the sum.
+  std::int64_t add(const std::string& key, std::int64_t delta);
+  /// Waits until every key exists; CommError after `timeout`.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  /// Every one of `world` ranks calls it with the same `name`: returns once
+  /// all have (a counter and a key the last one sets).
+  void barrier(const std::string& name, int world);
+
+  [[nodiscard]] const Options& options() const noexcept { return options_; }
+
+ private:
+  void send_bytes(const void* data, std::size_t n);
+  void send_string(const std::string& s);
+  void recv_bytes(void* data, std::size_t n, const char* op);
+  std::vector<char> recv_vector(const char* op);
+
+  Options options_;
+  std::unique_ptr<TcpStoreServer> server_;
+  int fd_ = -1;
+};
+
+/// The rendezvous store of a torchrun launch, from MASTER_ADDR/MASTER_PORT:
+/// a client of torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True),
+/// else hosted by rank 0. Keys are kept apart per run and restart
+/// (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) under "pinfeed/".
+/// ConfigError naming the variable when MASTER_ADDR/MASTER_PORT are missing
+/// or malformed.
+std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono::milliseconds timeout);
+
+}  // namespace pinfeed::trainer::detail
