@@ -506,6 +506,7 @@ Loader::Loader(LoaderConfig config)
   const unsigned local_ranks =
       config_.local_ranks != 0 ? config_.local_ranks : static_cast<unsigned>(std::max(1, read_launch_env().local_size));
   const unsigned threads = default_threads(config_.threads, local_ranks);
+  threads_ = threads;
 
   memory::BufferPool::Config pc;
   pc.slots = config_.prefetch;

@@ -27,7 +27,7 @@ from torch.utils.dlpack import from_dlpack
 from . import _pinfeed
 from ._pinfeed import ConfigError, DataError, Error
 
-__all__ = ["Loader", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError"]
+__all__ = ["Loader", "DistributedSampler", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError"]
 __version__ = "0.1.0"
 
 # The loader's options, declared once in C++ (loader/include/pinfeed/loader/
@@ -65,10 +65,22 @@ def _int_arg(name, value, lo, hi):
     return int(value)
 
 
+# Where a keyword of Loader means something else than the table's option of
+# the same name (DataLoader's meanings), or has another default.
+_PY_NOTES = {
+    "shuffle": "Loader's shuffle defaults to False, as DataLoader's",
+    "drop_last": "the sampler's: DistributedSampler(drop_last=); Loader's drop_last is drop_last_batch",
+    "drop_last_batch": "Loader's drop_last",
+    "prefetch": "or prefetch_factor",
+    "threads": "or num_workers",
+}
+
+
 def _options_doc():
     lines = []
     for o in _OPTIONS.values():
-        lines.append(f"    {o['name']}={o['default']!r}: {o['help']} ({o['range']})")
+        note = f" [{_PY_NOTES[o['name']]}]" if o["name"] in _PY_NOTES else ""
+        lines.append(f"    {o['name']}={o['default']!r}: {o['help']} ({o['range']}){note}")
     return "\n".join(lines)
 
 
@@ -92,27 +104,87 @@ def _triple(name, value):
 
 
 
+class DistributedSampler:
+    """The sampler's options under torch.utils.data.DistributedSampler's
+    names, for Loader(sampler=...):
+
+        loader = pinfeed.Loader(root, batch_size=256,
+                                sampler=pinfeed.DistributedSampler(shuffle=True, seed=0, drop_last=True))
+
+    num_replicas, rank: the shard (default: the launch, pinfeed.launch_env()).
+    shuffle, seed: the order of every epoch, from (seed, epoch).
+    drop_last: False pads the shards with the first samples so that every rank
+        has as many; True trims the dataset to a multiple of num_replicas.
+    The first argument (a dataset) is accepted and ignored, so that
+    DistributedSampler(dataset, ...) lines keep working; an instance of
+    torch's own DistributedSampler is accepted by Loader too (its options are
+    read from it, its dataset is not used).
+    """
+
+    def __init__(self, dataset=None, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+        del dataset  # pinfeed's loader owns the dataset
+        self.num_replicas, self.rank = num_replicas, rank
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+
+    def __repr__(self):
+        return (f"pinfeed.DistributedSampler(num_replicas={self.num_replicas}, rank={self.rank}, "
+                f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last})")
+
+
+_warned_num_workers = False
+
+
+def _pair(name, value, parts):
+    """(lo, hi) of two numbers, or ValueError/TypeError naming the argument."""
+    try:
+        lo, hi = value
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a pair ({parts}), got {value!r}") from None
+    for v in (lo, hi):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name} must be a pair of numbers ({parts}), got {value!r}")
+    return float(lo), float(hi)
+
+
 class Loader:
     """An iterable over (images, labels) batches, like torch.utils.data.DataLoader
-    with a DistributedSampler.
+    with a DistributedSampler; DataLoader's argument names mean what they mean
+    there (the README's migration table).
 
     data: an ImageFolder root, a file list ("relative/path label" lines), or
         tar shards ("train-{000000..000099}.tar").
-    transform: "random" (RandomResizedCrop + horizontal flip), "center"
-        (Resize(resize) + CenterCrop(size)) or "full" (the whole image resized).
+    batch_size, shuffle, drop_last: as DataLoader. shuffle defaults to False
+        (True with a sampler that says so); drop_last=True drops each rank's
+        last incomplete batch.
+    sampler: pinfeed.DistributedSampler(num_replicas, rank, shuffle, seed,
+        drop_last), or torch's DistributedSampler: the shard, the order and the
+        sampler's own drop_last (trim the dataset to a multiple of the ranks
+        instead of padding).
+    num_workers: taken as decode threads (threads=); pinfeed decodes on threads
+        of this process, not in worker processes. prefetch_factor: batches
+        loaded ahead, counted as DataLoader counts them (prefetch_factor x
+        num_workers); the pool gets one slot more, for the batch the loop holds.
+        persistent_workers: accepted; the threads always persist.
+    Epochs: each new iteration runs the next epoch (a new order and new
+        augmentation, from the seed), unless set_epoch(e) pinned it, as
+        DistributedSampler users do every epoch.
+    transform: "random" (RandomResizedCrop(size, scale, ratio) + horizontal
+        flip), "center" (Resize(resize) + CenterCrop(size)) or "full" (the
+        whole image resized). scale=(0.08, 1.0) and ratio=(3/4, 4/3) as
+        RandomResizedCrop's.
     layout: "nchw-f32" (normalized with mean/std, float32) or "nhwc-u8" (uint8,
         to normalize on the GPU).
-    rank, world_size: the shard; default from the launch (pinfeed.launch_env():
-        torch.distributed, torchrun, mpirun, srun), else 0 of 1. The local
-        rank is kept as `loader.local_rank`: the GPU this process feeds
-        (`images.cuda(loader.local_rank, non_blocking=True)`); the local world
-        size splits this host's pinned budget and, with threads=0, its cores.
+    rank, world_size: the shard; default from the sampler or the launch
+        (pinfeed.launch_env(): torch.distributed, torchrun, mpirun, srun), else
+        0 of 1. The local rank is kept as `loader.local_rank`: the GPU this
+        process feeds (`images.cuda(loader.local_rank, non_blocking=True)`);
+        the local world size splits this host's pinned budget and, with
+        threads=0, its cores.
     pin_memory: "auto" (pin within the host's budget, pageable beyond it or
         under memory pressure), True (the same, but a RuntimeWarning names the
         reason when fewer slots than `prefetch` can be pinned), "require"
         (raise pinfeed.ConfigError instead), or False (pageable). Ranks on one
-        host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE,
-        an srun step's SLURM_STEP_TASKS_PER_NODE) split the host's pinned budget between them.
+        host split the host's pinned budget between them.
     bad_sample: "replace" (a deterministic substitute, logged and counted) or
         "fail" (raise pinfeed.DataError naming the file). With "replace" the
         epoch still fails once more than `max_replaced_share` (default 1%) of
@@ -120,10 +192,14 @@ class Loader:
         failed to decode.
     max_classes: a label at or over it refuses the dataset (default 1,000,000).
     copy: yield tensors that own their memory (the slot is returned at once).
-    return_indices: yield (images, labels, indices) with the dataset indices.
+    return_indices: yield (images, labels, indices) with the dataset indices;
+    return_paths: yield the samples' paths too (after the indices if both):
+        (images, labels, paths).
+    classes, class_to_idx, samples: as torchvision's ImageFolder (for file
+        lists and shards the classes are the labels' numbers).
 
     Any other loader option of the table below is a keyword argument too
-    (scale_min=0.25, ratio_max=2.0, max_replacements=4, ...).
+    (max_replacements=4, dct_scaling=False, ...).
 
     Waiting for a batch never blocks Ctrl-C: KeyboardInterrupt comes within
     ~50 ms and the loader stays usable. One iteration runs at a time: iter()
@@ -131,14 +207,15 @@ class Loader:
     RuntimeError instead of taking the new run's batches.
     """
 
-    def __init__(self, data, batch_size=_default("batch_size"), *, transform=_default("crop"),
-                 size=_default("size"), resize=_default("resize"), flip=_default("flip"), layout=_default("layout"),
-                 mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None, seed=_default("seed"),
-                 shuffle=_default("shuffle"), drop_last=_default("drop_last"),
-                 drop_last_batch=_default("drop_last_batch"), threads=_default("threads"),
-                 prefetch=_default("prefetch"), pin_memory="auto", bad_sample=_default("bad_sample"), copy=False,
-                 return_indices=False, list_root=None, local_rank=None, max_classes=_default("max_classes"),
-                 max_replaced_share=_default("max_replaced_share"), **options):
+    def __init__(self, data, batch_size=_default("batch_size"), shuffle=None, sampler=None, *,
+                 num_workers=None, pin_memory="auto", drop_last=False, prefetch_factor=None,
+                 persistent_workers=False, transform=_default("crop"), size=_default("size"),
+                 resize=_default("resize"), scale=None, ratio=None, flip=_default("flip"),
+                 layout=_default("layout"), mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
+                 seed=None, threads=None, prefetch=None, bad_sample=_default("bad_sample"), copy=False,
+                 return_indices=False, return_paths=False, list_root=None, local_rank=None,
+                 max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"), **options):
+        global _warned_num_workers
         if not isinstance(data, (str, os.PathLike)):
             raise TypeError(f"data must be a path or a shard pattern, not {type(data).__name__}")
         if not any(pin_memory is v for v in (True, False)) and pin_memory not in ("auto", "require"):
@@ -147,8 +224,57 @@ class Loader:
         if not isinstance(transform, str) or transform not in crops:
             raise ValueError(f"transform must be one of {crops}, got {transform!r}")
         for name in options:
-            if name not in _OPTIONS or name in ("crop", "pin", "require_pinned"):
+            if name == "drop_last_batch":
+                raise TypeError("drop_last_batch is now drop_last (DataLoader's meaning: drop the last incomplete "
+                                "batch); the sampler's trim is DistributedSampler(drop_last=True)")
+            if name not in _OPTIONS or name in ("crop", "pin", "require_pinned", "drop_last"):
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+        if not isinstance(persistent_workers, bool):
+            raise TypeError(f"persistent_workers must be True or False, not {persistent_workers!r}")
+        # DataLoader's workers are processes; pinfeed's are decode threads.
+        if num_workers is not None:
+            if threads is not None:
+                raise TypeError("pass threads or num_workers (its DataLoader name), not both")
+            threads = _int_arg("num_workers", num_workers, 0, _OPTIONS["threads"]["max"])
+            if not _warned_num_workers:
+                _warned_num_workers = True
+                warnings.warn(f"pinfeed: num_workers={threads} is taken as threads={threads}: pinfeed decodes on "
+                              "threads of this process, not in worker processes (0: this process's share of the "
+                              "cores)", UserWarning, stacklevel=2)
+        if prefetch_factor is not None:
+            if prefetch is not None:
+                raise TypeError("pass prefetch (pool slots) or prefetch_factor (its DataLoader name), not both")
+            factor = _int_arg("prefetch_factor", prefetch_factor, 1, _OPTIONS["prefetch"]["max"])
+            prefetch = factor * max(1, threads or 1) + 1
+        threads = _default("threads") if threads is None else threads
+        prefetch = _default("prefetch") if prefetch is None else prefetch
+        # The sampler: pinfeed's, or torch's DistributedSampler read for its options.
+        sampler_trim = _default("drop_last")
+        if sampler is not None:
+            missing = [a for a in ("num_replicas", "rank", "shuffle", "seed", "drop_last") if not hasattr(sampler, a)]
+            if missing:
+                raise TypeError(f"sampler must be a pinfeed.DistributedSampler (or torch's), not "
+                                f"{type(sampler).__name__}: it lacks {', '.join(missing)}")
+            if shuffle is not None:
+                raise ValueError("sampler option is mutually exclusive with shuffle (as in DataLoader): "
+                                 "pass shuffle to the sampler")
+            if seed is not None and seed != sampler.seed:
+                raise ValueError(f"seed={seed} disagrees with the sampler's seed={sampler.seed}")
+            shuffle, seed, sampler_trim = sampler.shuffle, sampler.seed, sampler.drop_last
+            for name, mine, theirs in (("rank", rank, sampler.rank), ("world_size", world_size, sampler.num_replicas)):
+                if mine is not None and theirs is not None and mine != theirs:
+                    raise ValueError(f"{name}={mine} disagrees with the sampler's {theirs}")
+            rank = sampler.rank if rank is None else rank
+            world_size = sampler.num_replicas if world_size is None else world_size
+        shuffle = False if shuffle is None else shuffle
+        seed = _default("seed") if seed is None else seed
+        for name, value, keys, parts in (("scale", scale, ("scale_min", "scale_max"), "min area share, max"),
+                                         ("ratio", ratio, ("ratio_min", "ratio_max"), "min aspect ratio, max")):
+            if value is None:
+                continue
+            if any(k in options for k in keys):
+                raise TypeError(f"pass {name}=(lo, hi) or {keys[0]}/{keys[1]}, not both")
+            options[keys[0]], options[keys[1]] = _pair(name, value, parts)
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
         mean, std = _triple("mean", mean), _triple("std", std)
@@ -172,18 +298,22 @@ class Loader:
             "dataset": os.fspath(data), "list_root": None if list_root is None else os.fspath(list_root),
             "rank": rank, "world_size": world_size, "mean": list(mean), "std": list(std),
             "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "shuffle": shuffle,
-            "drop_last": drop_last, "drop_last_batch": drop_last_batch, "seed": seed, "crop": transform,
+            "drop_last": sampler_trim, "drop_last_batch": drop_last, "seed": seed, "crop": transform,
             "size": size, "resize": resize, "flip": flip, "layout": layout, "bad_sample": bad_sample,
             "pin": pin_memory is not False, "require_pinned": pin_memory == "require",
             "max_classes": max_classes, "max_replaced_share": max_replaced_share, **options,
         })
-        self.batch_size = batch_size
+        self.batch_size, self.drop_last, self.shuffle = batch_size, drop_last, shuffle
         self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.copy, self.return_indices = copy, return_indices
+        self.num_workers, self.prefetch = self._impl.threads(), prefetch
+        self.copy, self.return_indices, self.return_paths = copy, return_indices, return_paths
         self.pin_memory = pin_memory
-        self._epoch = 0
+        self._epoch = 0          # the epoch the next iteration runs
+        self._pinned_epoch = False  # set_epoch() was called: no advancing
+        self._current = None     # the epoch of the latest iteration
         self._resume = None
         self._active = None  # the running iteration's token
+        self._classes = None
         if pin_memory is True:
             report = self._impl.pin_report()
             if report["pinned_slots"] < report["slots"]:
@@ -195,10 +325,40 @@ class Loader:
         return dict(self._impl.pin_report())
 
     def set_epoch(self, epoch):
-        """The epoch the next iteration runs (its shuffle and augmentation)."""
-        if not isinstance(epoch, int) or epoch < 0:
+        """Pins the epoch the following iterations run (their order and
+        augmentation), as DistributedSampler.set_epoch does; without it each
+        new iteration runs the next epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self._epoch = epoch
+        self._epoch = int(epoch)
+        self._pinned_epoch = True
+
+    @property
+    def epoch(self):
+        """The epoch of the latest iteration (None before the first)."""
+        return self._current
+
+    @property
+    def classes(self):
+        """The class names, index = label (torchvision's ImageFolder.classes)."""
+        if self._classes is None:
+            self._classes = list(self._impl.classes())
+        return self._classes
+
+    @property
+    def class_to_idx(self):
+        """{class name: label}, as torchvision's ImageFolder."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def samples(self):
+        """Every sample's (path, label) in dataset order (index = the indices
+        return_indices yields), as torchvision's ImageFolder.samples."""
+        return [tuple(s) for s in self._impl.samples()]
+
+    def paths(self, indices):
+        """The paths of dataset indices (a path, or "shard.tar:member")."""
+        return list(self._impl.describe([int(i) for i in indices]))
 
     def __len__(self):
         return self._impl.batches_per_epoch()
@@ -220,9 +380,12 @@ class Loader:
         if self._resume is not None:
             s, self._resume = self._resume, None
             self._impl.restore(s["seed"], s["epoch"], s["position"], s["world_size"], s["rank"])
-            self._epoch = s["epoch"]
+            self._current = int(s["epoch"])
         else:
             self._impl.begin_epoch(self._epoch)
+            self._current = self._epoch
+        if not self._pinned_epoch:
+            self._epoch = self._current + 1  # the next iteration runs the next epoch
 
     def _batches(self, token):
         try:
@@ -239,7 +402,12 @@ class Loader:
                 del images_capsule, labels_capsule
                 if self.copy:
                     images, labels = images.clone(), labels.clone()  # the slot goes back now
-                yield (images, labels, indices) if self.return_indices else (images, labels)
+                out = (images, labels)
+                if self.return_indices:
+                    out += (indices,)
+                if self.return_paths:
+                    out += (self._impl.describe(indices),)
+                yield out
         finally:
             if self._active is token:
                 self._active = None

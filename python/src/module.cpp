@@ -255,6 +255,33 @@ class PyLoader {
   [[nodiscard]] std::size_t samples_per_epoch() const { return loader_->samples_per_epoch(); }
   [[nodiscard]] std::size_t num_classes() const { return loader_->dataset().num_classes(); }
   [[nodiscard]] long live_batches() const { return live_->load(); }
+  [[nodiscard]] unsigned threads() const { return loader_->threads(); }
+  /// The class names: ImageFolder's folders, else "0", "1", ... (labels).
+  [[nodiscard]] std::vector<std::string> classes() const {
+    if (const auto* folder = dynamic_cast<const pl::ImageFolder*>(&loader_->dataset())) return folder->classes();
+    std::vector<std::string> names;
+    for (std::size_t c = 0; c < loader_->dataset().num_classes(); ++c) names.push_back(std::to_string(c));
+    return names;
+  }
+  /// Where each of `indices` lives (a path, or "shard.tar:member").
+  [[nodiscard]] std::vector<std::string> describe(const std::vector<std::size_t>& indices) const {
+    const pl::Dataset& d = loader_->dataset();
+    std::vector<std::string> out;
+    out.reserve(indices.size());
+    for (const std::size_t i : indices) {
+      if (i >= d.size()) throw py::index_error(fmt::format("sample {} is not in the dataset of {}", i, d.size()));
+      out.push_back(d.describe(i));
+    }
+    return out;
+  }
+  /// Every sample's (path, label), in dataset order.
+  [[nodiscard]] std::vector<std::pair<std::string, std::int64_t>> samples() const {
+    const pl::Dataset& d = loader_->dataset();
+    std::vector<std::pair<std::string, std::int64_t>> out;
+    out.reserve(d.size());
+    for (std::size_t i = 0; i < d.size(); ++i) out.emplace_back(d.describe(i), d.label(i));
+    return out;
+  }
   [[nodiscard]] py::dict pin_report() const {
     const pl::PinReport& r = loader_->pin_report();
     py::dict d;
@@ -315,6 +342,10 @@ PYBIND11_MODULE(_pinfeed, m) {
       .def("samples_per_epoch", &PyLoader::samples_per_epoch)
       .def("num_classes", &PyLoader::num_classes)
       .def("live_batches", &PyLoader::live_batches)
+      .def("threads", &PyLoader::threads)
+      .def("classes", &PyLoader::classes)
+      .def("describe", &PyLoader::describe)
+      .def("samples", &PyLoader::samples)
       .def("pin_report", &PyLoader::pin_report)
       .def("stats_json", &PyLoader::stats_json);
   m.def(

@@ -1,13 +1,38 @@
+"""Fixtures of the Python suite. It runs against the build tree (ctest sets
+PYTHONPATH, PINFEED_DATA_TOOL and PINFEED_CAPI) or against an installed
+package (pip install; .ci/run's wheel check), where the tools are the
+package's own and the C ABI tests skip."""
 import os
 import subprocess
 
 import pytest
 
+import pinfeed
+from pinfeed import _tools
+
+
+def data_tool():
+    """pinfeed-data: the build tree's, else the installed package's."""
+    return os.environ.get("PINFEED_DATA_TOOL") or _tools.path("pinfeed-data")
+
+
+@pytest.fixture(scope="session")
+def capi():
+    """The path of libpinfeed.so (the C ABI is not part of the wheel)."""
+    path = os.environ.get("PINFEED_CAPI")
+    if not path:
+        pytest.skip("PINFEED_CAPI is not set: the C ABI comes with the CMake build, not the wheel")
+    return path
+
 
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory):
-    """4 classes x 10 JPEGs (+ a val split), written by pinfeed-data."""
+    """4 classes x 12 JPEGs (+ a val split), written by pinfeed-data."""
     root = tmp_path_factory.mktemp("data")
-    subprocess.run([os.environ["PINFEED_DATA_TOOL"], "-q", "make", "--out", str(root), "--classes", "4",
+    subprocess.run([data_tool(), "-q", "make", "--out", str(root), "--classes", "4",
                     "--per-class", "12", "--val", "0.17", "--seed", "3"], check=True)
     return root / "train"
+
+
+def pytest_report_header(config):
+    return f"pinfeed {pinfeed.__version__} from {os.path.dirname(pinfeed.__file__)}"

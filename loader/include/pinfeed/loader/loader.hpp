@@ -225,6 +225,8 @@ class Loader {
   [[nodiscard]] memory::BufferPool& pool() noexcept { return *pool_; }
   [[nodiscard]] const LoaderConfig& config() const noexcept { return config_; }
   [[nodiscard]] const PinReport& pin_report() const noexcept { return pin_report_; }
+  /// The decode threads it runs (config().threads, or default_threads()).
+  [[nodiscard]] unsigned threads() const noexcept { return threads_; }
 
   /// Range-for over the rest of the current epoch.
   class Iterator {
@@ -264,6 +266,7 @@ class Loader {
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<detail::EpochRun> run_;
   PinReport pin_report_;
+  unsigned threads_ = 1;
   // Per class: samples decoded this run (reset by start()). With the bad
   // samples' classes, it tells a class with nothing decodable.
   std::unique_ptr<std::atomic<std::uint32_t>[]> class_good_;

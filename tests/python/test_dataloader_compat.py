@@ -1,0 +1,140 @@
+"""DataLoader's argument names mean what they mean in DataLoader: every row
+of the README's migration table, through the real loader."""
+import os
+import warnings
+
+import pytest
+import torch
+
+import pinfeed
+
+
+def loader(dataset, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("size", 16)
+    kw.setdefault("threads", 2)
+    return pinfeed.Loader(str(dataset), **kw)
+
+
+def order(l):
+    return [int(i) for _, _, idx in l for i in idx]
+
+
+def test_drop_last_drops_the_last_incomplete_batch_as_dataloader(dataset):
+    # 40 samples in batches of 6: six full batches and one of 4.
+    sizes = [len(labels) for _, labels in loader(dataset, batch_size=6)]
+    assert sizes == [6] * 6 + [4]
+    sizes = [len(labels) for _, labels in loader(dataset, batch_size=6, drop_last=True)]
+    assert sizes == [6] * 6
+    assert len(loader(dataset, batch_size=6, drop_last=True)) == 6
+    with pytest.raises(TypeError, match="drop_last_batch is now drop_last"):
+        loader(dataset, drop_last_batch=True)
+
+
+def test_the_samplers_drop_last_trims_the_dataset_as_distributedsampler(dataset):
+    def per_rank(trim):
+        s = pinfeed.DistributedSampler(num_replicas=3, rank=0, shuffle=False, drop_last=trim)
+        return sum(len(labels) for _, labels in loader(dataset, sampler=s))
+    assert per_rank(False) == 14  # ceil(40 / 3): padded
+    assert per_rank(True) == 13   # floor(40 / 3): trimmed
+    ds = torch.utils.data.DistributedSampler(range(40), num_replicas=3, rank=0, shuffle=False, drop_last=True)
+    assert sum(len(y) for _, y in loader(dataset, sampler=ds)) == 13
+
+
+def test_a_torch_distributedsampler_gives_its_shard_order_and_seed(dataset):
+    ds = torch.utils.data.DistributedSampler(range(40), num_replicas=2, rank=1, shuffle=True, seed=7)
+    l = loader(dataset, sampler=ds, return_indices=True)
+    assert (l.rank, l.world_size, l.seed, l.shuffle) == (1, 2, 7, True)
+    mine = pinfeed.DistributedSampler(None, num_replicas=2, rank=1, shuffle=True, seed=7)
+    assert order(l) == order(loader(dataset, sampler=mine, return_indices=True))
+    with pytest.raises(ValueError, match="mutually exclusive with shuffle"):
+        loader(dataset, sampler=mine, shuffle=True)
+    with pytest.raises(ValueError, match="rank=0 disagrees"):
+        loader(dataset, sampler=mine, rank=0)
+    with pytest.raises(TypeError, match="lacks"):
+        loader(dataset, sampler=torch.utils.data.SequentialSampler(range(40)))
+
+
+def test_shuffle_defaults_to_false_as_dataloader(dataset):
+    assert order(loader(dataset, return_indices=True)) == list(range(40))
+    assert order(loader(dataset, shuffle=True, return_indices=True)) != list(range(40))
+
+
+def test_each_new_iteration_runs_the_next_epoch_unless_set_epoch_pinned_it(dataset):
+    l = loader(dataset, shuffle=True, seed=3, return_indices=True)
+    assert l.epoch is None
+    e0 = order(l)
+    assert l.epoch == 0
+    e1 = order(l)
+    assert l.epoch == 1
+    assert e0 != e1 and sorted(e0) == sorted(e1) == list(range(40))
+    # Deterministic from the seed: a new loader walks the same epochs.
+    again = loader(dataset, shuffle=True, seed=3, return_indices=True)
+    assert [order(again), order(again)] == [e0, e1]
+    # set_epoch pins: the same epoch on every iteration, as DistributedSampler.
+    again.set_epoch(1)
+    assert order(again) == e1 and order(again) == e1 and again.epoch == 1
+
+
+def test_augmentation_changes_with_the_epoch_without_set_epoch(dataset):
+    l = loader(dataset, transform="random", seed=1)
+    first = next(iter(l))[0].clone()
+    second = next(iter(l))[0]  # a new iteration: epoch 1, the same first samples (no shuffle)
+    assert not torch.equal(first, second)
+
+
+def test_num_workers_is_taken_as_threads_with_one_warning(dataset):
+    pinfeed._warned_num_workers = False
+    with pytest.warns(UserWarning, match="num_workers=3 is taken as threads=3"):
+        l = loader(dataset, threads=None, num_workers=3)
+    assert l.num_workers == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader(dataset, threads=None, num_workers=2)  # once per process
+    with pytest.raises(TypeError, match="not both"):
+        loader(dataset, threads=2, num_workers=2)
+
+
+def test_prefetch_factor_counts_batches_ahead_as_dataloader_and_persistent_workers_is_accepted(dataset):
+    l = loader(dataset, threads=None, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    assert l.pin_report()["slots"] == 2 * 2 + 1  # ahead, plus the batch the loop holds
+    assert l.prefetch == 5
+    with pytest.raises(TypeError, match="not both"):
+        loader(dataset, prefetch=3, prefetch_factor=2)
+    with pytest.raises(TypeError, match="persistent_workers"):
+        loader(dataset, persistent_workers="yes")
+
+
+def test_pin_memory_false_gives_pageable_batches(dataset):
+    assert loader(dataset, pin_memory=False).pin_report()["pinned_slots"] == 0
+
+
+def test_scale_and_ratio_are_randomresizedcrops(dataset):
+    wide = loader(dataset, transform="random", scale=(0.9, 1.0), ratio=(0.99, 1.01), flip=False, seed=2)
+    tight = loader(dataset, transform="random", scale=(0.08, 0.1), ratio=(0.99, 1.01), flip=False, seed=2)
+    assert not torch.equal(next(iter(wide))[0], next(iter(tight))[0])
+    with pytest.raises(ValueError):
+        loader(dataset, scale=(0.9, 0.5))  # out of order: named by the C++ check
+    with pytest.raises(TypeError, match="not both"):
+        loader(dataset, scale=(0.5, 1.0), scale_min=0.3)
+    with pytest.raises(TypeError, match="pair"):
+        loader(dataset, ratio=0.75)
+
+
+def test_classes_class_to_idx_and_samples_are_imagefolders(dataset):
+    torchvision = pytest.importorskip("torchvision")
+    ref = torchvision.datasets.ImageFolder(str(dataset))
+    l = loader(dataset)
+    assert l.classes == ref.classes
+    assert l.class_to_idx == ref.class_to_idx
+    assert [(os.path.realpath(p), y) for p, y in l.samples] == [(os.path.realpath(p), y) for p, y in ref.samples]
+
+
+def test_return_paths_names_the_files_of_every_batch(dataset):
+    l = loader(dataset, shuffle=True, return_indices=True, return_paths=True)
+    samples = l.samples
+    for images, labels, indices, paths in l:
+        assert len(paths) == len(indices) == images.shape[0]
+        assert paths == [samples[i][0] for i in indices]
+        assert labels.tolist() == [samples[i][1] for i in indices]
+    assert l.paths([0]) == [samples[0][0]]
