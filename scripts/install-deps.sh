@@ -19,7 +19,6 @@ packages=(
   libopenblas-dev       # trainer: the CPU backend's matrix products (cblas_sgemm)
   libopenmpi-dev openmpi-bin  # trainer: multi-process launch (mpirun), MPI all-reduce on CPU
   libgloo-dev           # trainer: CPU all-reduce across processes under torchrun (no MPI)
-  patchelf              # auditwheel repair (the manylinux wheel)
   gnuplot-nox           # pinfeed-train --compare: the loss-curve plot (PNG)
   python3-dev pybind11-dev libdlpack-dev  # the Python module (zero-copy tensors through DLPack)
   python3-torch python3-pytest            # its tests, and the PyTorch side of bench/peers

@@ -80,12 +80,12 @@ py::capsule make_capsule(const std::shared_ptr<Holder>& h, void* data, DLDataTyp
 void set_option(pl::LoaderConfig& c, const pl::LoaderOption& o, const py::handle& v) {
   // Integral: anything with __index__ (int, numpy integers, IntEnum), not
   // bool; real: anything with __float__ (float, numpy floats) or integral.
-  const bool is_bool = PyBool_Check(v.ptr()) != 0 || py::str(v.get_type().attr("__name__")).cast<std::string>() == "bool_";
+  const bool is_bool = PyBool_Check(v.ptr()) != 0 || py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>() == "bool_";
   const bool is_int = !is_bool && PyIndex_Check(v.ptr()) != 0;
   const bool is_real = is_int || (!is_bool && PyUnicode_Check(v.ptr()) == 0 && py::hasattr(v, "__float__"));
   const auto wrong = [&](const char* want) {
     return py::type_error(fmt::format("{} must be {}, not {} ({})", o.name, want,
-                                      py::str(v.get_type().attr("__name__")).cast<std::string>(),
+                                      py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>(),
                                       py::repr(v).cast<std::string>()));
   };
   const auto as_int_text = [&] {
