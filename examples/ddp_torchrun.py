@@ -118,7 +118,7 @@ def train(a):
             loader.set_epoch(epoch)
         model.train()
         it = iter(loader)
-        steps, images, wait, t_epoch = 0, 0, 0.0, time.perf_counter()
+        steps, images, wait, loss_sum, t_epoch = 0, 0, 0.0, 0.0, time.perf_counter()
         while a.max_steps == 0 or steps < a.max_steps:
             t0 = time.perf_counter()
             try:
@@ -136,6 +136,7 @@ def train(a):
             mean = mean.item() / world
             t2 = time.perf_counter()
             wait += t1 - t0
+            loss_sum += mean
             steps += 1
             images += y.shape[0] * world
             rows.append(dict(label=a.label or f"{a.loader} x{world}", loader=a.loader, processes=world, batch=a.batch,
@@ -146,7 +147,7 @@ def train(a):
         share = torch.tensor([wait / max(seconds, 1e-9)])
         dist.all_reduce(share, op=dist.ReduceOp.MAX)
         if rank == 0:
-            print(f"epoch {epoch + 1}/{a.epochs}  loss {rows[-1]['loss']:.4f}  {images / seconds:.0f} img/s  "
+            print(f"epoch {epoch + 1}/{a.epochs}  loss {loss_sum / max(steps, 1):.4f}  {images / seconds:.0f} img/s  "
                   f"data wait {100 * share.item():.1f}% of each step  ({a.loader}, {world} processes, "
                   f"batch {a.batch}, lr {lr:.4g})", flush=True)
     if rank == 0 and a.csv:
@@ -192,15 +193,21 @@ def plot(csv_path, png):
             runs.setdefault(r["label"], []).append(r)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     summary = []
-    for label, rows in runs.items():
+    window = 10  # steps: a running mean, the raw curve faint behind it
+    for i, (label, rows) in enumerate(runs.items()):
         if rows[0]["loader"] == "pinfeed":
-            left.plot(range(1, len(rows) + 1), [float(r["loss"]) for r in rows], label=label)
+            loss = [float(r["loss"]) for r in rows]
+            smooth = [sum(loss[max(0, k - window + 1):k + 1]) / len(loss[max(0, k - window + 1):k + 1])
+                      for k in range(len(loss))]
+            left.plot(range(1, len(loss) + 1), loss, color=f"C{i}", alpha=0.25, linewidth=0.8)
+            left.plot(range(1, len(loss) + 1), smooth, color=f"C{i}", label=f"{label} (mean of {window} steps)")
         # Throughput and wait share over the steps after the first epoch's first (warm-up) step.
         body = rows[1:] or rows
         seconds = sum(float(r["step_seconds"]) for r in body)
         images = len(body) * int(rows[0]["batch"])
         wait = sum(float(r["wait_seconds"]) for r in body) / max(seconds, 1e-9)
-        summary.append((label, images / max(seconds, 1e-9), wait, float(rows[-1]["loss"])))
+        last = [float(r["loss"]) for r in rows if r["epoch"] == rows[-1]["epoch"]]
+        summary.append((label, images / max(seconds, 1e-9), wait, sum(last) / len(last)))
     left.set_xlabel("step (same global batch)")
     left.set_ylabel("training loss (mean over ranks)")
     left.set_title("1 vs N processes, pinfeed.Loader")
@@ -210,12 +217,13 @@ def plot(csv_path, png):
     for b, s in zip(bars, summary):
         right.annotate(f"{s[1]:.0f} img/s\nwait {100 * s[2]:.0f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
                        ha="center", va="bottom", fontsize=9)
+    right.set_ylim(0, 1.2 * max(s[1] for s in summary))
     right.set_ylabel("images/s (global)")
     right.set_title("throughput and data-wait share")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     for label, rate, wait, loss in summary:
-        print(f"{label:12s} {rate:8.0f} img/s  data wait {100 * wait:5.1f}%  final loss {loss:.4f}")
+        print(f"{label:12s} {rate:8.0f} img/s  data wait {100 * wait:5.1f}%  last epoch's mean loss {loss:.4f}")
     print(f"wrote {csv_path} and {png}")
 
 
