@@ -79,7 +79,7 @@ Reads measure_reads(const pl::Dataset& dataset, std::size_t n_files, std::size_t
 double measure_resize(const pl::Dataset& dataset, const pl::LoaderConfig& config, std::size_t n_files,
                       std::size_t repeat) {
   const pl::TransformConfig& t = config.transform;
-  const int n = t.size;
+  const int n = t.out_width(), n_rows = t.out_height();
   pl::JpegDecoder decoder;
   std::vector<std::byte> bytes;
   std::vector<int> widths;
@@ -101,8 +101,8 @@ double measure_resize(const pl::Dataset& dataset, const pl::LoaderConfig& config
   for (std::size_t r = 0; r < repeat; ++r) {
     const auto t0 = Clock::now();
     for (const int w : widths) {
-      for (int y = 0; y < n; y += 16) {
-        const int rows = std::min(16, n - y);
+      for (int y = 0; y < n_rows; y += 16) {
+        const int rows = std::min(16, n_rows - y);
         if (w != n) libyuv::ARGBScale(band.data(), w * 4, w, rows, band_out.data(), n * 4, n, rows, libyuv::kFilterLinear);
       }
     }
@@ -111,15 +111,15 @@ double measure_resize(const pl::Dataset& dataset, const pl::LoaderConfig& config
   return median(resizes);
 }
 
-/// Output, µs per image: an n x n BGRA image, no resize, written by the
+/// Output, µs per image: an output-sized BGRA image, no resize, written by the
 /// SampleWriter to the next place of a pinned buffer the size of the pool.
 double measure_output(const pl::LoaderConfig& config, std::size_t repeat) {
   const pl::TransformConfig& t = config.transform;
-  const int n = t.size;
   pl::SampleWriter writer(t);
   pl::DecodedImage image;
-  image.width = image.height = n;
-  image.pixels.assign(static_cast<std::size_t>(n) * static_cast<std::size_t>(n) * 4, 100);
+  image.width = t.out_width();
+  image.height = t.out_height();
+  image.pixels.assign(static_cast<std::size_t>(image.width) * static_cast<std::size_t>(image.height) * 4, 100);
   pinfeed::memory::PinnedResource pinned;
   const std::size_t places = std::max<std::size_t>(1, config.batch_size * config.prefetch);
   const Block pool = allocate_block(pinned, places * t.sample_bytes());

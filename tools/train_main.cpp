@@ -177,7 +177,8 @@ int main(int argc, char** argv) {
   // weights; threads are shared by the workers; prefetch is per worker).
   pinfeed::tools::add_loader_flags(app, config.loader,
                                    {"seed", "size", "resize", "crop", "scale_min", "scale_max", "ratio_min", "ratio_max",
-                                    "flip", "threads", "prefetch", "bad_sample", "max_replaced_share", "max_classes",
+                                    "flip", "flip_p", "interpolation", "threads", "prefetch", "bad_sample",
+                                    "max_replaced_share", "max_classes",
                                     "pin", "pinned_fraction"});
   app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
   app.add_flag("--host-normalize", host_normalize, "normalize on the host (float32 batches) instead of on the device");

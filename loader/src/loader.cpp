@@ -658,8 +658,10 @@ std::optional<Batch> Loader::next() {
   p.capacity = config_.batch_size;
   p.sample_bytes = config_.transform.sample_bytes();
   p.layout = config_.transform.layout;
-  const auto n = b->labels.size(), s = static_cast<std::size_t>(config_.transform.size);
-  p.shape = p.layout == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, s, s, 3} : std::array<std::size_t, 4>{n, 3, s, s};
+  const auto n = b->labels.size();
+  const auto h = static_cast<std::size_t>(config_.transform.out_height());
+  const auto w = static_cast<std::size_t>(config_.transform.out_width());
+  p.shape = p.layout == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, h, w, 3} : std::array<std::size_t, 4>{n, 3, h, w};
   p.labels = std::move(b->labels);
   p.label_offset = config_.label_offset();
   // The labels' int32 copy goes into the slot (max_classes keeps every

@@ -74,6 +74,7 @@ LoaderOption choice(std::string_view name, std::vector<std::string_view> choices
 std::string_view print_pin_method(memory::PinMethod m) { return memory::to_string(m); }
 std::string_view print_crop(CropMode m) { return to_string(m); }
 std::string_view print_layout(Layout l) { return to_string(l); }
+std::string_view print_interpolation(Interpolation i) { return to_string(i); }
 std::string_view print_policy(BadSamplePolicy p) { return to_string(p); }
 
 std::vector<LoaderOption> make_options() {
@@ -91,7 +92,8 @@ std::vector<LoaderOption> make_options() {
       choice<&parse_crop_mode, &print_crop, &L::transform, &T::crop>(
           "crop", enum_choices(kCropModeWords),
           "random (RandomResizedCrop + flip), center (Resize + CenterCrop), full (the whole image resized)"),
-      integer<&L::transform, &T::size>("size", kMinImageSize, kMaxImageSize, "output height and width, pixels"),
+      integer<&L::transform, &T::size>("size", kMinImageSize, kMaxImageSize, "output width, and height unless height is set, pixels"),
+      integer<&L::transform, &T::height>("height", 0, kMaxImageSize, "output height, pixels (0: size, square)"),
       integer<&L::transform, &T::resize>("resize", 1, kMaxResize,
                                          "center crop: the shorter side before cropping (>= size)"),
       real<&L::transform, &T::scale_min>("scale_min", 0, true, 1, "RandomResizedCrop: smallest area share"),
@@ -99,6 +101,10 @@ std::vector<LoaderOption> make_options() {
       real<&L::transform, &T::ratio_min>("ratio_min", 0, true, kMaxAspectRatio, "RandomResizedCrop: smallest aspect ratio"),
       real<&L::transform, &T::ratio_max>("ratio_max", 0, true, kMaxAspectRatio, "RandomResizedCrop: largest aspect ratio"),
       boolean<&L::transform, &T::flip>("flip", "random horizontal flip (random crop only)"),
+      real<&L::transform, &T::flip_p>("flip_p", 0, false, 1, "the flip's probability"),
+      choice<&parse_interpolation, &print_interpolation, &L::transform, &T::interpolation>(
+          "interpolation", enum_choices(kInterpolationWords),
+          "bilinear (antialiased: box averages while shrinking over 2x) or nearest (the pixel under each centre)"),
       choice<&parse_layout, &print_layout, &L::transform, &T::layout>(
           "layout", enum_choices(kLayoutWords), "nchw-f32 (normalized float32) or nhwc-u8 (to normalize on the device)"),
       boolean<&L::transform, &T::dct_scaling>("dct_scaling", "decode at 1/2, 1/4, 1/8 where the output allows"),

@@ -27,14 +27,25 @@ std::string_view to_string(CropMode m) noexcept { return enum_word(kCropModeWord
 
 std::string_view to_string(Layout l) noexcept { return enum_word(kLayoutWords, l); }
 
+Interpolation parse_interpolation(std::string_view text) { return parse_enum(kInterpolationWords, text, "interpolation"); }
+
+std::string_view to_string(Interpolation i) noexcept { return enum_word(kInterpolationWords, i); }
+
 void TransformConfig::validate() const {
   if (size < kMinImageSize || size > kMaxImageSize) {
     throw ConfigError(fmt::format("transform size must be {}..{}, got {}", kMinImageSize, kMaxImageSize, size));
   }
-  if (crop == CropMode::center && (resize < size || resize > kMaxResize)) {
-    throw ConfigError(fmt::format("transform resize must be at least size for a center crop: {}..{}, got {}", size,
-                                  kMaxResize, resize));
+  if (height != 0 && (height < kMinImageSize || height > kMaxImageSize)) {
+    throw ConfigError(fmt::format("transform height must be 0 (= size) or {}..{}, got {}", kMinImageSize, kMaxImageSize,
+                                  height));
   }
+  const int longer = std::max(out_width(), out_height());
+  if (crop == CropMode::center && (resize < longer || resize > kMaxResize)) {
+    throw ConfigError(fmt::format("transform resize must be at least the crop's longer side for a center crop: {}..{}, "
+                                  "got {}",
+                                  longer, kMaxResize, resize));
+  }
+  if (!(flip_p >= 0 && flip_p <= 1)) throw ConfigError(fmt::format("transform flip_p must be in [0, 1], got {}", flip_p));
   if (!(scale_min > 0 && scale_min <= scale_max && scale_max <= 1.0)) {
     throw ConfigError(fmt::format("transform scale range [{}, {}] must satisfy 0 < min <= max <= 1", scale_min, scale_max));
   }
@@ -47,7 +58,7 @@ void TransformConfig::validate() const {
 }
 
 std::size_t TransformConfig::sample_bytes() const noexcept {
-  return static_cast<std::size_t>(size) * static_cast<std::size_t>(size) * 3 * element_bytes();
+  return static_cast<std::size_t>(out_width()) * static_cast<std::size_t>(out_height()) * 3 * element_bytes();
 }
 
 namespace {
@@ -78,12 +89,12 @@ Region random_resized_region(int width, int height, const TransformConfig& c, Sa
 }
 
 Region center_region(int width, int height, const TransformConfig& c) {
-  // Resize(shorter = resize) then CenterCrop(size) keeps, of the original, a
-  // centred size/resize fraction of the shorter side.
-  const double keep = static_cast<double>(c.size) / c.resize;
-  const int shorter = std::min(width, height);
-  const int side = std::clamp(static_cast<int>(std::lround(shorter * keep)), 1, shorter);
-  return Region{(width - side) / 2, (height - side) / 2, side, side};
+  // Resize(shorter = resize) then CenterCrop(h, w) keeps, of the original, a
+  // centred w/resize by h/resize fraction of the shorter side.
+  const double unit = static_cast<double>(std::min(width, height)) / c.resize;
+  const int w = std::clamp(static_cast<int>(std::lround(c.out_width() * unit)), 1, width);
+  const int h = std::clamp(static_cast<int>(std::lround(c.out_height() * unit)), 1, height);
+  return Region{(width - w) / 2, (height - h) / 2, w, h};
 }
 
 }  // namespace
@@ -103,7 +114,7 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRn
   switch (c.crop) {
     case CropMode::random_resized:
       p.region = random_resized_region(header.width, header.height, c, rng);
-      p.flip = c.flip && rng.uniform() < 0.5;
+      p.flip = c.flip && rng.uniform() < c.flip_p;
       break;
     case CropMode::center: p.region = center_region(header.width, header.height, c); break;
     case CropMode::full: p.region = Region{0, 0, header.width, header.height}; break;
@@ -112,7 +123,7 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRn
     // Only the scales libjpeg-turbo accelerates, and only while the scaled
     // region still covers the output (never upsample what DCT scaling dropped).
     for (const int s : {8, 4, 2}) {
-      if (p.region.width / s >= c.size && p.region.height / s >= c.size) {
+      if (p.region.width / s >= c.out_width() && p.region.height / s >= c.out_height()) {
         p.scale = s;
         break;
       }
@@ -217,7 +228,7 @@ SampleWriter::SampleWriter(const TransformConfig& config) : config_(config) {
     scale_[ch] = 1.0F / (255.0F * config_.std[ch]);
     bias_[ch] = -config_.mean[ch] / config_.std[ch];
   }
-  const auto n = static_cast<std::size_t>(config_.size);
+  const auto n = static_cast<std::size_t>(config_.out_width());
   band_out_.resize(n * 4 * kBand);
   mirrored_.resize(n * 4);
 }
@@ -234,22 +245,31 @@ void SampleWriter::prepare(bool flip, std::span<std::byte> out) {
 void SampleWriter::begin(int width, int height) {
   if (out_.empty()) throw Error("sample writer: rows arrived before prepare()");
   if (width <= 0 || height <= 0) throw Error(fmt::format("sample writer: empty region {}x{}", width, height));
-  const int n = config_.size;
+  const int nw = config_.out_width(), nh = config_.out_height();
+  const bool nearest = config_.interpolation == Interpolation::nearest;
   src_w_ = width;
   src_h_ = height;
   // Exact 2:1 averages while the shrink exceeds 2x (a box filter: two-tap
-  // bilinear sampling would skip pixels and alias), then bilinear.
+  // bilinear sampling would skip pixels and alias), then bilinear. Nearest
+  // samples the source as it is.
   col_halvings_ = 0;
   width_ = width;
-  while (width_ > 2 * n) {
+  while (!nearest && width_ > 2 * nw) {
     width_ /= 2;
     ++col_halvings_;
   }
   row_halvings_ = 0;
   final_height_ = height;
-  while (final_height_ > 2 * n) {
+  while (!nearest && final_height_ > 2 * nh) {
     final_height_ /= 2;
     ++row_halvings_;
+  }
+  if (nearest) {
+    nearest_x_.resize(static_cast<std::size_t>(nw));
+    for (int x = 0; x < nw; ++x) {
+      nearest_x_[static_cast<std::size_t>(x)] =
+          std::min(width_ - 1, static_cast<int>((x + 0.5) * width_ / nw));
+    }
   }
   const auto row_bytes = static_cast<std::size_t>(width_) * 4;
   if (col_halvings_ > 0) {
@@ -313,7 +333,7 @@ void SampleWriter::push_final(const std::uint8_t* r) {
   const int k = final_rows_++;
   recent_[k % 2] = r;
   const auto bytes = static_cast<std::size_t>(width_) * 4;
-  const int n = config_.size;
+  const int n = config_.out_height();
   const double step = static_cast<double>(final_height_) / n;
   // Output row j samples the final rows at (j + 0.5) * step - 0.5 (pixel
   // centres aligned), clamped to the image: rows r0 and r0 + 1, blended.
@@ -323,6 +343,11 @@ void SampleWriter::push_final(const std::uint8_t* r) {
     const int r1 = std::min(r0 + 1, final_height_ - 1);
     if (r1 > k) break;  // its lower row has not arrived yet
     auto frac = static_cast<int>(std::lround((c - r0) * 256.0));
+    if (config_.interpolation == Interpolation::nearest) {
+      // The row under the output row's centre: floor((j + 0.5) * step).
+      const int pick = std::min(static_cast<int>((next_out_ + 0.5) * step), final_height_ - 1);
+      frac = pick > r0 ? 256 : 0;
+    }
     const std::uint8_t* top = recent_[r0 % 2];
     if (frac >= 256) {
       top = recent_[r1 % 2];
@@ -342,10 +367,20 @@ void SampleWriter::push_final(const std::uint8_t* r) {
 
 void SampleWriter::flush_band() {
   const std::uint64_t t0 = now_ns();
-  const int n = config_.size;
+  const int n = config_.out_width();
   const int rows = band_rows_;
   const std::uint8_t* src = band_.data();
-  if (width_ != n) {
+  if (config_.interpolation == Interpolation::nearest && width_ != n) {
+    // Each output column copies the source pixel under its centre.
+    const auto* in = reinterpret_cast<const std::uint32_t*>(band_.data());
+    auto* out = reinterpret_cast<std::uint32_t*>(band_out_.data());
+    for (int r = 0; r < rows; ++r) {
+      const std::uint32_t* from = in + static_cast<std::ptrdiff_t>(r) * width_;
+      std::uint32_t* to = out + static_cast<std::ptrdiff_t>(r) * n;
+      for (int x = 0; x < n; ++x) to[x] = from[nearest_x_[static_cast<std::size_t>(x)]];
+    }
+    src = band_out_.data();
+  } else if (width_ != n) {
     // Horizontal only: libyuv's "linear" filter samples rows as they are.
     const int rc = libyuv::ARGBScale(band_.data(), width_ * 4, width_, rows, band_out_.data(), n * 4, n, rows,
                                      libyuv::kFilterLinear);
@@ -370,12 +405,12 @@ void SampleWriter::flush_band() {
     // float32 NCHW: each row read backwards when flipped, its three channel
     // rows streamed to the slot (see bgra_row_to_planes).
     auto* dst = reinterpret_cast<float*>(out_.data());
-    const std::size_t plane = un * un;
+    const std::size_t plane = un * static_cast<std::size_t>(config_.out_height());
     for (std::size_t i = 0; i < static_cast<std::size_t>(rows); ++i) {
       const std::size_t at = (first + i) * un;
       bgra_row_to_planes(src + i * un * 4, n, flip_, scale_, bias_, dst + at, dst + plane + at, dst + 2 * plane + at);
     }
-    if (next_out_ == n) stream_fence();
+    if (next_out_ == config_.out_height()) stream_fence();
   }
   band_rows_ = 0;
   output_ns_ += now_ns() - t0;

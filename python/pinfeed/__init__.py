@@ -170,8 +170,11 @@ class Loader:
         DistributedSampler users do every epoch.
     transform: "random" (RandomResizedCrop(size, scale, ratio) + horizontal
         flip), "center" (Resize(resize) + CenterCrop(size)) or "full" (the
-        whole image resized). scale=(0.08, 1.0) and ratio=(3/4, 4/3) as
-        RandomResizedCrop's.
+        whole image resized). size: an int or (height, width); scale=(0.08,
+        1.0) and ratio=(3/4, 4/3) as RandomResizedCrop's; flip: True (p=0.5),
+        False, or the flip's probability; interpolation: "bilinear"
+        (antialiased, the default) or "nearest", or torchvision's
+        InterpolationMode.BILINEAR / NEAREST / NEAREST_EXACT.
     layout: "nchw-f32" (normalized with mean/std, float32) or "nhwc-u8" (uint8,
         to normalize on the GPU).
     rank, world_size: the shard; default from the sampler or the launch
@@ -210,7 +213,7 @@ class Loader:
     def __init__(self, data, batch_size=_default("batch_size"), shuffle=None, sampler=None, *,
                  num_workers=None, pin_memory="auto", drop_last=False, prefetch_factor=None,
                  persistent_workers=False, transform=_default("crop"), size=_default("size"),
-                 resize=_default("resize"), scale=None, ratio=None, flip=_default("flip"),
+                 resize=_default("resize"), scale=None, ratio=None, flip=_default("flip"), interpolation=_default("interpolation"),
                  layout=_default("layout"), mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
                  seed=None, threads=None, prefetch=None, bad_sample=_default("bad_sample"), copy=False,
                  return_indices=False, return_paths=False, list_root=None, local_rank=None,
@@ -275,6 +278,23 @@ class Loader:
             if any(k in options for k in keys):
                 raise TypeError(f"pass {name}=(lo, hi) or {keys[0]}/{keys[1]}, not both")
             options[keys[0]], options[keys[1]] = _pair(name, value, parts)
+        # size=(h, w) as torchvision's; flip=p a probability; interpolation a
+        # string or torchvision's InterpolationMode.
+        if isinstance(size, (tuple, list)):
+            if "height" in options:
+                raise TypeError("pass size=(h, w) or size= and height=, not both")
+            if len(size) != 2:
+                raise ValueError(f"size must be an int or (height, width), got {size!r}")
+            options["height"], size = size
+        if not isinstance(flip, bool) and isinstance(flip, numbers.Real) and not isinstance(flip, numbers.Integral):
+            if "flip_p" in options:
+                raise TypeError("pass flip=p or flip_p=, not both")
+            options["flip_p"], flip = float(flip), float(flip) > 0
+        if interpolation is not None:
+            name = getattr(interpolation, "value", interpolation)  # torchvision.transforms.InterpolationMode
+            if not isinstance(name, str):
+                raise TypeError(f"interpolation must be a string or an InterpolationMode, not {interpolation!r}")
+            options["interpolation"] = {"nearest-exact": "nearest"}.get(name.lower(), name.lower())
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
         mean, std = _triple("mean", mean), _triple("std", std)

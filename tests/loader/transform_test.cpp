@@ -161,5 +161,104 @@ TEST(TransformTest, FloatOutputIsTheNormalizedByteOutputFlippedOrNot) {
   }
 }
 
+/// A gradient image: R = x, G = y (mod 256), B = 7.
+DecodedImage gradient(int width, int height) {
+  DecodedImage img;
+  img.width = width;
+  img.height = height;
+  img.pixels.resize(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 4);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      std::uint8_t* px = img.pixels.data() + (static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 4;
+      px[0] = 7;
+      px[1] = static_cast<std::uint8_t>(y % 256);
+      px[2] = static_cast<std::uint8_t>(x % 256);
+      px[3] = 255;
+    }
+  }
+  return img;
+}
+
+TEST(TransformTest, NonSquareOutputsHaveTheirHeightAndWidth) {
+  TransformConfig c;
+  c.size = 48;    // width
+  c.height = 24;  // height
+  c.layout = Layout::nhwc_u8;
+  EXPECT_EQ(c.sample_bytes(), 48U * 24U * 3U);
+  // A 96 x 48 image to 48 x 24: exactly 2x in both axes, a box average.
+  const DecodedImage img = gradient(96, 48);
+  std::vector<std::byte> out(c.sample_bytes());
+  SampleWriter(c).write(img, Region{}, false, out);
+  const auto* u = reinterpret_cast<const std::uint8_t*>(out.data());
+  for (int y = 0; y < 24; ++y) {
+    for (int x = 0; x < 48; ++x) {
+      const std::uint8_t* px = u + (static_cast<std::size_t>(y) * 48 + static_cast<std::size_t>(x)) * 3;
+      ASSERT_NEAR(px[0], 2 * x + 0.5, 2.0) << x << "," << y;  // R: columns 2x, 2x+1 (libyuv's linear phase)
+      ASSERT_NEAR(px[1], 2 * y + 0.5, 1.0) << x << "," << y;  // G: mean of rows 2y, 2y+1
+    }
+  }
+  // The center crop keeps height/resize and width/resize of the shorter side.
+  c.crop = CropMode::center;
+  c.resize = 64;
+  ImageHeader h;
+  h.width = 400;
+  h.height = 200;
+  SampleRng rng(0, 0, 0);
+  const CropPlan p = plan_crop(h, c, rng);
+  EXPECT_EQ(p.region.width, 150);  // 48 * 200 / 64
+  EXPECT_EQ(p.region.height, 75);  // 24 * 200 / 64
+  EXPECT_EQ(p.region.x, (400 - 150) / 2);
+  c.resize = 40;  // under the crop's longer side
+  EXPECT_THROW(c.validate(), ConfigError);
+  c.crop = CropMode::random_resized;
+  c.height = 1;
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
+TEST(TransformTest, TheFlipProbabilityIsHonoured) {
+  TransformConfig c;
+  ImageHeader h;
+  h.width = 320;
+  h.height = 240;
+  for (const double p : {0.0, 0.2, 0.5, 1.0}) {
+    c.flip_p = p;
+    int flips = 0;
+    for (std::uint64_t i = 0; i < 4000; ++i) {
+      SampleRng rng(5, 0, i);
+      flips += plan_crop(h, c, rng).flip ? 1 : 0;
+    }
+    EXPECT_NEAR(flips / 4000.0, p, 0.03) << "flip_p " << p;
+  }
+  c.flip_p = 1.5;
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
+TEST(TransformTest, NearestTakesThePixelUnderEachCentre) {
+  TransformConfig c;
+  c.size = 10;
+  c.layout = Layout::nhwc_u8;
+  c.interpolation = Interpolation::nearest;
+  // 40 x 30 to 10 x 10: column floor((x + 0.5) * 4), row floor((y + 0.5) * 3),
+  // exact source values (no averaging at all).
+  const DecodedImage img = gradient(40, 30);
+  std::vector<std::byte> out(c.sample_bytes());
+  SampleWriter(c).write(img, Region{}, false, out);
+  const auto* u = reinterpret_cast<const std::uint8_t*>(out.data());
+  for (int y = 0; y < 10; ++y) {
+    for (int x = 0; x < 10; ++x) {
+      const std::uint8_t* px = u + (static_cast<std::size_t>(y) * 10 + static_cast<std::size_t>(x)) * 3;
+      ASSERT_EQ(px[0], static_cast<int>((x + 0.5) * 4)) << x << "," << y;
+      ASSERT_EQ(px[1], static_cast<int>((y + 0.5) * 3)) << x << "," << y;
+      ASSERT_EQ(px[2], 7);
+    }
+  }
+  // Bilinear of the same image averages: it is not the nearest result.
+  c.interpolation = Interpolation::bilinear;
+  std::vector<std::byte> smooth(c.sample_bytes());
+  SampleWriter(c).write(img, Region{}, false, smooth);
+  EXPECT_NE(std::memcmp(out.data(), smooth.data(), out.size()), 0);
+  EXPECT_THROW((void)parse_interpolation("bicubic"), ConfigError);
+}
+
 }  // namespace
 }  // namespace pinfeed::loader

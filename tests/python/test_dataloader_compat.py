@@ -138,3 +138,37 @@ def test_return_paths_names_the_files_of_every_batch(dataset):
         assert paths == [samples[i][0] for i in indices]
         assert labels.tolist() == [samples[i][1] for i in indices]
     assert l.paths([0]) == [samples[0][0]]
+
+
+def test_size_as_height_width_gives_non_square_batches(dataset):
+    images, _ = next(iter(loader(dataset, size=(12, 20))))
+    assert images.shape == (8, 3, 12, 20)
+    images, _ = next(iter(loader(dataset, size=(12, 20), layout="nhwc-u8")))
+    assert images.shape == (8, 12, 20, 3)
+    with pytest.raises(TypeError, match="not both"):
+        loader(dataset, size=(12, 20), height=12)
+
+
+def test_flip_takes_a_probability(dataset):
+    def first(**kw):
+        return next(iter(loader(dataset, transform="random", seed=4, layout="nhwc-u8", **kw)))[0]
+    never, always = first(flip=False), first(flip=1.0)
+    assert torch.equal(torch.flip(never, dims=[2]), always), "p=1 flips every sample, after the same crop"
+    assert torch.equal(first(flip=0.0), never)
+    with pytest.raises(ValueError):
+        loader(dataset, flip=1.5)
+
+
+def test_interpolation_as_a_string_or_torchvisions_mode(dataset):
+    def first(**kw):
+        return next(iter(loader(dataset, transform="full", layout="nhwc-u8", **kw)))[0]
+    nearest, bilinear = first(interpolation="nearest"), first()
+    assert not torch.equal(nearest, bilinear)
+    transforms = pytest.importorskip("torchvision.transforms")
+    modes = transforms.InterpolationMode
+    assert torch.equal(first(interpolation=modes.NEAREST), nearest)
+    if hasattr(modes, "NEAREST_EXACT"):  # torchvision >= 0.15
+        assert torch.equal(first(interpolation=modes.NEAREST_EXACT), nearest)
+    assert torch.equal(first(interpolation=transforms.InterpolationMode.BILINEAR), bilinear)
+    with pytest.raises(ValueError, match="interpolation"):
+        loader(dataset, interpolation="bicubic")

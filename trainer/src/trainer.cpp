@@ -22,6 +22,10 @@ void TrainConfig::validate() const {
   if (!(weight_decay >= 0)) throw ConfigError(fmt::format("weight_decay must be >= 0, got {}", weight_decay));
   if (!(warmup_epochs >= 0)) throw ConfigError(fmt::format("warmup_epochs must be >= 0, got {}", warmup_epochs));
   if (resume && checkpoint.empty()) throw ConfigError("resume needs a checkpoint path");
+  if (loader.transform.out_height() != loader.transform.out_width()) {
+    throw ConfigError(fmt::format("height {} differs from size {}: the reference model takes square inputs (height 0)",
+                                  loader.transform.height, loader.transform.size));
+  }
   ddp.validate();
 }
 

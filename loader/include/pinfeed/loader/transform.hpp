@@ -41,6 +41,15 @@ enum class Layout { nhwc_u8, nchw_f32 };
 inline constexpr std::array<EnumWord<CropMode>, 3> kCropModeWords{
     {{CropMode::random_resized, "random"}, {CropMode::center, "center"}, {CropMode::full, "full"}}};
 inline constexpr std::array<EnumWord<Layout>, 2> kLayoutWords{{{Layout::nchw_f32, "nchw-f32"}, {Layout::nhwc_u8, "nhwc-u8"}}};
+/// How regions are resized to the output: bilinear, antialiased (exact 2:1
+/// box averages while the shrink exceeds 2x, as PIL's and torchvision's
+/// antialiased BILINEAR), or nearest (each output pixel takes the source
+/// pixel under its centre: PIL's NEAREST, torchvision's NEAREST_EXACT).
+enum class Interpolation { bilinear, nearest };
+inline constexpr std::array<EnumWord<Interpolation>, 2> kInterpolationWords{
+    {{Interpolation::bilinear, "bilinear"}, {Interpolation::nearest, "nearest"}}};
+Interpolation parse_interpolation(std::string_view text);  ///< "bilinear", "nearest"; ConfigError otherwise
+std::string_view to_string(Interpolation i) noexcept;
 CropMode parse_crop_mode(std::string_view text);  ///< "random", "center", "full"; ConfigError otherwise
 Layout parse_layout(std::string_view text);       ///< "nhwc-u8", "nchw-f32"; ConfigError otherwise
 std::string_view to_string(CropMode m) noexcept;
@@ -48,11 +57,14 @@ std::string_view to_string(Layout l) noexcept;
 
 struct TransformConfig {
   CropMode crop = CropMode::random_resized;  ///< how the sample region is chosen
-  int size = 224;                            ///< output height and width, pixels
+  int size = 224;                            ///< output width, pixels (and height unless `height` is set)
+  int height = 0;                            ///< output height, pixels; 0: size (square)
   int resize = 256;                          ///< shorter side before CenterCrop (center mode)
   double scale_min = 0.08, scale_max = 1.0;  ///< RandomResizedCrop area range
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  ///< RandomResizedCrop aspect range
-  bool flip = true;                          ///< random horizontal flip, p = 0.5 (not in center/full mode)
+  bool flip = true;                          ///< random horizontal flip (not in center/full mode)
+  double flip_p = 0.5;                       ///< its probability
+  Interpolation interpolation = Interpolation::bilinear;  ///< how regions are resized
   Layout layout = Layout::nchw_f32;          ///< output layout and type
   std::array<float, 3> mean{0.485F, 0.456F, 0.406F};  ///< RGB, in [0, 1] units
   std::array<float, 3> std{0.229F, 0.224F, 0.225F};   ///< RGB, in [0, 1] units
@@ -60,6 +72,8 @@ struct TransformConfig {
   bool roi_decode = true;                    ///< decode only the region (measurable trick)
   void validate() const;                     ///< ConfigError naming the field
 
+  [[nodiscard]] int out_width() const noexcept { return size; }
+  [[nodiscard]] int out_height() const noexcept { return height != 0 ? height : size; }
   /// Bytes of one output sample.
   [[nodiscard]] std::size_t sample_bytes() const noexcept;
   [[nodiscard]] std::size_t element_bytes() const noexcept { return layout == Layout::nhwc_u8 ? 1 : 4; }
@@ -89,7 +103,7 @@ class SampleWriter : private RowSink {
  public:
   explicit SampleWriter(const TransformConfig& config);
   /// Resizes the `crop` rectangle of `image` (decoded pixel coordinates;
-  /// the whole image when empty) to size x size, flips if asked, and writes
+  /// the whole image when empty) to height x width, flips if asked, and writes
   /// `out` (exactly config.sample_bytes() bytes).
   void write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out);
 
@@ -98,7 +112,7 @@ class SampleWriter : private RowSink {
   void prepare(bool flip, std::span<std::byte> out);
   [[nodiscard]] RowSink& sink() noexcept { return *this; }
   /// Whether the prepared sample has received all its rows and is written.
-  [[nodiscard]] bool complete() const noexcept { return started_ && next_out_ == config_.size && band_rows_ == 0; }
+  [[nodiscard]] bool complete() const noexcept { return started_ && next_out_ == config_.out_height() && band_rows_ == 0; }
   /// Nanoseconds spent in the horizontal resize and the output writes since
   /// the last call: the rest of the transform runs between decoded rows.
   [[nodiscard]] std::uint64_t take_output_ns() noexcept;
@@ -130,6 +144,7 @@ class SampleWriter : private RowSink {
   ScratchBytes band_;                          // vertically resized rows (width_ wide), kBand of them
   ScratchBytes band_out_;                      // the same rows at the output width
   ScratchBytes mirrored_;                      // one flipped output row (uint8 output)
+  std::vector<int> nearest_x_;                 // nearest: the source column of each output column
 };
 
 }  // namespace pinfeed::loader
