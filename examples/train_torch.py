@@ -2,8 +2,9 @@
 """Train a small CNN with PyTorch, fed by pinfeed's loader — and, with
 --also-torch, again with torch's DataLoader on the same data — printing the
 throughput of both. The only line a training script changes is the loader's
-construction (see `make_loader`); under torchrun, pinfeed reads RANK and
-WORLD_SIZE itself, like DistributedSampler.
+construction (see `make_loader`); under torchrun, mpirun or srun, pinfeed
+reads the rank and world size itself (pinfeed.launch_env()). For DDP across
+processes, see examples/ddp_torchrun.py.
 
     PYTHONPATH=build/release/python /usr/bin/python3 examples/train_torch.py \\
         --data build/demo-data/train --epochs 3 --also-torch
@@ -21,8 +22,8 @@ def make_loader(kind, data, batch, size, workers):
         import pinfeed
         # was: DataLoader(ImageFolder(data, RandomResizedCrop+Flip+ToTensor+Normalize), batch_size=batch,
         #                 shuffle=True, num_workers=workers, pin_memory=True)
-        return pinfeed.Loader(data, batch_size=batch, transform="random", size=size, threads=workers,
-                              drop_last_batch=True)
+        return pinfeed.Loader(data, batch_size=batch, shuffle=True, transform="random", size=size, threads=workers,
+                              drop_last=True)
     import torchvision
     from torchvision import transforms
     tf = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(), transforms.ToTensor(),
