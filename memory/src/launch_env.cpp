@@ -14,6 +14,12 @@
 namespace pinfeed {
 namespace {
 
+/// One launcher's reading, and whether its variables named the local rank
+/// and size (else they are guesses: rank of world, one node).
+struct Found : LaunchEnv {
+  bool has_local = false;
+};
+
 int parse_int(const char* name, const char* text) {
   const std::string_view sv(text);
   int value = -1;
@@ -50,21 +56,22 @@ int tasks_on_node(const char* name, std::string_view layout, int node) {
 /// An srun step (not the batch script itself, whose one process also sees
 /// SLURM_PROCID=0 and SLURM_NTASKS=N): rank, size, and the tasks of this
 /// node from SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID (1 when absent).
-LaunchEnv read_slurm_step(const std::function<const char*(const char*)>& getenv) {
-  LaunchEnv env;
+Found read_slurm_step(const std::function<const char*(const char*)>& getenv) {
+  Found env;
   env.source = "SLURM_PROCID/SLURM_STEP_NUM_TASKS";
   const char* step = getenv("SLURM_STEP_ID");
   const char* rank = getenv("SLURM_PROCID");
   const char* size = getenv("SLURM_STEP_NUM_TASKS");
-  if (step == nullptr || rank == nullptr || size == nullptr) return LaunchEnv{};
+  if (step == nullptr || rank == nullptr || size == nullptr) return Found{};
   const std::string_view s(step);
-  if (s == "batch" || s == "extern" || s == "4294967294" || s == "4294967291") return LaunchEnv{};
+  if (s == "batch" || s == "extern" || s == "4294967294" || s == "4294967291") return Found{};
   env.launcher = "slurm";
   env.rank = parse_int("SLURM_PROCID", rank);
   env.world_size = parse_int("SLURM_STEP_NUM_TASKS", size);
   const char* local_rank = getenv("SLURM_LOCALID");
   const char* node = getenv("SLURM_NODEID");
   const char* layout = getenv("SLURM_STEP_TASKS_PER_NODE");
+  env.has_local = local_rank != nullptr && layout != nullptr;
   env.local_rank = local_rank != nullptr ? parse_int("SLURM_LOCALID", local_rank) : 0;
   env.local_size = layout != nullptr
                        ? tasks_on_node("SLURM_STEP_TASKS_PER_NODE", layout, node != nullptr ? parse_int("SLURM_NODEID", node) : 0)
@@ -79,19 +86,20 @@ LaunchEnv read_slurm_step(const std::function<const char*(const char*)>& getenv)
 
 
 /// One launcher's variables, or nullopt when its rank and size are unset.
-std::optional<LaunchEnv> read_launcher(const std::function<const char*(const char*)>& getenv, const char* launcher,
+std::optional<Found> read_launcher(const std::function<const char*(const char*)>& getenv, const char* launcher,
                                        const char* rank_name, const char* size_name, const char* local_rank_name,
                                        const char* local_size_name) {
   const char* rank = getenv(rank_name);
   const char* size = getenv(size_name);
   if (rank == nullptr || size == nullptr) return std::nullopt;
-  LaunchEnv env;
+  Found env;
   env.launcher = launcher;
   env.source = fmt::format("{}/{}", rank_name, size_name);
   env.rank = parse_int(rank_name, rank);
   env.world_size = parse_int(size_name, size);
   const char* lr = getenv(local_rank_name);
   const char* ls = getenv(local_size_name);
+  env.has_local = lr != nullptr && ls != nullptr;
   env.local_rank = lr != nullptr ? parse_int(local_rank_name, lr) : env.rank;
   env.local_size = ls != nullptr ? parse_int(local_size_name, ls) : env.world_size;
   if (env.world_size < 1 || env.rank >= env.world_size) {
@@ -112,29 +120,52 @@ std::string describe(const LaunchEnv& e) {
 
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
                           const std::optional<ProcessGroupView>& group) {
-  std::vector<LaunchEnv> found;
-  const auto add = [&](std::optional<LaunchEnv> e) {
+  std::vector<Found> found;
+  const auto add = [&](std::optional<Found> e) {
     if (e) found.push_back(std::move(*e));
   };
   add(read_launcher(getenv, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"));
   add(read_launcher(getenv, "mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                     "OMPI_COMM_WORLD_LOCAL_SIZE"));
   add(read_launcher(getenv, "pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"));
-  if (LaunchEnv slurm = read_slurm_step(getenv); slurm.launcher != "single") found.push_back(std::move(slurm));
+  if (Found slurm = read_slurm_step(getenv); slurm.launcher != "single") found.push_back(std::move(slurm));
 
-  LaunchEnv env;
-  if (!found.empty()) {
+  Found env;
+  const bool torchrun_agent = !found.empty() && found.front().launcher == "torchrun" &&
+                              getenv("TORCHELASTIC_RUN_ID") != nullptr;
+  if (torchrun_agent) {
+    // torchrun's own workers (TORCHELASTIC_RUN_ID is set by its agent only):
+    // whatever launched the agents (srun, mpirun, once per node or not) is
+    // an outer launch whose variables the workers inherit; torchrun decides.
     env = found.front();
-    // torchrun started by srun or mpirun (once per node), mpirun's daemons
-    // started by srun: the outer launch is a smaller world, not a rival.
-    const bool torchrun_agent = env.launcher == "torchrun" && getenv("TORCHELASTIC_RUN_ID") != nullptr;
+  } else if (!found.empty()) {
+    // RANK/WORLD_SIZE without torchrun's marker were exported by hand (or by
+    // a script): when a real launcher agrees with them, that launcher
+    // decides, so an mpirun launch stays an MPI launch.
+    std::size_t first = 0;
+    if (found.front().launcher == "torchrun" && found.size() > 1 && found[1].rank == found[0].rank &&
+        found[1].world_size == found[0].world_size) {
+      first = 1;
+    }
+    env = found[first];
     const bool mpi = env.launcher == "mpi" || env.launcher == "pmi";
-    for (std::size_t i = 1; i < found.size(); ++i) {
-      const LaunchEnv& other = found[i];
-      if (other.rank == env.rank && other.world_size == env.world_size) continue;
-      const bool outer = other.world_size < env.world_size &&
-                         (torchrun_agent || (mpi && other.launcher == "slurm"));
-      if (outer) continue;
+    for (std::size_t i = 0; i < found.size(); ++i) {
+      if (i == first) continue;
+      const Found& other = found[i];
+      if (other.rank == env.rank && other.world_size == env.world_size) {
+        // An agreeing source that knows the node's layout fills in what the
+        // deciding one lacks (srun --mpi=pmi2 sets PMI_RANK but no
+        // MPI_LOCALRANKID; Slurm's SLURM_LOCALID has it).
+        if (!env.has_local && other.has_local) {
+          env.local_rank = other.local_rank;
+          env.local_size = other.local_size;
+          env.has_local = true;
+        }
+        continue;
+      }
+      // mpirun's daemons started by srun (once per node): the step is an
+      // outer launch of fewer tasks.
+      if (mpi && other.launcher == "slurm" && other.world_size < env.world_size) continue;
       throw ConfigError(fmt::format("the launch variables disagree: {}, but {}. Unset the stale ones (or launch with "
                                     "one launcher)",
                                     describe(env), describe(other)));
@@ -144,20 +175,27 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
     if (group->world_size < 1 || group->rank < 0 || group->rank >= group->world_size) {
       throw ConfigError(fmt::format("{} says rank {} of {}", group->name, group->rank, group->world_size));
     }
-    if (env.launcher != "single" && (env.rank != group->rank || env.world_size != group->world_size)) {
+    const bool agrees = env.rank == group->rank && env.world_size == group->world_size;
+    // A process group over more processes than an MPI or Slurm launch's
+    // (torchrun-less multi-node setups that start one process per node and
+    // form the group themselves) is the inner launch: the outer variables
+    // say nothing about it.
+    const bool outer = !agrees && env.launcher != "torchrun" && env.world_size < group->world_size;
+    if (env.launcher != "single" && !agrees && !outer) {
       throw ConfigError(fmt::format("{} is initialized as rank {} of {}, but {}", group->name, group->rank,
                                     group->world_size, describe(env)));
     }
-    if (env.launcher == "single") {
+    if (env.launcher == "single" || outer) {
       env.local_rank = 0;
       env.local_size = 1;
+      env.source.clear();
     }
     env.rank = group->rank;
     env.world_size = group->world_size;
     env.launcher = group->name;
     env.source = env.source.empty() ? "its process group" : env.source;
   }
-  return env;
+  return static_cast<LaunchEnv&>(env);
 }
 
 LaunchEnv read_launch_env() {

@@ -1,9 +1,9 @@
 """pinfeed: a drop-in, pinned-memory-safe image loader for PyTorch training.
 
     import pinfeed
-    loader = pinfeed.Loader("data/train", batch_size=256, transform="random", threads=8)
+    loader = pinfeed.Loader("data/train", batch_size=256, shuffle=True, transform="random", threads=8)
     for epoch in range(epochs):
-        loader.set_epoch(epoch)              # like DistributedSampler.set_epoch
+        loader.set_epoch(epoch)              # like DistributedSampler.set_epoch (optional)
         for images, labels in loader:        # torch tensors: float32 NCHW (or uint8 NHWC), int64
             images = images.cuda(non_blocking=True)
             ...
@@ -115,16 +115,28 @@ class DistributedSampler:
     shuffle, seed: the order of every epoch, from (seed, epoch).
     drop_last: False pads the shards with the first samples so that every rank
         has as many; True trims the dataset to a multiple of num_replicas.
+    set_epoch(e): pins the epoch of the loader's following iterations, as
+        Loader.set_epoch does (without it, each completed epoch advances).
     The first argument (a dataset) is accepted and ignored, so that
     DistributedSampler(dataset, ...) lines keep working; an instance of
     torch's own DistributedSampler is accepted by Loader too (its options are
-    read from it, its dataset is not used).
+    read from it, its dataset is not used, and its epoch is read at every
+    iter(): set_epoch on it works as with DataLoader, and without it every
+    epoch repeats epoch 0, as with DataLoader).
     """
 
     def __init__(self, dataset=None, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
         del dataset  # pinfeed's loader owns the dataset
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch = 0
+        self._epoch_set = False  # set_epoch() was called: the loader follows self.epoch
+
+    def set_epoch(self, epoch):
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+        self._epoch_set = True
 
     def __repr__(self):
         return (f"pinfeed.DistributedSampler(num_replicas={self.num_replicas}, rank={self.rank}, "
@@ -160,14 +172,17 @@ class Loader:
         drop_last), or torch's DistributedSampler: the shard, the order and the
         sampler's own drop_last (trim the dataset to a multiple of the ranks
         instead of padding).
-    num_workers: taken as decode threads (threads=); pinfeed decodes on threads
-        of this process, not in worker processes. prefetch_factor: batches
-        loaded ahead, counted as DataLoader counts them (prefetch_factor x
-        num_workers); the pool gets one slot more, for the batch the loop holds.
+    num_workers: taken as decode threads (threads=); pinfeed decodes on
+        threads of this process, not in worker processes. prefetch_factor:
+        batches loaded ahead of the one the loop holds (pool slots =
+        prefetch_factor + 1): the decode threads share every batch, so no
+        multiple of num_workers is needed to keep them busy.
         persistent_workers: accepted; the threads always persist.
-    Epochs: each new iteration runs the next epoch (a new order and new
-        augmentation, from the seed), unless set_epoch(e) pinned it, as
-        DistributedSampler users do every epoch.
+    Epochs: each completed epoch advances to the next (a new order and new
+        augmentation, from the seed); an iteration left unfinished (a peek at
+        the first batch) does not, so ranks stay in step. set_epoch(e) pins
+        it, as DistributedSampler users do every epoch (on the loader or on
+        the sampler passed to it).
     transform: "random" (RandomResizedCrop(size, scale, ratio) + horizontal
         flip), "center" (Resize(resize) + CenterCrop(size)) or "full" (the
         whole image resized). size: an int or (height, width); scale=(0.08,
@@ -247,8 +262,8 @@ class Loader:
         if prefetch_factor is not None:
             if prefetch is not None:
                 raise TypeError("pass prefetch (pool slots) or prefetch_factor (its DataLoader name), not both")
-            factor = _int_arg("prefetch_factor", prefetch_factor, 1, _OPTIONS["prefetch"]["max"])
-            prefetch = factor * max(1, threads or 1) + 1
+            factor = _int_arg("prefetch_factor", prefetch_factor, 1, _OPTIONS["prefetch"]["max"] - 1)
+            prefetch = factor + 1
         threads = _default("threads") if threads is None else threads
         prefetch = _default("prefetch") if prefetch is None else prefetch
         # The sampler: pinfeed's, or torch's DistributedSampler read for its options.
@@ -258,8 +273,8 @@ class Loader:
             if missing:
                 raise TypeError(f"sampler must be a pinfeed.DistributedSampler (or torch's), not "
                                 f"{type(sampler).__name__}: it lacks {', '.join(missing)}")
-            if shuffle is not None:
-                raise ValueError("sampler option is mutually exclusive with shuffle (as in DataLoader): "
+            if shuffle:
+                raise ValueError("sampler option is mutually exclusive with shuffle=True (as in DataLoader): "
                                  "pass shuffle to the sampler")
             if seed is not None and seed != sampler.seed:
                 raise ValueError(f"seed={seed} disagrees with the sampler's seed={sampler.seed}")
@@ -331,6 +346,10 @@ class Loader:
         self._epoch = 0          # the epoch the next iteration runs
         self._pinned_epoch = False  # set_epoch() was called: no advancing
         self._current = None     # the epoch of the latest iteration
+        self._completed = False  # the latest iteration ran to its end
+        # A sampler whose epoch the loader follows: torch's always (as
+        # DataLoader does), pinfeed's once its set_epoch() was called.
+        self._sampler = sampler
         self._resume = None
         self._active = None  # the running iteration's token
         self._classes = None
@@ -347,11 +366,23 @@ class Loader:
     def set_epoch(self, epoch):
         """Pins the epoch the following iterations run (their order and
         augmentation), as DistributedSampler.set_epoch does; without it each
-        new iteration runs the next epoch."""
+        completed epoch advances to the next."""
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._epoch = int(epoch)
         self._pinned_epoch = True
+        if isinstance(self._sampler, DistributedSampler):
+            self._sampler.epoch, self._sampler._epoch_set = self._epoch, True
+
+    def _sampler_epoch(self):
+        """The epoch the sampler pins, or None."""
+        sampler = self._sampler
+        if sampler is None or (isinstance(sampler, DistributedSampler) and not sampler._epoch_set):
+            return None
+        epoch = getattr(sampler, "epoch", None)
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise ValueError(f"the sampler's epoch must be a non-negative integer, got {epoch!r}")
+        return int(epoch)
 
     @property
     def epoch(self):
@@ -397,15 +428,23 @@ class Loader:
         return self._batches(token)
 
     def _start(self):
+        self._completed = False
         if self._resume is not None:
             s, self._resume = self._resume, None
             self._impl.restore(s["seed"], s["epoch"], s["position"], s["world_size"], s["rank"])
             self._current = int(s["epoch"])
         else:
+            pinned = self._sampler_epoch()
+            if pinned is not None:
+                self._epoch, self._pinned_epoch = pinned, True
             self._impl.begin_epoch(self._epoch)
             self._current = self._epoch
+
+    def _finished(self):
+        """The iteration ran to its end: unless pinned, the next runs the next epoch."""
+        self._completed = True
         if not self._pinned_epoch:
-            self._epoch = self._current + 1  # the next iteration runs the next epoch
+            self._epoch = self._current + 1
 
     def _batches(self, token):
         try:
@@ -416,6 +455,7 @@ class Loader:
                                        "use the newest iterator")
                 item = self._impl.next()
                 if item is None:
+                    self._finished()
                     return
                 images_capsule, labels_capsule, indices, pinned = item
                 images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
@@ -433,8 +473,16 @@ class Loader:
                 self._active = None
 
     def state_dict(self):
-        """Where the current epoch stands: load_state_dict() continues from here."""
-        return dict(self._impl.state())
+        """Where the loader stands: load_state_dict() continues from here. After
+        a completed epoch that is the start of the next one (unless set_epoch
+        pinned it); before the first iteration, the epoch it will run; with a
+        load_state_dict() not yet used, that state."""
+        if self._resume is not None:
+            return dict(self._resume)
+        state = dict(self._impl.state())
+        if self._current is None or (self._completed and self._epoch != self._current):
+            state["epoch"], state["position"] = self._epoch, 0
+        return state
 
     def load_state_dict(self, state):
         missing = {"seed", "epoch", "position", "world_size", "rank"} - set(state)

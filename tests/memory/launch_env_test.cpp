@@ -139,5 +139,62 @@ TEST(LaunchEnvTest, AnInitializedProcessGroupOutranksTheVariables) {
   EXPECT_THROW(env({}, group), ConfigError);
 }
 
+TEST(LaunchEnvTest, LocalRankAndSizeComeFromAnAgreeingSourceThatHasThem) {
+  // srun --mpi=pmi2: PMI_RANK/PMI_SIZE without MPI_LOCALRANKID; Slurm knows the node.
+  const auto pmi2 = env({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "3"},
+                         {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_NODEID", "1"}, {"SLURM_LOCALID", "1"},
+                         {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
+  EXPECT_EQ(pmi2.launcher, "pmi");
+  EXPECT_EQ(pmi2.rank, 3);
+  EXPECT_EQ(pmi2.local_rank, 1);
+  EXPECT_EQ(pmi2.local_size, 2);
+  // Without Slurm: one node of PMI_SIZE ranks.
+  const auto alone = env({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}});
+  EXPECT_EQ(alone.local_rank, 3);
+  EXPECT_EQ(alone.local_size, 4);
+}
+
+TEST(LaunchEnvTest, RankExportedByHandUnderMpirunStaysAnMpiLaunch) {
+  // A job script's `export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=...`: no
+  // TORCHELASTIC_RUN_ID, so MPI (which agrees) decides and MPI bootstraps.
+  const auto e = env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(e.launcher, "mpi");
+  EXPECT_TRUE(e.mpi_launch());
+  EXPECT_EQ(e.local_size, 2);
+  // torchrun's own workers stay torchrun's even when MPI's numbers agree.
+  const auto tr = env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "r"}, {"OMPI_COMM_WORLD_RANK", "1"},
+                       {"OMPI_COMM_WORLD_SIZE", "2"}});
+  EXPECT_EQ(tr.launcher, "torchrun");
+  EXPECT_FALSE(tr.mpi_launch());
+}
+
+TEST(LaunchEnvTest, TorchrunWorkersIgnoreAnOuterLaunchOfTheSameSize) {
+  // srun -N2 --ntasks-per-node 2 torchrun --nproc_per_node 1 --nnodes 4:
+  // four agents, four workers, but torchrun numbers them its own way.
+  const auto e = env({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
+                      {"TORCHELASTIC_RUN_ID", "job"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"},
+                      {"SLURM_STEP_NUM_TASKS", "4"}});
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_EQ(e.local_size, 1);
+}
+
+TEST(LaunchEnvTest, AProcessGroupLargerThanAnOuterSlurmStepIsTheLaunch) {
+  // One process per node from srun, each forming a group of 8 itself.
+  ProcessGroupView group;
+  group.rank = 5;
+  group.world_size = 8;
+  const auto e = env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}}, group);
+  EXPECT_EQ(e.launcher, "torch.distributed");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_size, 1);
+  // A smaller group than the launch is still a conflict.
+  group.rank = 0;
+  group.world_size = 2;
+  EXPECT_NE(conflict({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}}, group), "no error");
+}
+
 }  // namespace
 }  // namespace pinfeed

@@ -49,6 +49,8 @@ def test_a_torch_distributedsampler_gives_its_shard_order_and_seed(dataset):
     assert order(l) == order(loader(dataset, sampler=mine, return_indices=True))
     with pytest.raises(ValueError, match="mutually exclusive with shuffle"):
         loader(dataset, sampler=mine, shuffle=True)
+    # shuffle=False beside a sampler is fine, as in DataLoader: the sampler decides.
+    assert loader(dataset, sampler=mine, shuffle=False).shuffle is True
     with pytest.raises(ValueError, match="rank=0 disagrees"):
         loader(dataset, sampler=mine, rank=0)
     with pytest.raises(TypeError, match="lacks"):
@@ -79,8 +81,57 @@ def test_each_new_iteration_runs_the_next_epoch_unless_set_epoch_pinned_it(datas
 def test_augmentation_changes_with_the_epoch_without_set_epoch(dataset):
     l = loader(dataset, transform="random", seed=1)
     first = next(iter(l))[0].clone()
-    second = next(iter(l))[0]  # a new iteration: epoch 1, the same first samples (no shuffle)
+    for _ in l:  # epoch 0 again (a peek does not advance), to its end
+        pass
+    second = next(iter(l))[0]  # epoch 1, the same first samples (no shuffle)
     assert not torch.equal(first, second)
+
+
+def test_a_peek_at_the_first_batch_does_not_advance_the_epoch(dataset):
+    # Rank 0 looking at one batch (shapes, a logged sample) must not put it
+    # an epoch ahead of the other ranks: only a completed epoch advances.
+    l = loader(dataset, shuffle=True, seed=5, return_indices=True)
+    peek = [int(i) for i in next(iter(l))[2]]
+    e0 = order(l)
+    assert e0[:len(peek)] == peek and l.epoch == 0
+    e1 = order(l)
+    assert l.epoch == 1 and e1 != e0
+
+
+def test_set_epoch_on_the_sampler_is_followed_as_dataloader_does(dataset):
+    pinned = loader(dataset, shuffle=True, seed=2, return_indices=True)
+    pinned.set_epoch(3)
+    e3 = order(pinned)
+    # torch's sampler: its epoch is read at every iter(), as DataLoader reads it.
+    ds = torch.utils.data.DistributedSampler(range(40), num_replicas=1, rank=0, shuffle=True, seed=2)
+    l = loader(dataset, sampler=ds, return_indices=True)
+    e0 = order(l)
+    assert order(l) == e0  # never set: epoch 0 every time, as with DataLoader
+    ds.set_epoch(3)
+    assert order(l) == e3 and l.epoch == 3
+    # pinfeed's sampler: set_epoch pins; before it, completed epochs advance.
+    mine = pinfeed.DistributedSampler(num_replicas=1, rank=0, shuffle=True, seed=2)
+    m = loader(dataset, sampler=mine, return_indices=True)
+    assert order(m) == e0 and m.epoch == 0
+    assert order(m) != e0 and m.epoch == 1
+    mine.set_epoch(3)
+    assert order(m) == e3 and order(m) == e3
+    with pytest.raises(ValueError, match="non-negative"):
+        mine.set_epoch(-1)
+
+
+def test_state_dict_after_a_completed_epoch_resumes_at_the_next(dataset):
+    l = loader(dataset, shuffle=True, seed=4, return_indices=True)
+    assert l.state_dict()["epoch"] == 0 and l.state_dict()["position"] == 0
+    order(l)
+    state = l.state_dict()
+    assert (state["epoch"], state["position"]) == (1, 0)
+    e1 = order(l)
+    fresh = loader(dataset, shuffle=True, seed=4, return_indices=True)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state  # pending, not yet used
+    assert order(fresh) == e1
+    assert fresh.state_dict()["epoch"] == 2
 
 
 def test_num_workers_is_taken_as_threads_with_one_warning(dataset):
@@ -95,10 +146,12 @@ def test_num_workers_is_taken_as_threads_with_one_warning(dataset):
         loader(dataset, threads=2, num_workers=2)
 
 
-def test_prefetch_factor_counts_batches_ahead_as_dataloader_and_persistent_workers_is_accepted(dataset):
+def test_prefetch_factor_counts_batches_ahead_and_persistent_workers_is_accepted(dataset):
     l = loader(dataset, threads=None, num_workers=2, prefetch_factor=2, persistent_workers=True)
-    assert l.pin_report()["slots"] == 2 * 2 + 1  # ahead, plus the batch the loop holds
-    assert l.prefetch == 5
+    assert l.pin_report()["slots"] == 2 + 1  # ahead, plus the batch the loop holds
+    assert l.prefetch == 3
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        loader(dataset, prefetch_factor=0)
     with pytest.raises(TypeError, match="not both"):
         loader(dataset, prefetch=3, prefetch_factor=2)
     with pytest.raises(TypeError, match="persistent_workers"):

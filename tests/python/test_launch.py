@@ -75,3 +75,49 @@ def test_threads_zero_takes_this_hosts_cores_over_its_local_ranks(dataset):
     assert int(out.stdout) == max(1, cores // 2)
     out = run(code)
     assert int(out.stdout) == cores
+
+
+def _torch_version():
+    import torch
+    parts = torch.__version__.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def _store_servers():
+    """torch's TCPStore server kinds this torch has: the classic daemon, and
+    libuv's (torch >= 2.2, the default since 2.4)."""
+    try:
+        return [False, True] if _torch_version() >= (2, 2) else [False]
+    except ImportError:
+        return [False]
+
+
+@pytest.mark.parametrize("libuv", _store_servers(), ids=lambda v: "libuv" if v else "classic")
+def test_the_rendezvous_client_speaks_to_torchs_own_tcpstore(libuv):
+    """pinfeed's C++ store client (what pinfeed-train uses under torchrun)
+    against a TCPStore server of whichever torch is installed: 1.13 speaks
+    the old protocol, >= 2.1 the validated one, and the probe must find it."""
+    binary = os.environ.get("PINFEED_TCP_STORE_TEST")
+    if not binary:
+        pytest.skip("PINFEED_TCP_STORE_TEST is not set (the build tree's tcp_store_test)")
+    import socket
+    import torch.distributed as dist
+    from datetime import timedelta
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kwargs = {"use_libuv": libuv} if libuv or _torch_version() >= (2, 2) else {}
+    store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=20), wait_for_workers=False, **kwargs)
+    store.set("interop/from-torch", "torch")
+    env = dict(os.environ, PINFEED_TEST_STORE_PORT=str(port))
+    version = _torch_version()
+    if version < (2, 0):
+        env["PINFEED_TEST_STORE_DIALECT"] = "v1"
+    elif version >= (2, 2):
+        env["PINFEED_TEST_STORE_DIALECT"] = "v2"
+    out = subprocess.run([binary, "--gtest_filter=TcpStoreTest.ExternalStoreFromTorch"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[  PASSED  ] 1 test" in out.stdout, out.stdout
+    assert store.get("interop/from-pinfeed") == b"pf"
+    assert store.add("interop/counter", 0) == 5

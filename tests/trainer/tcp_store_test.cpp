@@ -1,9 +1,18 @@
 // TcpStore (trainer/src/tcp_store.hpp): the rendezvous store of torchrun
 // launches, served and used in one process here. Its interoperation with
-// torch's own TCPStore server is covered by DdpLaunchTest.UnderTorchrunAgentStore.
+// torch's own TCPStore server is covered by DdpLaunchTest.UnderTorchrunAgentStore
+// and by ExternalStoreFromTorch, which tests/python/test_launch.py runs
+// against a server started by whichever torch is installed (either dialect).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -62,6 +71,112 @@ TEST(TcpStoreTest, AMissingKeyAndAnAbsentServerAreErrorsNamingTheStore) {
     EXPECT_NE(std::string(e.what()).find("localhost:29563"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("MASTER_ADDR:MASTER_PORT"), std::string::npos) << e.what();
   }
+}
+
+TEST(TcpStoreTest, BothDialectsShareOneServer) {
+  TcpStore server(options(29564, true));
+  auto o = options(29564, false);
+  TcpStore automatic(o);
+  EXPECT_EQ(automatic.dialect(), TcpStore::Dialect::v1);  // the probe: this server answers v1
+  o.dialect = TcpStore::Dialect::v2;
+  TcpStore v2(o);
+  EXPECT_EQ(v2.dialect(), TcpStore::Dialect::v2);
+  o.dialect = TcpStore::Dialect::v1;
+  TcpStore v1(o);
+  v2.set("k", {'x', 'y'});
+  EXPECT_EQ(v1.get("k"), (std::vector<char>{'x', 'y'}));
+  EXPECT_EQ(v1.add("c", 4), 4);
+  EXPECT_EQ(v2.add("c", 1), 5);
+  std::thread other([&] { v2.barrier("b", 3); });
+  std::thread third([&] { automatic.barrier("b", 3); });
+  v1.barrier("b", 3);
+  other.join();
+  third.join();
+}
+
+/// A raw connection to 127.0.0.1:`port`.
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+/// The server closed `fd` (an orderly close, or a reset for unread bytes).
+bool closed_by_server(int fd) {
+  char byte = 0;
+  const ssize_t r = ::recv(fd, &byte, 1, 0);
+  return r == 0 || (r < 0 && errno == ECONNRESET);
+}
+
+TEST(TcpStoreTest, AStrayClientIsDroppedWithoutHarmingTheServer) {
+  TcpStore server(options(29565, true));
+  // A SET whose key claims a terabyte: dropped, nothing allocated.
+  const int fd = raw_connect(29565);
+  const std::uint8_t set = 0;
+  const std::uint64_t huge = 1ULL << 40U;
+  ASSERT_EQ(::send(fd, &set, 1, 0), 1);
+  ASSERT_EQ(::send(fd, &huge, sizeof huge, 0), static_cast<ssize_t>(sizeof huge));
+  EXPECT_TRUE(closed_by_server(fd));
+  ::close(fd);
+  // VALIDATE with the wrong magic: dropped too.
+  const int fd2 = raw_connect(29565);
+  const std::uint8_t validate = 0;
+  const std::uint32_t wrong = 0x12345678U;
+  ASSERT_EQ(::send(fd2, &validate, 1, 0), 1);
+  ASSERT_EQ(::send(fd2, &wrong, sizeof wrong, 0), static_cast<ssize_t>(sizeof wrong));
+  EXPECT_TRUE(closed_by_server(fd2));
+  ::close(fd2);
+  TcpStore client(options(29565, false));
+  EXPECT_EQ(client.add("still", 1), 1);
+}
+
+TEST(TcpStoreTest, AServerThatIsNotAStoreIsAnErrorNotAHang) {
+  // Something that accepts and then says nothing (not a TCPStore).
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(29566);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  auto o = options(29566, false);
+  o.dialect = TcpStore::Dialect::v1;
+  o.timeout = 500ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(TcpStore silent(o), CommError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  ::close(listener);
+}
+
+// Run by tests/python/test_launch.py with a TCPStore server of torch's own
+// (either dialect, whichever torch is installed) on PINFEED_TEST_STORE_PORT,
+// holding "/interop/from-torch" = "torch"; PINFEED_TEST_STORE_DIALECT names
+// the dialect the probe must find.
+TEST(TcpStoreTest, ExternalStoreFromTorch) {
+  const char* port = std::getenv("PINFEED_TEST_STORE_PORT");
+  if (port == nullptr) GTEST_SKIP() << "run by tests/python/test_launch.py against torch's TCPStore";
+  TcpStore::Options o;
+  o.host = "127.0.0.1";
+  o.port = std::atoi(port);
+  o.timeout = 3s;
+  o.prefix = "/interop/";
+  TcpStore store(o);
+  if (const char* expected = std::getenv("PINFEED_TEST_STORE_DIALECT"); expected != nullptr) {
+    EXPECT_EQ(store.dialect() == TcpStore::Dialect::v2 ? "v2" : "v1", std::string(expected));
+  }
+  EXPECT_EQ(store.get("from-torch"), (std::vector<char>{'t', 'o', 'r', 'c', 'h'}));
+  store.set("from-pinfeed", {'p', 'f'});
+  EXPECT_EQ(store.add("counter", 2), 2);
+  EXPECT_EQ(store.add("counter", 3), 5);
+  EXPECT_THROW((void)store.get("never-set"), CommError);
 }
 
 TEST(TcpStoreTest, ALaunchWithoutTheStoreVariablesIsAConfigError) {

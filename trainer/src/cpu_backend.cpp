@@ -18,6 +18,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/device_type.hpp"
+#include "tcp_store.hpp"
 
 namespace pinfeed::trainer {
 
@@ -445,9 +446,10 @@ void CpuBackend::fill(Stream& s, float* x, std::size_t count, float value) {
 
 namespace {
 int cpu_workers_possible() noexcept { return 256; }
-/// mpirun and srun: MPI; torchrun: Gloo over its rendezvous store.
+/// mpirun and srun: MPI; torchrun (or srun of a build without MPI, with
+/// MASTER_ADDR/MASTER_PORT): Gloo over the rendezvous store.
 std::unique_ptr<Communicator> make_cpu_launched(DeviceBackend& backend, CommConfig config, const LaunchEnv& env) {
-  return env.mpi_launch() ? make_mpi_communicator(backend, config) : make_gloo_communicator(backend, env, config);
+  return detail::use_mpi_bootstrap(env) ? make_mpi_communicator(backend, config) : make_gloo_communicator(backend, env, config);
 }
 std::unique_ptr<DeviceBackend> make_cpu_backend(int index, const BackendOptions& options) {
   CpuBackendConfig c;

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "pinfeed/log.hpp"
@@ -137,6 +138,7 @@ class GlooCommunicator final : public Communicator {
   void abort(const std::string& why) noexcept override {
     pinfeed::detail::log().error("rank {}: ending this process so that every rank stops: {}", rank_, why);
     pinfeed::detail::log().flush();
+    std::fflush(nullptr);
     std::_Exit(1);
   }
 

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
@@ -86,8 +87,11 @@ class NcclCommunicator final : public Communicator {
  public:
   /// `launch`: one rank per process under mpirun (or torchrun); abort() then ends
   /// every process with MPI_Abort (ncclCommAbort reaches this process only).
-  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config, Launch launch)
-      : comm_(comm), rank_(rank), size_(size), launch_(launch), backend_(backend), config_(config),
+  /// `store`: torchrun's rendezvous store, kept while the communicator
+  /// lives: on rank 0 it is the server the other ranks may still be reading.
+  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config, Launch launch,
+                   std::unique_ptr<detail::TcpStore> store = nullptr)
+      : comm_(comm), rank_(rank), size_(size), launch_(launch), store_(std::move(store)), backend_(backend), config_(config),
         barrier_stream_(backend.create_stream()), barrier_value_(backend.allocate(sizeof(float))),
         watchdog_([this](const std::stop_token& st) { watch(st); }) {
     static std::once_flag once;
@@ -158,6 +162,7 @@ class NcclCommunicator final : public Communicator {
     if (launch_ == Launch::store && size_ > 1) {
       pinfeed::detail::log().error("nccl rank {}: ending this process so that every rank stops", rank_);
       pinfeed::detail::log().flush();
+      std::fflush(nullptr);
       std::_Exit(1);
     }
   }
@@ -237,6 +242,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;  // guarded by mutex_ once the watchdog runs
   int rank_, size_;
   Launch launch_;
+  std::unique_ptr<detail::TcpStore> store_;
   DeviceBackend& backend_;
   CommConfig config_;
   std::mutex mutex_;  // guards comm_, failure_, pending_
@@ -280,7 +286,7 @@ std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& bac
   int rank = env.rank, size = env.world_size;
   ncclUniqueId id{};
   std::unique_ptr<detail::TcpStore> store;
-  if (env.mpi_launch()) {
+  if (detail::use_mpi_bootstrap(env)) {
 #ifdef PINFEED_HAVE_MPI
     detail::mpi_init();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -316,10 +322,11 @@ std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& bac
   ncclComm_t comm = nullptr;
   const ncclResult_t r = n.init_rank(&comm, size, id, rank);
   if (r != ncclSuccess) throw CommError(rank, "ncclCommInitRank", 0, fmt::format("{} ranks: {}", size, n.error_string(r)));
-  // Every rank has read the id before rank 0 may take its store down.
-  if (store) store->barrier("nccl/ready", size);
+  // ncclCommInitRank returns once every rank has joined, so every rank has
+  // read the id; the store stays with the communicator all the same (rank
+  // 0's server must outlive the others' last request).
   return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config,
-                                            env.mpi_launch() ? Launch::mpi : Launch::store);
+                                            store ? Launch::store : Launch::mpi, std::move(store));
 }
 
 }  // namespace pinfeed::trainer

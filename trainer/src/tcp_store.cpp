@@ -1,23 +1,35 @@
 #include "tcp_store.hpp"
 
 // Note [TCPStore protocol]
-// The subset of torch.distributed's TCPStore wire protocol (PyTorch 1.13,
-// torch/csrc/distributed/c10d/TCPStore.cpp) pinfeed uses. A request is a
-// u8 query type followed by its fields; a string is a u64 length (host byte
-// order) and its bytes; numbers are raw i64. No framing, no handshake:
-//   SET=0  key, value            -> (nothing)
-//   GET=2  key                   -> value          (clients WAIT first)
-//   ADD=3  key, i64 delta        -> i64 sum        (stored as decimal text)
-//   CHECK=4 u64 n, n keys        -> u8 0 ready / 1 not ready
-//   WAIT=5 u64 n, n keys         -> u8 0 once every key exists
-//   GETNUMKEYS=6                 -> i64
-//   DELETE_KEY=8 key             -> i64 deleted
-// A client first ADDs 1 to "init/" (no prefix: the server counts its
-// workers), and torch's clients open a second, idle "callback" connection;
-// pinfeed's client does the first and not the second. torch puts "/" before
-// every other key. Timeouts are the client's (SO_RCVTIMEO); the server never
-// times out. The server here keeps one thread per connection: a launch has
-// a handful of ranks, each with one connection for the bootstrap.
+// The subset of torch.distributed's TCPStore wire protocol pinfeed uses, in
+// both of its dialects. A request is a u8 query type followed by its
+// fields; a string is a u64 length (host byte order) and its bytes; numbers
+// are raw i64. No framing.
+//                         v1 (torch < 2.1)   v2 (torch >= 2.1)
+//   VALIDATE u32 magic          -             0   (first, no answer)
+//   SET key, value              0             1   -> (nothing)
+//   COMPARE_SET key, exp, new   1             2   -> value
+//   GET key                     2             3   -> value (clients WAIT first)
+//   ADD key, i64 delta          3             4   -> i64 sum (kept as decimal text)
+//   CHECK u64 n, n keys         4             5   -> u8 0 ready / 1 not ready
+//   WAIT u64 n, n keys          5             6   -> u8 0 once every key exists
+//   GETNUMKEYS                  6             7   -> i64
+//   DELETE_KEY key              8             8   -> i64 deleted
+//   PING u32 nonce              -             13  -> the nonce
+// A v2 server drops a connection whose first request is not VALIDATE with
+// the magic 0x3C85F7CE. Nothing tells a client which dialect a server
+// speaks, so the client probes: a v1 ADD of a key of its own, which a v1
+// server answers with 1 and a v2 server refuses by closing the connection
+// (not VALIDATE; and a GET of an absent key besides), then, if refused, a
+// new connection in v2. The server here speaks both, per connection: a
+// first byte 0 followed by the magic is v2, anything else v1 (pinfeed's
+// clients never open with a v1 SET). torch's clients put "/" before every
+// key and ADD 1 to "init/" (no prefix) when they start; pinfeed's do too.
+// Timeouts are the client's (SO_RCVTIMEO); the server never times out. The
+// server keeps one thread per connection: a launch has a handful of ranks,
+// each with one connection for the bootstrap. Sizes are capped on both
+// sides (keys 64 KiB, values 16 MiB, 4096 keys a request), so a stray
+// client or server cannot make the other allocate without bound.
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -29,6 +41,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <charconv>
 #include <condition_variable>
 #include <cstdlib>
@@ -36,6 +49,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/log.hpp"
@@ -44,7 +58,25 @@
 namespace pinfeed::trainer::detail {
 namespace {
 
+// The v1 codes; a v2 connection's codes are mapped onto them (to_v1).
 enum Query : std::uint8_t { kSet = 0, kCompareSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5, kNumKeys = 6, kDelete = 8 };
+constexpr std::uint8_t kV2Validate = 0;
+constexpr std::uint8_t kV2Ping = 13;
+constexpr std::uint32_t kV2Magic = 0x3C85F7CEU;
+constexpr std::uint64_t kMaxKey = 64U << 10U;
+constexpr std::uint64_t kMaxValue = 16U << 20U;
+constexpr std::uint64_t kMaxKeys = 4096;
+
+/// A request code of `dialect` for the v1 code `q`.
+std::uint8_t wire_code(TcpStore::Dialect dialect, std::uint8_t q) {
+  if (dialect != TcpStore::Dialect::v2) return q;
+  return q == kDelete ? std::uint8_t{kDelete} : static_cast<std::uint8_t>(q + 1);
+}
+/// The v1 code of a v2 request code (VALIDATE and PING have none: 0xff).
+std::uint8_t to_v1(std::uint8_t q) {
+  if (q >= 1 && q <= 7) return static_cast<std::uint8_t>(q - 1);
+  return q == kDelete ? std::uint8_t{kDelete} : std::uint8_t{0xff};
+}
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -154,15 +186,15 @@ class TcpStoreServer {
     }
   }
 
-  bool read_string(int fd, std::string& out) {
+  static bool read_string(int fd, std::string& out, std::uint64_t limit = kMaxKey) {
     std::uint64_t n = 0;
-    if (read_all(fd, &n, sizeof n) != 0 || n > (1ULL << 30)) return false;
+    if (read_all(fd, &n, sizeof n) != 0 || n > limit) return false;
     out.resize(n);
     return n == 0 || read_all(fd, out.data(), n) == 0;
   }
   bool read_keys(int fd, std::vector<std::string>& keys) {
     std::uint64_t n = 0;
-    if (read_all(fd, &n, sizeof n) != 0 || n > 4096) return false;
+    if (read_all(fd, &n, sizeof n) != 0 || n > kMaxKeys) return false;
     keys.resize(n);
     for (auto& k : keys) {
       if (!read_string(fd, k)) return false;
@@ -183,15 +215,28 @@ class TcpStoreServer {
   /// One connection's requests until it closes or the server stops; an
   /// unknown or malformed request drops the connection (as torch's does).
   void serve(int fd) {
-    for (;;) {
+    bool v2 = false;
+    for (bool first = true;; first = false) {
       std::uint8_t q = 0;
       if (read_all(fd, &q, 1) != 0) break;
+      if (first && q == kV2Validate) {
+        std::uint32_t magic = 0;
+        if (read_all(fd, &magic, sizeof magic) != 0 || magic != kV2Magic) break;
+        v2 = true;
+        continue;
+      }
+      if (v2 && q == kV2Ping) {
+        std::uint32_t nonce = 0;
+        if (read_all(fd, &nonce, sizeof nonce) != 0 || !write_all(fd, &nonce, sizeof nonce)) break;
+        continue;
+      }
+      if (v2) q = to_v1(q);
       std::string key, value, expected;
       std::vector<std::string> keys;
       bool ok = true;
       switch (q) {
         case kSet:
-          ok = read_string(fd, key) && read_string(fd, value);
+          ok = read_string(fd, key) && read_string(fd, value, kMaxValue);
           if (ok) {
             const std::scoped_lock lock(mutex_);
             data_[key] = value;
@@ -199,7 +244,7 @@ class TcpStoreServer {
           }
           break;
         case kCompareSet: {
-          ok = read_string(fd, key) && read_string(fd, expected) && read_string(fd, value);
+          ok = read_string(fd, key) && read_string(fd, expected, kMaxValue) && read_string(fd, value, kMaxValue);
           if (!ok) break;
           std::string current;
           {
@@ -316,10 +361,47 @@ class TcpStoreServer {
 
 namespace {
 
+/// Closes a socket unless released.
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() noexcept { return std::exchange(fd, -1); }
+};
+
+/// connect(2) with a limit: the socket non-blocking until connected, so an
+/// address that drops SYNs costs `limit`, not the kernel's minutes.
+/// 0 when connected, else the errno.
+int connect_within(int fd, const sockaddr* addr, socklen_t len, std::chrono::milliseconds limit) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  int e = 0;
+  if (::connect(fd, addr, len) != 0) {
+    e = errno;
+    if (e == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int rc = 0;
+      do {
+        rc = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(1, limit.count())));
+      } while (rc < 0 && errno == EINTR);
+      if (rc == 0) {
+        e = ETIMEDOUT;
+      } else {
+        socklen_t n = sizeof e;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &n);
+      }
+    }
+  }
+  ::fcntl(fd, F_SETFL, flags);
+  return e;
+}
+
 /// A connected socket to host:port, retrying refused connections (the
-/// server may not listen yet) until `timeout`.
+/// server may not listen yet) and unanswered name lookups until `timeout`.
 int connect_to(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
   std::string last = "no address";
   for (;;) {
     addrinfo hints{};
@@ -327,23 +409,27 @@ int connect_to(const std::string& host, int port, std::chrono::milliseconds time
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
     const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-    if (rc != 0) {
+    if (rc == EAI_AGAIN) {
+      last = ::gai_strerror(rc);  // the resolver is not answering (yet): retry
+    } else if (rc != 0) {
       throw ConfigError(fmt::format("rendezvous store: MASTER_ADDR '{}' does not resolve: {}", host, ::gai_strerror(rc)));
     }
     for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) continue;
-      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      FdGuard fd{::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol)};
+      if (fd.fd < 0) continue;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const int e = connect_within(fd.fd, a->ai_addr, a->ai_addrlen,
+                                   std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(10000)));
+      if (e == 0) {
         ::freeaddrinfo(found);
         const int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        return fd;
+        ::setsockopt(fd.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return fd.release();
       }
-      last = errno_text(errno);
-      ::close(fd);
+      last = errno_text(e);
     }
-    ::freeaddrinfo(found);
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (found != nullptr) ::freeaddrinfo(found);
+    if (Clock::now() >= deadline) {
       throw CommError(-1, "rendezvous connect", 0,
                       fmt::format("cannot reach the rendezvous store at {}:{} (MASTER_ADDR:MASTER_PORT) within {} s: {}",
                                   host, port, timeout.count() / 1000, last));
@@ -352,23 +438,65 @@ int connect_to(const std::string& host, int port, std::chrono::milliseconds time
   }
 }
 
+void set_receive_timeout(int fd, std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
 }  // namespace
 
 TcpStore::TcpStore(Options options) : options_(std::move(options)) {
   if (options_.serve) server_ = std::make_unique<TcpStoreServer>(options_.port);
-  fd_ = connect_to(options_.serve ? std::string("127.0.0.1") : options_.host, options_.port, options_.timeout);
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(options_.timeout.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((options_.timeout.count() % 1000) * 1000);
-  ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  // As torch's clients do: count this worker at the server (no prefix).
-  const std::uint8_t q = kAdd;
-  send_bytes(&q, 1);
-  send_string("init/");
-  const std::int64_t one = 1;
-  send_bytes(&one, sizeof one);
-  std::int64_t count = 0;
-  recv_bytes(&count, sizeof count, "add");
+  const std::string host = options_.serve ? std::string("127.0.0.1") : options_.host;
+  const auto open = [&] {
+    FdGuard fd{connect_to(host, options_.port, options_.timeout)};
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd.release();
+  };
+  try {
+    open();
+    dialect_ = options_.dialect;
+    if (dialect_ != Dialect::v2) {
+      // The probe (Note [TCPStore protocol]): a v1 ADD of a key of this
+      // connection's own; a v2 server closes the connection instead.
+      set_receive_timeout(fd_, dialect_ == Dialect::automatic ? std::min(options_.timeout, std::chrono::milliseconds(10000))
+                                                              : options_.timeout);
+      const std::string probe = fmt::format("pinfeed/dialect/{}-{}", ::getpid(), reinterpret_cast<std::uintptr_t>(this));
+      const std::uint8_t q = kAdd;
+      std::int64_t one = 1, sum = 0;
+      bool v1 = write_all(fd_, &q, 1);
+      const std::uint64_t n = probe.size();
+      v1 = v1 && write_all(fd_, &n, sizeof n) && write_all(fd_, probe.data(), probe.size()) &&
+           write_all(fd_, &one, sizeof one);
+      const int e = v1 ? read_all(fd_, &sum, sizeof sum) : ECONNRESET;
+      if (e == 0 && sum == 1) {
+        dialect_ = Dialect::v1;
+      } else if (dialect_ == Dialect::v1) {
+        recv_error("probe", e == 0 ? EPROTO : e);
+      } else {
+        pinfeed::detail::log().debug("rendezvous: the store at {}:{} refused a v1 request; using torch 2's protocol",
+                                     host, options_.port);
+        open();
+        dialect_ = Dialect::v2;
+      }
+    }
+    set_receive_timeout(fd_, options_.timeout);
+    if (dialect_ == Dialect::v2) {
+      const std::uint8_t q = kV2Validate;
+      send_bytes(&q, 1);
+      send_bytes(&kV2Magic, sizeof kV2Magic);
+    }
+    // As torch's clients do: count this worker at the server (no prefix).
+    const std::string saved = std::exchange(options_.prefix, std::string());
+    add("init/", 1);
+    options_.prefix = saved;
+  } catch (...) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
 }
 
 TcpStore::~TcpStore() {
@@ -387,25 +515,36 @@ void TcpStore::send_string(const std::string& s) {
 }
 void TcpStore::recv_bytes(void* data, std::size_t n, const char* op) {
   const int e = read_all(fd_, data, n);
-  if (e == 0) return;
+  if (e != 0) recv_error(op, e);
+}
+void TcpStore::recv_error(const char* op, int e) const {
+  if (e == EPROTO) {
+    throw CommError(-1, fmt::format("rendezvous {}", op), 0,
+                    fmt::format("the server at {}:{} does not speak torch's TCPStore protocol", options_.host, options_.port));
+  }
   if (e == EAGAIN || e == EWOULDBLOCK) {
-    throw CommError(-1, fmt::format("rendezvous {}", op), n,
+    throw CommError(-1, fmt::format("rendezvous {}", op), 0,
                     fmt::format("no answer from the store at {}:{} within {} s (a rank did not start?)", options_.host,
                                 options_.port, options_.timeout.count() / 1000));
   }
-  throw CommError(-1, fmt::format("rendezvous {}", op), n,
+  throw CommError(-1, fmt::format("rendezvous {}", op), 0,
                   fmt::format("the store at {}:{}: {}", options_.host, options_.port, errno_text(e)));
 }
 std::vector<char> TcpStore::recv_vector(const char* op) {
   std::uint64_t n = 0;
   recv_bytes(&n, sizeof n, op);
+  if (n > kMaxValue) {
+    throw CommError(-1, fmt::format("rendezvous {}", op), 0,
+                    fmt::format("the store at {}:{} sent a value of {} bytes (more than {}): not a TCPStore", options_.host,
+                                options_.port, n, kMaxValue));
+  }
   std::vector<char> v(n);
   if (n > 0) recv_bytes(v.data(), n, op);
   return v;
 }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& value) {
-  const std::uint8_t q = kSet;
+  const std::uint8_t q = wire_code(dialect_, kSet);
   send_bytes(&q, 1);
   send_string(options_.prefix + key);
   send_string(std::string(value.begin(), value.end()));
@@ -413,14 +552,14 @@ void TcpStore::set(const std::string& key, const std::vector<char>& value) {
 
 std::vector<char> TcpStore::get(const std::string& key) {
   wait({key}, options_.timeout);
-  const std::uint8_t q = kGet;
+  const std::uint8_t q = wire_code(dialect_, kGet);
   send_bytes(&q, 1);
   send_string(options_.prefix + key);
   return recv_vector("get");
 }
 
 std::int64_t TcpStore::add(const std::string& key, std::int64_t delta) {
-  const std::uint8_t q = kAdd;
+  const std::uint8_t q = wire_code(dialect_, kAdd);
   send_bytes(&q, 1);
   send_string(options_.prefix + key);
   send_bytes(&delta, sizeof delta);
@@ -435,7 +574,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
   // late answer to an abandoned WAIT.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    const std::uint8_t q = kCheck;
+    const std::uint8_t q = wire_code(dialect_, kCheck);
     send_bytes(&q, 1);
     const std::uint64_t n = keys.size();
     send_bytes(&n, sizeof n);
@@ -460,6 +599,13 @@ void TcpStore::barrier(const std::string& name, int world) {
 }
 
 // ---- torchrun's store --------------------------------------------------------
+
+bool use_mpi_bootstrap(const LaunchEnv& env) {
+  if (!env.mpi_launch()) return false;
+  if (mpi_compiled()) return true;
+  const char* addr = std::getenv("MASTER_ADDR");
+  return addr == nullptr || *addr == '\0' || std::getenv("MASTER_PORT") == nullptr;
+}
 
 std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
   const char* addr = std::getenv("MASTER_ADDR");

@@ -1,12 +1,13 @@
 #pragma once
 // A key-value store for bootstrapping a multi-process launch without MPI:
 // torchrun's rendezvous store (MASTER_ADDR:MASTER_PORT). It speaks the wire
-// protocol of torch.distributed's TCPStore as PyTorch 1.13 has it (u8
-// query type, u64 host-order length prefixes; see Note [TCPStore protocol]
-// in tcp_store.cpp), so it can be a client of the store torchrun's agent
-// already serves (static rendezvous, TORCHELASTIC_USE_AGENT_STORE=True), or
-// serve it itself from rank 0 (torchrun --standalone, where the workers'
-// rank 0 hosts the store, as init_process_group does).
+// protocol of torch.distributed's TCPStore in both dialects (torch < 2.1 and
+// >= 2.1, told apart by a probe; see Note [TCPStore protocol] in
+// tcp_store.cpp), so it can be a client of the store torchrun's agent
+// already serves (TORCHELASTIC_USE_AGENT_STORE=True: static rendezvous, and
+// every torchrun of torch >= 2.3), or serve it itself from rank 0 (torch
+// 1.13's torchrun --standalone, where the workers' rank 0 hosts the store,
+// as init_process_group does).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -21,12 +22,16 @@ class TcpStoreServer;
 
 class TcpStore {
  public:
+  /// torch.distributed's TCPStore protocol: v1 before torch 2.1, v2 (a
+  /// VALIDATE first, the codes shifted by one) since.
+  enum class Dialect { automatic, v1, v2 };
   struct Options {
     std::string host = "127.0.0.1";
     int port = 29500;
     bool serve = false;  ///< this process hosts the store on `port`
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< connect and wait limit
     std::string prefix;  ///< put before every key (torch's "/" included)
+    Dialect dialect = Dialect::automatic;  ///< as a client; the server speaks both
   };
   explicit TcpStore(Options options);
   ~TcpStore();
@@ -45,16 +50,20 @@ class TcpStore {
   void barrier(const std::string& name, int world);
 
   [[nodiscard]] const Options& options() const noexcept { return options_; }
+  /// The dialect the client speaks (v1 or v2 once connected).
+  [[nodiscard]] Dialect dialect() const noexcept { return dialect_; }
 
  private:
   void send_bytes(const void* data, std::size_t n);
   void send_string(const std::string& s);
   void recv_bytes(void* data, std::size_t n, const char* op);
+  [[noreturn]] void recv_error(const char* op, int e) const;
   std::vector<char> recv_vector(const char* op);
 
   Options options_;
   std::unique_ptr<TcpStoreServer> server_;
   int fd_ = -1;
+  Dialect dialect_ = Dialect::v1;
 };
 
 /// The rendezvous store of a torchrun launch, from MASTER_ADDR/MASTER_PORT:
@@ -63,6 +72,11 @@ class TcpStore {
 /// (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) under "pinfeed/".
 /// ConfigError naming the variable when MASTER_ADDR/MASTER_PORT are missing
 /// or malformed.
+/// Whether a multi-process launch bootstraps through MPI: mpirun and srun
+/// launches do, except on a build without MPI (the wheel) when MASTER_ADDR
+/// and MASTER_PORT name a store to use instead (srun with them exported).
+bool use_mpi_bootstrap(const LaunchEnv& env);
+
 std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
 }  // namespace pinfeed::trainer::detail

@@ -39,13 +39,20 @@ struct ProcessGroupView {
 /// script itself (SLURM_STEP_ID batch) is one process, not a launch.
 ///
 /// The first source found decides. Every other source present must agree
-/// with it on rank and world size, or ConfigError names both, with one
-/// exception: a launcher that runs inside another (torchrun, recognised by
-/// TORCHELASTIC_RUN_ID, started by srun or mpirun once per node; mpirun's
-/// daemons started by srun) sees the outer launch's variables too, and
-/// those describe a smaller world; they are ignored. Local rank and size
-/// come from the deciding source (a process group has none: from the
-/// variables when they agree with it, else 0 of 1).
+/// with it on rank and world size, or ConfigError names both, except:
+///  - torchrun's workers (TORCHELASTIC_RUN_ID, which only torchrun's agent
+///    sets): torchrun decides and every other source is the launch that
+///    started the agents (srun or mpirun, once per node or not); ignored.
+///  - mpirun's daemons started by srun: the step's smaller world is ignored.
+///  - RANK/WORLD_SIZE without TORCHELASTIC_RUN_ID were set by hand or by a
+///    script; when MPI, PMI or Slurm agrees with them, that launcher decides
+///    (an mpirun launch stays an MPI launch).
+/// Local rank and size come from the deciding source, or, when it has none
+/// (srun --mpi=pmi2 sets no MPI_LOCALRANKID), from an agreeing source that
+/// has them; failing both, rank of world on one node. An initialized
+/// process group outranks the variables: those that agree with it give the
+/// local rank and size; an MPI or Slurm launch of fewer processes than the
+/// group is an outer launch and ignored (local 0 of 1, as a group alone).
 ///
 /// `getenv` is injectable for tests. Throws ConfigError on malformed values.
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,

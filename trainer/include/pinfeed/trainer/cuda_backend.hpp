@@ -30,7 +30,8 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
 
 /// One communicator for this process's single GPU in a multi-process launch:
 /// rank 0 creates the NCCL unique id; MPI broadcasts it under mpirun or srun
-/// (env.mpi_launch()), torchrun's rendezvous store carries it otherwise.
+/// (env.mpi_launch(), on a build with MPI), torchrun's rendezvous store
+/// (MASTER_ADDR:MASTER_PORT) carries it otherwise.
 std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& backend, CommConfig config,
                                                               const LaunchEnv& env);
 
