@@ -137,7 +137,18 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
     // torchrun's own workers (TORCHELASTIC_RUN_ID is set by its agent only):
     // whatever launched the agents (srun, mpirun, once per node or not) is
     // an outer launch whose variables the workers inherit; torchrun decides.
+    // An outer launch of more processes than torchrun's is not one that
+    // started these agents: stale variables, or torchrun runs that do not
+    // know about each other (each would read the whole dataset).
     env = found.front();
+    for (std::size_t i = 1; i < found.size(); ++i) {
+      if (found[i].world_size > env.world_size) {
+        throw ConfigError(fmt::format("the launch variables disagree: {}, but {}: more processes outside torchrun than "
+                                      "in it. Give torchrun --nnodes/--nproc-per-node for the whole job (or unset the "
+                                      "stale variables)",
+                                      describe(env), describe(found[i])));
+      }
+    }
   } else if (!found.empty()) {
     // RANK/WORLD_SIZE without torchrun's marker were exported by hand (or by
     // a script): when a real launcher agrees with them, that launcher
@@ -185,9 +196,30 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
       throw ConfigError(fmt::format("{} is initialized as rank {} of {}, but {}", group->name, group->rank,
                                     group->world_size, describe(env)));
     }
-    if (env.launcher == "single" || outer) {
+    if (env.launcher == "single") {
       env.local_rank = 0;
       env.local_size = 1;
+    } else if (outer) {
+      // The group's processes on this node: LOCAL_RANK/LOCAL_WORLD_SIZE when
+      // the script that started them set them, else the group spread evenly
+      // over the outer launch's processes (one per node), consecutive ranks
+      // on a node, as torchrun and mpirun's default mapping place them.
+      const char* lr = getenv("LOCAL_RANK");
+      const char* ls = getenv("LOCAL_WORLD_SIZE");
+      if (lr != nullptr && ls != nullptr) {
+        env.local_rank = parse_int("LOCAL_RANK", lr);
+        env.local_size = parse_int("LOCAL_WORLD_SIZE", ls);
+        if (env.local_size < 1 || env.local_rank >= env.local_size) {
+          throw ConfigError(fmt::format("LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", env.local_rank, env.local_size));
+        }
+      } else if (group->world_size % env.world_size == 0) {
+        env.local_size = group->world_size / env.world_size;
+        env.local_rank = group->rank % env.local_size;
+      } else {
+        throw ConfigError(fmt::format("{} has {} processes, {}: cannot tell how many of them share this node. Set "
+                                      "LOCAL_RANK and LOCAL_WORLD_SIZE",
+                                      group->name, group->world_size, describe(env)));
+      }
       env.source.clear();
     }
     env.rank = group->rank;

@@ -371,8 +371,13 @@ class Loader:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._epoch = int(epoch)
         self._pinned_epoch = True
-        if isinstance(self._sampler, DistributedSampler):
-            self._sampler.epoch, self._sampler._epoch_set = self._epoch, True
+        # The sampler follows (DataLoader users call it there; both must agree).
+        if self._sampler is not None and callable(getattr(self._sampler, "set_epoch", None)):
+            self._sampler.set_epoch(self._epoch)
+        # A set_epoch after load_state_dict that names another epoch than the
+        # state's wins: that epoch runs from its start.
+        if self._resume is not None and self._resume["epoch"] != self._epoch:
+            self._resume = None
 
     def _sampler_epoch(self):
         """The epoch the sampler pins, or None."""
@@ -422,31 +427,51 @@ class Loader:
         # One epoch runs at a time: a new iteration supersedes an older one,
         # which raises RuntimeError if asked for more instead of silently
         # taking batches of the new run.
-        self._start()
+        delivered = self._start()
         token = object()
         self._active = token
-        return self._batches(token)
+        return self._batches(token, delivered)
+
+    def _epoch_end(self):
+        """The position (samples of this rank) at the end of an epoch."""
+        if self.drop_last:
+            return len(self) * self.batch_size
+        return self._impl.samples_per_epoch()
 
     def _start(self):
+        """Starts the iteration's epoch; returns the batches already delivered
+        in it (a resumed position)."""
         self._completed = False
+        pinned = self._sampler_epoch()
+        if pinned is not None:
+            self._epoch, self._pinned_epoch = pinned, True
         if self._resume is not None:
             s, self._resume = self._resume, None
-            self._impl.restore(s["seed"], s["epoch"], s["position"], s["world_size"], s["rank"])
-            self._current = int(s["epoch"])
-        else:
-            pinned = self._sampler_epoch()
-            if pinned is not None:
-                self._epoch, self._pinned_epoch = pinned, True
-            self._impl.begin_epoch(self._epoch)
-            self._current = self._epoch
+            epoch, position = int(s["epoch"]), int(s["position"])
+            if pinned is not None and pinned != epoch:
+                pass  # the sampler's set_epoch after load_state_dict wins: its epoch from the start
+            elif position >= self._epoch_end():
+                # A state taken at the very end of an epoch: that epoch is done.
+                self._epoch = pinned if pinned is not None else epoch + 1
+            else:
+                self._impl.restore(s["seed"], epoch, position, s["world_size"], s["rank"])
+                self._epoch = self._current = epoch
+                return position // self.batch_size
+        self._impl.begin_epoch(self._epoch)
+        self._current = self._epoch
+        return 0
 
     def _finished(self):
-        """The iteration ran to its end: unless pinned, the next runs the next epoch."""
+        """The epoch's last batch was delivered: unless pinned, the next
+        iteration runs the next epoch."""
+        if self._completed:
+            return
         self._completed = True
         if not self._pinned_epoch:
             self._epoch = self._current + 1
 
-    def _batches(self, token):
+    def _batches(self, token, delivered):
+        last = len(self)
         try:
             while True:
                 if self._active is not token:
@@ -458,6 +483,11 @@ class Loader:
                     self._finished()
                     return
                 images_capsule, labels_capsule, indices, pinned = item
+                delivered += 1
+                if delivered >= last:
+                    # Done with the last batch, even if the loop stops at it
+                    # (itertools.islice, a step count) and never asks again.
+                    self._finished()
                 images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
                 del images_capsule, labels_capsule
                 if self.copy:
@@ -473,15 +503,20 @@ class Loader:
                 self._active = None
 
     def state_dict(self):
-        """Where the loader stands: load_state_dict() continues from here. After
-        a completed epoch that is the start of the next one (unless set_epoch
-        pinned it); before the first iteration, the epoch it will run; with a
-        load_state_dict() not yet used, that state."""
+        """Where the loader stands: load_state_dict() continues from here. Once
+        an epoch's last batch was delivered, that is the start of the next
+        epoch (set_epoch pinned or not); before the first iteration, the epoch
+        it will run; with a load_state_dict() not yet used, that state. After
+        load_state_dict(), a set_epoch (on the loader or its sampler) naming
+        another epoch than the state's wins: that epoch runs from its start."""
         if self._resume is not None:
             return dict(self._resume)
         state = dict(self._impl.state())
-        if self._current is None or (self._completed and self._epoch != self._current):
-            state["epoch"], state["position"] = self._epoch, 0
+        if self._current is None:
+            pinned = self._sampler_epoch()
+            state["epoch"], state["position"] = (self._epoch if pinned is None else pinned), 0
+        elif self._completed:
+            state["epoch"], state["position"] = self._current + 1, 0
         return state
 
     def load_state_dict(self, state):
@@ -492,6 +527,7 @@ class Loader:
             raise ValueError(f"state_dict is for rank {state['rank']} of {state['world_size']}, "
                              f"this loader is rank {self.rank} of {self.world_size}")
         self._resume = dict(state)
+        self._epoch = int(state["epoch"])
 
     def stats(self):
         """The current epoch's stats: images/s, stage times, pool and pressure state."""

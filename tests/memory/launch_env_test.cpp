@@ -180,16 +180,41 @@ TEST(LaunchEnvTest, TorchrunWorkersIgnoreAnOuterLaunchOfTheSameSize) {
   EXPECT_EQ(e.local_size, 1);
 }
 
+TEST(LaunchEnvTest, TorchrunWorkersRefuseAnOuterLaunchOfMoreProcesses) {
+  // mpirun -np 4 torchrun --standalone --nproc-per-node 1: four torchrun
+  // jobs of one process each, every one reading the whole dataset.
+  const std::string why = conflict({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_RUN_ID", "job"},
+                                    {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+  EXPECT_NE(why.find("torchrun (RANK/WORLD_SIZE) says rank 0 of 1"), std::string::npos) << why;
+  EXPECT_NE(why.find("OMPI_COMM_WORLD_RANK"), std::string::npos) << why;
+}
+
 TEST(LaunchEnvTest, AProcessGroupLargerThanAnOuterSlurmStepIsTheLaunch) {
-  // One process per node from srun, each forming a group of 8 itself.
+  // One process per node from srun (2 nodes), each starting 4 that form a
+  // group of 8: consecutive ranks on a node, 4 per node.
   ProcessGroupView group;
   group.rank = 5;
   group.world_size = 8;
-  const auto e = env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}}, group);
+  const Vars step{{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}};
+  const auto e = env(step, group);
   EXPECT_EQ(e.launcher, "torch.distributed");
   EXPECT_EQ(e.rank, 5);
   EXPECT_EQ(e.world_size, 8);
-  EXPECT_EQ(e.local_size, 1);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_size, 4);
+  // The starting script's LOCAL_RANK/LOCAL_WORLD_SIZE win over the guess.
+  Vars with_local = step;
+  with_local["LOCAL_RANK"] = "0";
+  with_local["LOCAL_WORLD_SIZE"] = "2";
+  const auto named = env(with_local, group);
+  EXPECT_EQ(named.local_rank, 0);
+  EXPECT_EQ(named.local_size, 2);
+  // A group that does not split evenly over the step's processes: ask.
+  group.world_size = 7;
+  group.rank = 3;
+  const std::string why = conflict(step, group);
+  EXPECT_NE(why.find("LOCAL_WORLD_SIZE"), std::string::npos) << why;
+  group.world_size = 8;
   // A smaller group than the launch is still a conflict.
   group.rank = 0;
   group.world_size = 2;

@@ -225,3 +225,61 @@ def test_interpolation_as_a_string_or_torchvisions_mode(dataset):
     assert torch.equal(first(interpolation=transforms.InterpolationMode.BILINEAR), bilinear)
     with pytest.raises(ValueError, match="interpolation"):
         loader(dataset, interpolation="bicubic")
+
+
+def test_a_checkpoint_at_an_epochs_end_resumes_at_the_epoch_the_sampler_names(dataset):
+    # The DDP loop: sampler.set_epoch(e) every epoch, state_dict() saved after
+    # it, a restart that loads it and calls set_epoch(e + 1).
+    def torch_loader():
+        ds = torch.utils.data.DistributedSampler(range(40), num_replicas=1, rank=0, shuffle=True, seed=6)
+        return ds, loader(dataset, sampler=ds, return_indices=True)
+    ds, l = torch_loader()
+    ds.set_epoch(2)
+    order(l)
+    state = l.state_dict()
+    assert (state["epoch"], state["position"]) == (3, 0)
+    ds.set_epoch(3)
+    e3 = order(l)
+    ds2, resumed = torch_loader()
+    resumed.load_state_dict(state)
+    ds2.set_epoch(3)
+    assert order(resumed) == e3 and resumed.epoch == 3
+    # A set_epoch that disagrees with the state wins: its epoch from the start.
+    ds3, other = torch_loader()
+    other.load_state_dict(state)
+    ds3.set_epoch(2)
+    assert len(order(other)) == 40 and other.epoch == 2
+    # An older checkpoint taken at the very end of epoch 2: epoch 2 is done.
+    ds4, old = torch_loader()
+    old.load_state_dict(dict(state, epoch=2, position=40))
+    ds4.set_epoch(2)
+    assert len(order(old)) == 40 and old.epoch == 2  # the sampler said 2: it runs
+    plain = loader(dataset, shuffle=True, seed=6, return_indices=True)
+    plain.load_state_dict(dict(state, epoch=2, position=40))
+    assert order(plain) == e3 and plain.epoch == 3  # nobody pinned: the next epoch
+
+
+def test_loader_set_epoch_reaches_a_torch_sampler(dataset):
+    ds = torch.utils.data.DistributedSampler(range(40), num_replicas=1, rank=0, shuffle=True, seed=2)
+    l = loader(dataset, sampler=ds, return_indices=True)
+    l.set_epoch(3)
+    assert ds.epoch == 3
+    pinned = loader(dataset, shuffle=True, seed=2, return_indices=True)
+    pinned.set_epoch(3)
+    assert order(l) == order(pinned) and l.epoch == 3
+
+
+def test_an_epoch_counts_as_done_at_its_last_batch_without_stopiteration(dataset):
+    # A loop that stops after len(loader) steps (islice, a step budget) never
+    # asks for the StopIteration; the epoch is over all the same.
+    import itertools
+    l = loader(dataset, shuffle=True, seed=8, return_indices=True)
+    e0 = [int(i) for _, _, idx in itertools.islice(l, len(l)) for i in idx]
+    assert sorted(e0) == list(range(40))
+    assert (l.state_dict()["epoch"], l.state_dict()["position"]) == (1, 0)
+    e1 = order(l)
+    assert l.epoch == 1 and e1 != e0
+    # One batch short of the end is not done: the next iteration repeats it.
+    short = loader(dataset, shuffle=True, seed=8, return_indices=True)
+    list(itertools.islice(short, len(short) - 1))
+    assert order(short) == e0 and short.epoch == 0

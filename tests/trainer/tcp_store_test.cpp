@@ -156,6 +156,109 @@ TEST(TcpStoreTest, AServerThatIsNotAStoreIsAnErrorNotAHang) {
   ::close(listener);
 }
 
+/// A torch >= 2.1 store as seen by a v1 probe, on 127.0.0.1:`port`: its
+/// first connection gets the probe and answers it as `first` says ("close",
+/// "empty": an empty value as a GET's, "silent"), the next one is a v2
+/// client (VALIDATE, then the "init/" ADD, answered 1).
+class FakeV2Store {
+ public:
+  FakeV2Store(int port, std::string first) : first_(std::move(first)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(listener_, 4), 0);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~FakeV2Store() {
+    thread_.join();
+    ::close(listener_);
+  }
+  FakeV2Store(const FakeV2Store&) = delete;
+  FakeV2Store& operator=(const FakeV2Store&) = delete;
+  bool validated = false;
+
+ private:
+  static bool read_n(int fd, void* p, std::size_t n) {
+    auto* c = static_cast<char*>(p);
+    while (n > 0) {
+      const ssize_t r = ::recv(fd, c, n, 0);
+      if (r <= 0) return false;
+      c += r;
+      n -= static_cast<std::size_t>(r);
+    }
+    return true;
+  }
+  void serve() {
+    const int probe = first_ == "direct" ? -1 : ::accept(listener_, nullptr, nullptr);
+    char byte = 0;
+    if (probe >= 0) (void)read_n(probe, &byte, 1);
+    if (first_ == "empty") {
+      const std::uint64_t zero = 0;
+      (void)::send(probe, &zero, sizeof zero, MSG_NOSIGNAL);
+    }
+    if (probe >= 0 && first_ != "silent") ::close(probe);
+    const int v2 = ::accept(listener_, nullptr, nullptr);
+    std::uint8_t code = 0xff, add = 0xff;
+    std::uint32_t magic = 0;
+    std::uint64_t n = 0;
+    std::int64_t delta = 0;
+    validated = read_n(v2, &code, 1) && code == 0 && read_n(v2, &magic, sizeof magic) && magic == 0x3C85F7CEU;
+    std::string key;
+    if (validated && read_n(v2, &add, 1) && add == 4 && read_n(v2, &n, sizeof n) && n < 64) {
+      key.resize(n);
+      if (read_n(v2, key.data(), n) && read_n(v2, &delta, sizeof delta)) {
+        const std::int64_t sum = delta;
+        (void)::send(v2, &sum, sizeof sum, MSG_NOSIGNAL);
+      }
+    }
+    validated = validated && key == "init/";
+    EXPECT_TRUE(validated) << first_;
+    ::close(v2);
+    if (first_ == "silent") ::close(probe);
+  }
+  int listener_ = -1;
+  std::string first_;
+  std::thread thread_;
+};
+
+TEST(TcpStoreTest, TheProbeTellsATorch2StoreByAClosedAnEmptyOrNoAnswer) {
+  int port = 29567;
+  for (const std::string first : {"close", "empty", "silent"}) {
+    FakeV2Store fake(port, first);
+    auto o = options(port++, false);
+    o.timeout = 5s;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      TcpStore store(o);
+      EXPECT_EQ(store.dialect(), TcpStore::Dialect::v2) << first;
+    }
+    const auto took = std::chrono::steady_clock::now() - t0;
+    // Silence costs the probe's 2 s, not the store's timeout.
+    EXPECT_LT(took, first == "silent" ? 4s : 1s) << first;
+    if (first == "silent") {
+      EXPECT_GE(took, 1900ms);
+    }
+  }
+}
+
+TEST(TcpStoreTest, PinfeedStoreDialectSkipsTheProbe) {
+  // The fake's first connection must open with VALIDATE: no probe came.
+  ::setenv("PINFEED_STORE_DIALECT", "v3", 1);
+  EXPECT_THROW(TcpStore bad(options(29570, false)), ConfigError);  // named before connecting
+  ::setenv("PINFEED_STORE_DIALECT", "v2", 1);
+  {
+    FakeV2Store fake(29570, "direct");
+    TcpStore store(options(29570, false));
+    EXPECT_EQ(store.dialect(), TcpStore::Dialect::v2);
+  }
+  ::unsetenv("PINFEED_STORE_DIALECT");
+}
+
 // Run by tests/python/test_launch.py with a TCPStore server of torch's own
 // (either dialect, whichever torch is installed) on PINFEED_TEST_STORE_PORT,
 // holding "/interop/from-torch" = "torch"; PINFEED_TEST_STORE_DIALECT names

@@ -18,10 +18,12 @@
 //   PING u32 nonce              -             13  -> the nonce
 // A v2 server drops a connection whose first request is not VALIDATE with
 // the magic 0x3C85F7CE. Nothing tells a client which dialect a server
-// speaks, so the client probes: a v1 ADD of a key of its own, which a v1
-// server answers with 1 and a v2 server refuses by closing the connection
-// (not VALIDATE; and a GET of an absent key besides), then, if refused, a
-// new connection in v2. The server here speaks both, per connection: a
+// speaks, so the client probes: a v1 ADD of a fresh key (then deleted),
+// which a v1 server answers with 1. A v2 server reads the ADD's code as a
+// GET: torch's classic server closes the connection (not VALIDATE), another
+// may answer an empty value (eight zero bytes) or say nothing; each of those
+// (after 2 s for silence) means v2, on a new connection.
+// PINFEED_STORE_DIALECT=v1|v2 skips the probe. The server here speaks both, per connection: a
 // first byte 0 followed by the magic is v2, anything else v1 (pinfeed's
 // clients never open with a v1 SET). torch's clients put "/" before every
 // key and ADD 1 to "init/" (no prefix) when they start; pinfeed's do too.
@@ -48,6 +50,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -455,29 +459,58 @@ TcpStore::TcpStore(Options options) : options_(std::move(options)) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd.release();
   };
+  dialect_ = options_.dialect;
+  if (dialect_ == Dialect::automatic) {
+    // An operator who knows the server skips the probe (and its wait on a
+    // server that neither answers nor closes).
+    if (const char* forced = std::getenv("PINFEED_STORE_DIALECT"); forced != nullptr && *forced != '\0') {
+      const std::string_view f(forced);
+      if (f == "v1") {
+        dialect_ = Dialect::v1;
+      } else if (f == "v2") {
+        dialect_ = Dialect::v2;
+      } else if (f != "auto") {
+        throw ConfigError(fmt::format("PINFEED_STORE_DIALECT='{}': expected v1 (torch < 2.1), v2 (torch >= 2.1) or auto", f));
+      }
+    }
+  }
   try {
     open();
-    dialect_ = options_.dialect;
     if (dialect_ != Dialect::v2) {
-      // The probe (Note [TCPStore protocol]): a v1 ADD of a key of this
-      // connection's own; a v2 server closes the connection instead.
-      set_receive_timeout(fd_, dialect_ == Dialect::automatic ? std::min(options_.timeout, std::chrono::milliseconds(10000))
-                                                              : options_.timeout);
-      const std::string probe = fmt::format("pinfeed/dialect/{}-{}", ::getpid(), reinterpret_cast<std::uintptr_t>(this));
-      const std::uint8_t q = kAdd;
+      // The probe (Note [TCPStore protocol]): a v1 ADD of a fresh key. A v1
+      // server answers 1; a v2 server closes the connection, or reads it as
+      // a GET and answers an empty value (eight zero bytes), or, at worst,
+      // waits: then the probe gives up after kProbeWait.
+      constexpr std::chrono::milliseconds kProbeWait{2000};
+      set_receive_timeout(fd_, dialect_ == Dialect::automatic ? std::min(options_.timeout, kProbeWait) : options_.timeout);
+      std::random_device entropy;
+      const std::uint64_t nonce = (std::uint64_t{entropy()} << 32U) ^ entropy();
+      const std::string probe = fmt::format("pinfeed/dialect/{}-{:016x}", ::getpid(), nonce);
       std::int64_t one = 1, sum = 0;
-      bool v1 = write_all(fd_, &q, 1);
       const std::uint64_t n = probe.size();
-      v1 = v1 && write_all(fd_, &n, sizeof n) && write_all(fd_, probe.data(), probe.size()) &&
-           write_all(fd_, &one, sizeof one);
-      const int e = v1 ? read_all(fd_, &sum, sizeof sum) : ECONNRESET;
+      const std::uint8_t add_code = kAdd;
+      bool sent = write_all(fd_, &add_code, 1);
+      sent = sent && write_all(fd_, &n, sizeof n) && write_all(fd_, probe.data(), probe.size()) &&
+             write_all(fd_, &one, sizeof one);
+      const int e = sent ? read_all(fd_, &sum, sizeof sum) : ECONNRESET;
       if (e == 0 && sum == 1) {
         dialect_ = Dialect::v1;
-      } else if (dialect_ == Dialect::v1) {
+        // Leave no trace: DELETE_KEY answers the number deleted.
+        set_receive_timeout(fd_, options_.timeout);
+        std::int64_t deleted = 0;
+        const std::uint8_t delete_code = kDelete;
+        send_bytes(&delete_code, 1);
+        send_string(probe);
+        recv_bytes(&deleted, sizeof deleted, "probe");
+      } else if (dialect_ == Dialect::v1 || (e == 0 && sum != 0)) {
         recv_error("probe", e == 0 ? EPROTO : e);
       } else {
-        pinfeed::detail::log().debug("rendezvous: the store at {}:{} refused a v1 request; using torch 2's protocol",
-                                     host, options_.port);
+        pinfeed::detail::log().info("rendezvous: the store at {}:{} {} a torch < 2.1 request; speaking torch 2.1's "
+                                    "protocol (PINFEED_STORE_DIALECT=v2 skips this probe)",
+                                    host, options_.port,
+                                    e == 0                          ? "read as torch 2's GET"
+                                    : e == EAGAIN || e == EWOULDBLOCK ? "did not answer within 2 s"
+                                                                      : "closed the connection on");
         open();
         dialect_ = Dialect::v2;
       }

@@ -42,7 +42,8 @@ struct ProcessGroupView {
 /// with it on rank and world size, or ConfigError names both, except:
 ///  - torchrun's workers (TORCHELASTIC_RUN_ID, which only torchrun's agent
 ///    sets): torchrun decides and every other source is the launch that
-///    started the agents (srun or mpirun, once per node or not); ignored.
+///    started the agents (srun or mpirun, once per node or not); ignored,
+///    unless it has more processes than torchrun's (then ConfigError).
 ///  - mpirun's daemons started by srun: the step's smaller world is ignored.
 ///  - RANK/WORLD_SIZE without TORCHELASTIC_RUN_ID were set by hand or by a
 ///    script; when MPI, PMI or Slurm agrees with them, that launcher decides
@@ -52,7 +53,10 @@ struct ProcessGroupView {
 /// has them; failing both, rank of world on one node. An initialized
 /// process group outranks the variables: those that agree with it give the
 /// local rank and size; an MPI or Slurm launch of fewer processes than the
-/// group is an outer launch and ignored (local 0 of 1, as a group alone).
+/// group is an outer launch (one process per node that started the group's):
+/// the local rank and size are LOCAL_RANK/LOCAL_WORLD_SIZE when set, else
+/// the group split evenly over the outer processes with consecutive ranks
+/// on a node (ConfigError when it does not divide).
 ///
 /// `getenv` is injectable for tests. Throws ConfigError on malformed values.
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
