@@ -18,14 +18,15 @@
 //   PING u32 nonce              -             13  -> the nonce
 // A v2 server drops a connection whose first request is not VALIDATE with
 // the magic 0x3C85F7CE. Nothing tells a client which dialect a server
-// speaks, so the client probes: a v1 ADD of a fresh key (then deleted),
-// which a v1 server answers with 1. A v2 server reads the ADD's code as a
-// GET: torch's classic server closes the connection (not VALIDATE), another
-// may answer an empty value (eight zero bytes) or say nothing; each of those
-// (after 2 s for silence) means v2, on a new connection.
-// PINFEED_STORE_DIALECT=v1|v2 skips the probe. The server here speaks both, per connection: a
-// first byte 0 followed by the magic is v2, anything else v1 (pinfeed's
-// clients never open with a v1 SET). torch's clients put "/" before every
+// speaks, so the client probes: a v1 SET of a fresh key and its DELETE,
+// which a v1 server answers with 1 (deleted). A v2 server reads the SET's
+// code 0 as VALIDATE and the key's length as the magic, which is wrong, and
+// closes the connection; then the client connects again in v2. A server
+// that neither answers nor closes is taken as v2 after 2 s.
+// PINFEED_STORE_DIALECT=v1|v2 skips the probe. The server here speaks
+// both, per connection: a first byte 0 followed by the magic is v2, a 0
+// followed by anything else a v1 SET (a key length whose low half is the
+// magic would be a 1 GiB key), other codes v1. torch's clients put "/" before every
 // key and ADD 1 to "init/" (no prefix) when they start; pinfeed's do too.
 // Timeouts are the client's (SO_RCVTIMEO); the server never times out. The
 // server keeps one thread per connection: a launch has a handful of ranks,
@@ -48,8 +49,10 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <thread>
@@ -220,14 +223,19 @@ class TcpStoreServer {
   /// unknown or malformed request drops the connection (as torch's does).
   void serve(int fd) {
     bool v2 = false;
+    // A v1 SET's key length of which the first half was read as a magic.
+    std::optional<std::uint32_t> low_half;
     for (bool first = true;; first = false) {
       std::uint8_t q = 0;
       if (read_all(fd, &q, 1) != 0) break;
       if (first && q == kV2Validate) {
         std::uint32_t magic = 0;
-        if (read_all(fd, &magic, sizeof magic) != 0 || magic != kV2Magic) break;
-        v2 = true;
-        continue;
+        if (read_all(fd, &magic, sizeof magic) != 0) break;
+        if (magic == kV2Magic) {
+          v2 = true;
+          continue;
+        }
+        low_half = magic;  // v1's SET (code 0 too), the probe's: its key length began
       }
       if (v2 && q == kV2Ping) {
         std::uint32_t nonce = 0;
@@ -240,7 +248,18 @@ class TcpStoreServer {
       bool ok = true;
       switch (q) {
         case kSet:
-          ok = read_string(fd, key) && read_string(fd, value, kMaxValue);
+          if (low_half) {
+            std::uint32_t high = 0;
+            const std::uint64_t n = read_all(fd, &high, sizeof high) == 0
+                                        ? (std::uint64_t{high} << 32U) | *low_half
+                                        : std::numeric_limits<std::uint64_t>::max();
+            low_half.reset();
+            ok = n <= kMaxKey;
+            if (ok) key.resize(n);
+            ok = ok && (n == 0 || read_all(fd, key.data(), n) == 0) && read_string(fd, value, kMaxValue);
+          } else {
+            ok = read_string(fd, key) && read_string(fd, value, kMaxValue);
+          }
           if (ok) {
             const std::scoped_lock lock(mutex_);
             data_[key] = value;
@@ -477,40 +496,32 @@ TcpStore::TcpStore(Options options) : options_(std::move(options)) {
   try {
     open();
     if (dialect_ != Dialect::v2) {
-      // The probe (Note [TCPStore protocol]): a v1 ADD of a fresh key. A v1
-      // server answers 1; a v2 server closes the connection, or reads it as
-      // a GET and answers an empty value (eight zero bytes), or, at worst,
-      // waits: then the probe gives up after kProbeWait.
+      // The probe (Note [TCPStore protocol]): a v1 SET of a fresh key, then
+      // its DELETE_KEY. A v1 server answers 1 (deleted); a v2 server reads
+      // the SET's code as VALIDATE, the key's length as a wrong magic, and
+      // closes the connection; one that says nothing is given kProbeWait.
       constexpr std::chrono::milliseconds kProbeWait{2000};
       set_receive_timeout(fd_, dialect_ == Dialect::automatic ? std::min(options_.timeout, kProbeWait) : options_.timeout);
       std::random_device entropy;
       const std::uint64_t nonce = (std::uint64_t{entropy()} << 32U) ^ entropy();
       const std::string probe = fmt::format("pinfeed/dialect/{}-{:016x}", ::getpid(), nonce);
-      std::int64_t one = 1, sum = 0;
-      const std::uint64_t n = probe.size();
-      const std::uint8_t add_code = kAdd;
-      bool sent = write_all(fd_, &add_code, 1);
-      sent = sent && write_all(fd_, &n, sizeof n) && write_all(fd_, probe.data(), probe.size()) &&
-             write_all(fd_, &one, sizeof one);
-      const int e = sent ? read_all(fd_, &sum, sizeof sum) : ECONNRESET;
-      if (e == 0 && sum == 1) {
+      const std::uint8_t set_code = kSet, delete_code = kDelete;
+      const std::uint64_t n = probe.size(), empty = 0;
+      std::int64_t deleted = 0;
+      const bool sent = write_all(fd_, &set_code, 1) && write_all(fd_, &n, sizeof n) &&
+                        write_all(fd_, probe.data(), probe.size()) && write_all(fd_, &empty, sizeof empty) &&
+                        write_all(fd_, &delete_code, 1) && write_all(fd_, &n, sizeof n) &&
+                        write_all(fd_, probe.data(), probe.size());
+      const int e = sent ? read_all(fd_, &deleted, sizeof deleted) : ECONNRESET;
+      if (e == 0 && deleted == 1) {
         dialect_ = Dialect::v1;
-        // Leave no trace: DELETE_KEY answers the number deleted.
-        set_receive_timeout(fd_, options_.timeout);
-        std::int64_t deleted = 0;
-        const std::uint8_t delete_code = kDelete;
-        send_bytes(&delete_code, 1);
-        send_string(probe);
-        recv_bytes(&deleted, sizeof deleted, "probe");
-      } else if (dialect_ == Dialect::v1 || (e == 0 && sum != 0)) {
+      } else if (dialect_ == Dialect::v1 || e == 0) {
         recv_error("probe", e == 0 ? EPROTO : e);
       } else {
+        const bool silent = e == EAGAIN || e == EWOULDBLOCK;
         pinfeed::detail::log().info("rendezvous: the store at {}:{} {} a torch < 2.1 request; speaking torch 2.1's "
                                     "protocol (PINFEED_STORE_DIALECT=v2 skips this probe)",
-                                    host, options_.port,
-                                    e == 0                          ? "read as torch 2's GET"
-                                    : e == EAGAIN || e == EWOULDBLOCK ? "did not answer within 2 s"
-                                                                      : "closed the connection on");
+                                    host, options_.port, silent ? "did not answer (2 s) to" : "closed the connection on");
         open();
         dialect_ = Dialect::v2;
       }
