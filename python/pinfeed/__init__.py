@@ -104,6 +104,26 @@ def _triple(name, value):
 
 
 
+def _parse_device(device, local_rank):
+    """A torch.device for device=, or None (CPU tensors over the slots).
+    "auto": cuda:LOCAL_RANK when torch sees CUDA, else None."""
+    if device is None:
+        return None
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda", local_rank) if torch.cuda.is_available() else None
+    try:
+        d = device if isinstance(device, torch.device) else torch.device(device)
+    except (TypeError, RuntimeError) as e:
+        raise ValueError(f"device must be None, 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}") from e
+    if d.type == "cuda":
+        if d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        return d
+    if d.type == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"device {device!r}: pinfeed feeds 'cuda' devices (and 'cpu', its test backend)")
+
+
 class DistributedSampler:
     """The sampler's options under torch.utils.data.DistributedSampler's
     names, for Loader(sampler=...):
@@ -232,7 +252,9 @@ class Loader:
                  layout=_default("layout"), mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
                  seed=None, threads=None, prefetch=None, bad_sample=_default("bad_sample"), copy=False,
                  return_indices=False, return_paths=False, list_root=None, local_rank=None,
-                 max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"), **options):
+                 max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
+                 device=None, stream=None, labels_device=True, dtype=None, memory_format=None, _copy_delay_us=0,
+                 **options):
         global _warned_num_workers
         if not isinstance(data, (str, os.PathLike)):
             raise TypeError(f"data must be a path or a shard pattern, not {type(data).__name__}")
@@ -312,6 +334,12 @@ class Loader:
             options["interpolation"] = {"nearest-exact": "nearest"}.get(name.lower(), name.lower())
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
+        if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype!r}")
+        if memory_format not in (None, torch.contiguous_format, torch.channels_last):
+            raise ValueError(f"memory_format must be torch.contiguous_format or torch.channels_last, got {memory_format!r}")
+        if isinstance(_copy_delay_us, bool) or not isinstance(_copy_delay_us, numbers.Integral) or _copy_delay_us < 0:
+            raise ValueError(f"_copy_delay_us must be a non-negative integer, got {_copy_delay_us!r}")
         mean, std = _triple("mean", mean), _triple("std", std)
         if any(v <= 0 for v in std):
             raise ValueError(f"std must be positive, got {std!r}")
@@ -327,6 +355,28 @@ class Loader:
         self.local_rank = _int_arg("local_rank", local_rank, 0, 2**31 - 1)
         if not (0 <= rank < world_size):
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        # device=: the batches go to a device through the loader's own copy
+        # stream; uint8 from the decoders, normalized there.
+        self._device = _parse_device(device, self.local_rank)
+        feed = None
+        if self._device is not None:
+            if copy:
+                raise ValueError("copy=True is for device=None: device batches own their memory already")
+            if layout not in ("nchw-f32", "nhwc-u8"):
+                raise ValueError(f"layout must be 'nchw-f32' or 'nhwc-u8', got {layout!r}")
+            normalize_on_device = layout == "nchw-f32"
+            layout = "nhwc-u8"
+            feed = {"type": self._device.type, "index": 0 if self._device.index is None else self._device.index,
+                    "normalize": normalize_on_device, "copy_delay_us": int(_copy_delay_us)}
+            if self._device.type == "cuda" and stream is not None and not hasattr(stream, "cuda_stream"):
+                raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
+        elif stream is not None:
+            raise ValueError("stream= goes with device=")
+        elif dtype not in (None, torch.float32) or memory_format not in (None, torch.contiguous_format):
+            raise ValueError("dtype= and memory_format= go with device= (convert CPU batches yourself)")
+        self._stream, self._labels_device = stream, bool(labels_device)
+        self._dtype = None if dtype in (None, torch.float32) else dtype
+        self._memory_format = None if memory_format in (None, torch.contiguous_format) else memory_format
         # Ranges, types and choices of the table's options are checked in C++
         # (ConfigError is a ValueError; a wrong type is a TypeError), named.
         self._impl = _pinfeed.Loader({
@@ -337,7 +387,7 @@ class Loader:
             "size": size, "resize": resize, "flip": flip, "layout": layout, "bad_sample": bad_sample,
             "pin": pin_memory is not False, "require_pinned": pin_memory == "require",
             "max_classes": max_classes, "max_replaced_share": max_replaced_share, **options,
-        })
+        }, feed)
         self.batch_size, self.drop_last, self.shuffle = batch_size, drop_last, shuffle
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.num_workers, self.prefetch = self._impl.threads(), prefetch
@@ -478,11 +528,18 @@ class Loader:
                     raise RuntimeError("this iterator of a pinfeed.Loader was superseded: iter() was called again on "
                                        "the loader, which restarted the epoch there. One iteration runs at a time; "
                                        "use the newest iterator")
-                item = self._impl.next()
-                if item is None:
-                    self._finished()
-                    return
-                images_capsule, labels_capsule, indices, pinned = item
+                if self._device is not None:
+                    item = self._impl.next_device(self._consumer())
+                    if item is None:
+                        self._finished()
+                        return
+                    images_capsule, labels_capsule, host_labels, indices, pinned = item
+                else:
+                    item = self._impl.next()
+                    if item is None:
+                        self._finished()
+                        return
+                    images_capsule, labels_capsule, indices, pinned = item
                 delivered += 1
                 if delivered >= last:
                     # Done with the last batch, even if the loop stops at it
@@ -490,6 +547,14 @@ class Loader:
                     self._finished()
                 images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
                 del images_capsule, labels_capsule
+                if self._device is not None:
+                    # On the consumer's stream, which already waits for the copy.
+                    if self._dtype is not None:
+                        images = images.to(self._dtype)
+                    if self._memory_format is not None:
+                        images = images.contiguous(memory_format=self._memory_format)
+                    if not self._labels_device:
+                        labels = torch.tensor(host_labels, dtype=torch.int64)
                 if self.copy:
                     images, labels = images.clone(), labels.clone()  # the slot goes back now
                 out = (images, labels)
@@ -529,9 +594,28 @@ class Loader:
         self._resume = dict(state)
         self._epoch = int(state["epoch"])
 
+    def _consumer(self):
+        """The stream the batch is handed to (Note [Consumer streams]): the
+        given stream=, else torch's current stream of the device; 0 on the
+        CPU backend (this thread)."""
+        if self._device.type != "cuda":
+            return 0
+        stream = self._stream if self._stream is not None else torch.cuda.current_stream(self._device)
+        return int(stream.cuda_stream)
+
+    @property
+    def device(self):
+        """The device batches are delivered on (None: CPU tensors over the pool's slots)."""
+        return self._device
+
     def stats(self):
-        """The current epoch's stats: images/s, stage times, pool and pressure state."""
-        return json.loads(self._impl.stats_json())
+        """The current epoch's stats: images/s, stage times, pool and pressure
+        state; with a device, "device": batches and bytes copied, device
+        buffers made and the host's wait for copies."""
+        out = json.loads(self._impl.stats_json())
+        if self._device is not None:
+            out["device"] = dict(self._impl.feed_stats())
+        return out
 
     def live_batches(self):
         """Batches whose tensors are still alive (each holds a pool slot)."""

@@ -24,9 +24,12 @@
 #include "pinfeed/loader/options.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/diagnostics.hpp"
+#include "pinfeed/trainer/device_feed.hpp"
+#include "pinfeed/trainer/device_type.hpp"
 
 namespace py = pybind11;
 namespace pl = pinfeed::loader;
+namespace pt = pinfeed::trainer;
 
 namespace {
 
@@ -46,22 +49,26 @@ struct Holder {
   Holder& operator=(const Holder&) = delete;
 };
 
+/// A tensor's owner (a host batch's Holder, or a DeviceBatch) and shape.
 struct Ctx {
-  std::shared_ptr<Holder> holder;
+  std::shared_ptr<void> owner;
+  std::int64_t shape[4] = {};
   DLManagedTensor tensor{};
 };
 
 void delete_managed(DLManagedTensor* t) { delete static_cast<Ctx*>(t->manager_ctx); }
 
 /// A "dltensor" capsule; if nobody consumes it, its destructor frees it.
-py::capsule make_capsule(const std::shared_ptr<Holder>& h, void* data, DLDataType dtype, int ndim, std::int64_t* shape) {
-  auto* ctx = new Ctx{h, {}};
+py::capsule make_capsule(std::shared_ptr<void> owner, void* data, DLDataType dtype, int ndim, const std::int64_t* shape,
+                         DLDevice device = DLDevice{kDLCPU, 0}) {
+  auto* ctx = new Ctx{std::move(owner), {}, {}};
+  std::copy(shape, shape + ndim, ctx->shape);
   DLTensor& t = ctx->tensor.dl_tensor;
   t.data = data;
-  t.device = DLDevice{kDLCPU, 0};
+  t.device = device;
   t.ndim = ndim;
   t.dtype = dtype;
-  t.shape = shape;
+  t.shape = ctx->shape;
   t.strides = nullptr;  // compact, row-major
   t.byte_offset = 0;
   ctx->tensor.manager_ctx = ctx;
@@ -184,19 +191,50 @@ pl::LoaderConfig to_config(const py::dict& d) {
 
 class PyLoader {
  public:
-  explicit PyLoader(const py::dict& config) {
+  /// `device`: None, or {"type": "cpu"|"cuda", "index", "normalize",
+  /// "copy_delay_us"}: batches go to that device through a DeviceFeed.
+  PyLoader(const py::dict& config, const py::object& device) {
     pl::LoaderConfig c = to_config(config);
     prefetch_ = c.prefetch;
+    if (!device.is_none()) {
+      const auto d = device.cast<py::dict>();
+      const auto type = d["type"].cast<std::string>();
+      pt::BackendOptions options;
+      options.copy_delay = std::chrono::microseconds(d["copy_delay_us"].cast<std::int64_t>());
+      const pt::DeviceType& dt = pt::device_type(type);
+      const int index = d["index"].cast<int>();
+      if (dt.visible() <= (dt.indexed ? index : 0)) {
+        throw pinfeed::ConfigError(fmt::format("device='{}:{}': {}", type, index,
+                                               dt.visible() == 0 ? fmt::format("no {} device is visible to pinfeed", type)
+                                                                 : fmt::format("only {} are visible", dt.visible())));
+      }
+      std::shared_ptr<pt::DeviceBackend> backend = dt.make_backend(index, options);
+      pt::DeviceFeedOptions fo;
+      fo.normalize = d["normalize"].cast<bool>();
+      std::copy(c.transform.mean.begin(), c.transform.mean.end(), fo.norm.mean.begin());
+      std::copy(c.transform.std.begin(), c.transform.std.end(), fo.norm.std.begin());
+      dlpack_device_ = DLDevice{dt.indexed ? kDLCUDA : kDLCPU, dt.indexed ? index : 0};
+      feed_ = std::make_shared<pt::DeviceFeed>(std::move(backend), fo);
+    }
     py::gil_scoped_release release;  // opening and indexing a dataset can take a while
     loader_ = std::make_shared<pl::Loader>(std::move(c));
   }
+  ~PyLoader() {
+    py::gil_scoped_release release;  // the feed waits for its copies
+    ahead_.reset();
+    feed_.reset();
+  }
+  PyLoader(const PyLoader&) = delete;
+  PyLoader& operator=(const PyLoader&) = delete;
 
   void begin_epoch(std::uint64_t epoch) {
     py::gil_scoped_release release;
+    ahead_.reset();
     loader_->begin_epoch(epoch);
   }
   void restore(std::uint64_t seed, std::uint64_t epoch, std::size_t position, unsigned world_size, unsigned rank) {
     py::gil_scoped_release release;
+    ahead_.reset();
     loader_->restore(pl::LoaderState{seed, epoch, position, world_size, rank});
   }
 
@@ -208,23 +246,7 @@ class PyLoader {
           "tensors of earlier batches (del images, labels), raise prefetch, or pass copy=True",
           prefetch_));
     }
-    // Wait in slices with the GIL released, running the interpreter's
-    // signal handlers between them: Ctrl-C raises KeyboardInterrupt within
-    // ~50 ms however long the batch takes, and the loader stays usable.
-    for (;;) {
-      bool ready = false;
-      {
-        py::gil_scoped_release release;
-        ready = loader_->wait_ready(std::chrono::milliseconds(50));
-      }
-      if (ready) break;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
-    std::optional<pl::Batch> b;
-    {
-      py::gil_scoped_release release;
-      b = loader_->next();
-    }
+    std::optional<pl::Batch> b = wait_next();
     if (!b) return py::none();
     auto h = std::make_shared<Holder>(loader_, live_, std::move(*b));
     pl::Batch& batch = h->batch;
@@ -239,6 +261,40 @@ class PyLoader {
                                h->label_shape);
     std::vector<std::size_t> indices(batch.indices().begin(), batch.indices().end());
     return py::make_tuple(images, labels, indices, batch.pinned());
+  }
+
+  /// With a device: (images capsule, labels capsule, host labels, indices,
+  /// pinned) of the next batch, on the device and ready for `consumer`
+  /// (Note [Consumer streams]), or None at the end. One batch is copied
+  /// ahead, so its copy overlaps the consumer's work on this one.
+  py::object next_device(std::uintptr_t consumer) {
+    if (!feed_) throw pinfeed::ConfigError("this loader has no device");
+    if (!ahead_) ahead_ = submit_next();
+    if (!ahead_) return py::none();
+    Submitted current = std::move(*ahead_);
+    ahead_ = submit_next();
+    {
+      py::gil_scoped_release release;  // a host consumer waits for the copy here
+      current.batch->hand_to(consumer);
+    }
+    const pt::DeviceBatch& d = *current.batch;
+    const DLDataType dtype = d.floats() ? DLDataType{kDLFloat, 32, 1} : DLDataType{kDLUInt, 8, 1};
+    auto images = make_capsule(current.batch, d.images(), dtype, 4, d.shape().data(), dlpack_device_);
+    const std::int64_t n = d.shape()[0];
+    auto labels = make_capsule(current.batch, d.labels(), DLDataType{kDLInt, 64, 1}, 1, &n, dlpack_device_);
+    return py::make_tuple(images, labels, current.labels, current.indices, current.pinned);
+  }
+
+  [[nodiscard]] py::dict feed_stats() const {
+    py::dict out;
+    if (!feed_) return out;
+    const pt::DeviceFeedStats s = feed_->stats();
+    out["batches"] = s.batches;
+    out["bytes"] = s.bytes;
+    out["device_buffers"] = s.device_buffers;
+    out["wait_copy_seconds"] = s.wait_copy_seconds;
+    out["device"] = feed_->backend().name();
+    return out;
   }
 
   [[nodiscard]] py::dict state() const {
@@ -298,7 +354,48 @@ class PyLoader {
   [[nodiscard]] std::string stats_json() const { return pl::stats_json(loader_->stats()); }
 
  private:
+  /// The next batch (None at the end), waited for in slices with the GIL
+  /// released, running the interpreter's signal handlers between them:
+  /// Ctrl-C raises KeyboardInterrupt within ~50 ms however long the batch
+  /// takes, and the loader stays usable.
+  std::optional<pl::Batch> wait_next() {
+    for (;;) {
+      bool ready = false;
+      {
+        py::gil_scoped_release release;
+        ready = loader_->wait_ready(std::chrono::milliseconds(50));
+      }
+      if (ready) break;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    py::gil_scoped_release release;
+    return loader_->next();
+  }
+
+  /// A batch on its way to the device, with its host fields.
+  struct Submitted {
+    std::shared_ptr<pt::DeviceBatch> batch;
+    std::vector<std::int64_t> labels;
+    std::vector<std::size_t> indices;
+    bool pinned = false;
+  };
+  std::optional<Submitted> submit_next() {
+    std::optional<pl::Batch> b = wait_next();
+    if (!b) return std::nullopt;
+    Submitted s;
+    s.labels.assign(b->labels().begin(), b->labels().end());
+    s.indices.assign(b->indices().begin(), b->indices().end());
+    s.pinned = b->pinned();
+    py::gil_scoped_release release;
+    s.batch = feed_->submit(std::move(*b));
+    return s;
+  }
+
+  // Declared first, destroyed last: batches and the feed go before the loader.
   std::shared_ptr<pl::Loader> loader_;
+  std::shared_ptr<pt::DeviceFeed> feed_;
+  std::optional<Submitted> ahead_;
+  DLDevice dlpack_device_{kDLCPU, 0};
   std::shared_ptr<std::atomic<long>> live_ = std::make_shared<std::atomic<long>>(0);
   std::size_t prefetch_ = 0;
 };
@@ -333,7 +430,9 @@ PYBIND11_MODULE(_pinfeed, m) {
     }
   });
   py::class_<PyLoader>(m, "Loader")
-      .def(py::init<const py::dict&>())
+      .def(py::init<const py::dict&, const py::object&>(), py::arg("config"), py::arg("device") = py::none())
+      .def("next_device", &PyLoader::next_device)
+      .def("feed_stats", &PyLoader::feed_stats)
       .def("begin_epoch", &PyLoader::begin_epoch)
       .def("restore", &PyLoader::restore)
       .def("next", &PyLoader::next)

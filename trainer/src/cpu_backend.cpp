@@ -203,6 +203,13 @@ thread_local const CpuBackend* t_current = nullptr;  // what make_current() chos
 
 void CpuBackend::make_current() { t_current = this; }
 
+std::shared_ptr<void> CpuBackend::scoped_current() {
+  static int token = 0;
+  const CpuBackend* previous = t_current;
+  t_current = this;
+  return {&token, [previous](int*) { t_current = previous; }};
+}
+
 std::uint64_t CpuBackend::calls_off_current() noexcept { return g_calls_off_current.load(); }
 
 void CpuBackend::note_thread() const noexcept {
@@ -442,6 +449,30 @@ void CpuBackend::scale(Stream& s, float* x, std::size_t count, float factor) {
 void CpuBackend::fill(Stream& s, float* x, std::size_t count, float value) {
   note_thread();
   post(s, [=] { std::fill(x, x + count, value); });
+}
+
+void CpuBackend::widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) {
+  note_thread();
+  post(s, [=] { std::copy(in, in + n, out); });
+}
+
+void CpuBackend::consumer_wait(std::uintptr_t consumer, Event& e) {
+  if (consumer != 0) {
+    stream_wait(*reinterpret_cast<Stream*>(consumer), e);
+  } else {
+    e.wait();
+  }
+}
+
+void CpuBackend::consumer_record(std::uintptr_t consumer, Event& e) {
+  if (consumer != 0) {
+    record(e, *reinterpret_cast<Stream*>(consumer));
+  } else {
+    // The host thread that dropped the batch is done with it: an empty
+    // stream's recording, complete at once.
+    auto ev = cpu(e).shared_from_this();
+    ev->complete(ev->arm(), nullptr);
+  }
 }
 
 namespace {

@@ -138,6 +138,13 @@ class CudaBackend final : public DeviceBackend {
   [[nodiscard]] int cuda_device() const noexcept override { return device_; }
   [[nodiscard]] memory::PinMethod host_pin_method() const noexcept override { return memory::PinMethod::cuda_register; }
   void make_current() override { select(); }
+  std::shared_ptr<void> scoped_current() override {
+    int previous = 0;
+    PINFEED_CUDA_TRY(cudaGetDevice(&previous), device_);
+    select();
+    static int token = 0;
+    return {&token, [previous](int*) { (void)cudaSetDevice(previous); }};
+  }
   [[nodiscard]] std::string name() const override { return name_; }
 
   DeviceBuffer allocate(std::size_t bytes) override {
@@ -179,6 +186,14 @@ class CudaBackend final : public DeviceBackend {
   void synchronize(Stream& s) override {
     select();
     PINFEED_CUDA_TRY(cudaStreamSynchronize(cuda(s).get()), device_);
+  }
+  void consumer_wait(std::uintptr_t consumer, Event& e) override {
+    select();
+    PINFEED_CUDA_TRY(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(consumer), cuda(e).get(), 0), device_);
+  }
+  void consumer_record(std::uintptr_t consumer, Event& e) override {
+    select();
+    PINFEED_CUDA_TRY(cudaEventRecord(cuda(e).get(), reinterpret_cast<cudaStream_t>(consumer)), device_);
   }
 
   void gemm(Stream& s, const Gemm& g) override {
@@ -240,11 +255,18 @@ class CudaBackend final : public DeviceBackend {
     select();
     PINFEED_CUDA_TRY(kernels::fill(cuda(s).get(), x, count, value), device_);
   }
+  void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::widen_labels(cuda(s).get(), in, out, n), device_);
+  }
 
  protected:
   void free(void* ptr, std::size_t /*bytes*/) noexcept override {
+    int previous = -1;
+    (void)cudaGetDevice(&previous);  // a thread of another library keeps its device
     (void)cudaSetDevice(device_);
     (void)cudaFree(ptr);  // at process exit the driver may already be gone: ignored
+    if (previous >= 0 && previous != device_) (void)cudaSetDevice(previous);
     (void)cudaGetLastError();
   }
 

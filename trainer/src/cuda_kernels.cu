@@ -110,6 +110,10 @@ __global__ void fill_kernel(float* x, std::size_t count, float v) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) x[i] = v;
 }
 
+__global__ void widen_labels_kernel(const std::int32_t* in, std::int64_t* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) out[i] = in[i];
+}
+
 }  // namespace
 
 cudaError_t normalize_u8(cudaStream_t s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w, const float scale[3],
@@ -159,6 +163,11 @@ cudaError_t scale(cudaStream_t s, float* x, std::size_t count, float factor) {
 
 cudaError_t fill(cudaStream_t s, float* x, std::size_t count, float value) {
   fill_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, count, value);
+  return cudaGetLastError();
+}
+
+cudaError_t widen_labels(cudaStream_t s, const std::int32_t* in, std::int64_t* out, std::size_t n) {
+  widen_labels_kernel<<<blocks_for(n), kThreads, 0, s>>>(in, out, n);
   return cudaGetLastError();
 }
 

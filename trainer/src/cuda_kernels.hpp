@@ -19,5 +19,6 @@ cudaError_t softmax_cross_entropy(cudaStream_t s, const float* logits, const std
 cudaError_t sgd(cudaStream_t s, float* w, float* grad, float* momentum, std::size_t count, float lr, float mom, float wd);
 cudaError_t scale(cudaStream_t s, float* x, std::size_t count, float factor);
 cudaError_t fill(cudaStream_t s, float* x, std::size_t count, float value);
+cudaError_t widen_labels(cudaStream_t s, const std::int32_t* in, std::int64_t* out, std::size_t n);
 
 }  // namespace pinfeed::trainer::kernels

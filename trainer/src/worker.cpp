@@ -1,5 +1,7 @@
 #include "worker.hpp"
 
+#include "pinfeed/trainer/device_feed.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -300,11 +302,8 @@ void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, Ep
   // The copy: slot samples and labels (both pinned), then the slot goes
   // back once the copy's event completes (Note [Slot lifetime]).
   backend_.stream_wait(*copy_, *compute_done_[b]);
-  backend_.copy_h2d(*copy_, in_[b].get(), batch->data().data(), batch->data().size());
-  backend_.copy_h2d(*copy_, labels_[b].get(), batch->slot_labels().data(), micro_batch_ * sizeof(std::int32_t));
   const std::shared_ptr<Event>& copied = copy_events_->next();
-  backend_.record(*copied, *copy_);
-  batch->lease().release_after(copied);
+  copy_batch(backend_, *copy_, *batch, in_[b].get(), labels_[b].as<std::int32_t>(), copied);
   batch.reset();
 
   // The compute, after the copy.

@@ -33,6 +33,7 @@ class CpuBackend final : public DeviceBackend {
   /// its device): calls from other threads are counted, so the CPU tests
   /// hold the rule the GPU needs (see calls_off_current()).
   void make_current() override;
+  std::shared_ptr<void> scoped_current() override;
 
   DeviceBuffer allocate(std::size_t bytes) override;
   std::unique_ptr<Stream> create_stream() override;
@@ -43,6 +44,8 @@ class CpuBackend final : public DeviceBackend {
   void record(Event& e, Stream& s) override;
   void stream_wait(Stream& s, Event& e) override;
   void synchronize(Stream& s) override;
+  void consumer_wait(std::uintptr_t consumer, Event& e) override;
+  void consumer_record(std::uintptr_t consumer, Event& e) override;
 
   void gemm(Stream& s, const Gemm& g) override;
   void normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
@@ -56,6 +59,7 @@ class CpuBackend final : public DeviceBackend {
   void sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) override;
   void scale(Stream& s, float* x, std::size_t count, float factor) override;
   void fill(Stream& s, float* x, std::size_t count, float value) override;
+  void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) override;
 
   /// Runs `task` on the stream's worker, in order with the rest of its work
   /// (the CPU communicators run their collectives this way, on a comm stream).

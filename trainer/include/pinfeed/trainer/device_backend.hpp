@@ -145,6 +145,10 @@ class DeviceBackend {
   /// the top of every thread that will touch the device (a thread with no
   /// current device would create device 0's context on its first CUDA call).
   virtual void make_current() {}
+  /// make_current() until the returned token goes, then the thread's
+  /// previous device again: for calls on threads of another library
+  /// (Python's), whose current device must not change under it.
+  [[nodiscard]] virtual std::shared_ptr<void> scoped_current() { return nullptr; }
 
   /// Device memory (zeroed). Throws OutOfMemory / CudaError.
   virtual DeviceBuffer allocate(std::size_t bytes) = 0;
@@ -164,11 +168,26 @@ class DeviceBackend {
   /// Blocks until everything enqueued on `s` has run; rethrows its error.
   virtual void synchronize(Stream& s) = 0;
 
+  // Consumers outside pinfeed (Note [Consumer streams] in device_feed.hpp).
+  // `consumer` names one: on CUDA a cudaStream_t of another library (torch's
+  // current stream), 0 its legacy default stream; on the CPU a Stream of
+  // this backend (tests, to model asynchronous consumers), or 0: the
+  // calling host thread.
+  /// Work the consumer enqueues after this waits for `e`. On the CPU with
+  /// consumer 0 the calling thread blocks until `e` is complete.
+  virtual void consumer_wait(std::uintptr_t consumer, Event& e) = 0;
+  /// Records `e` at the current end of the consumer's work: once it is
+  /// complete, memory the consumer was reading is free. On the CPU with
+  /// consumer 0 the host thread is done already, and `e` completes at once.
+  virtual void consumer_record(std::uintptr_t consumer, Event& e) = 0;
+
   // Math, enqueued on a stream. Pointers are device pointers.
   virtual void gemm(Stream& s, const Gemm& g) = 0;
   /// uint8 NHWC (RGB) -> float32 NCHW, (x / 255 - mean) / std.
   virtual void normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
                             const Normalization& norm) = 0;
+  /// int32 labels -> int64 (what torch's losses take).
+  virtual void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) = 0;
   /// Average pooling by `factor` in both axes, NCHW in, n x (c*h/f*w/f) out.
   virtual void avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) = 0;
   /// z (n x d) += bias per column; a = relu(z) when `relu`, else a = z.

@@ -1,0 +1,119 @@
+"""device=: batches delivered on a device by the loader's own copy stream
+(Note [Consumer streams] in trainer/include/pinfeed/trainer/device_feed.hpp).
+Here the device is the CPU backend ("cpu": real memory, a copy thread per
+stream, copies delayed on demand), so the whole mechanism runs: the copy
+from the pool slot, the slot's return after the copy's event, normalization
+on the "device", the hand-over to the consumer and the reuse of the device
+buffers. bench/gpu_check.sh runs the CUDA twin of these checks."""
+import pytest
+import torch
+
+import pinfeed
+
+
+def loader(dataset, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("size", 16)
+    kw.setdefault("threads", 2)
+    kw.setdefault("return_indices", True)
+    return pinfeed.Loader(str(dataset), **kw)
+
+
+def reference(dataset, **kw):
+    """The same batches through the host path, copied out of their slots."""
+    return [(x.clone(), y.clone(), list(i)) for x, y, i in loader(dataset, copy=True, **kw)]
+
+
+@pytest.mark.parametrize("layout", ["nchw-f32", "nhwc-u8"])
+def test_device_batches_equal_the_host_batches(dataset, layout):
+    kw = dict(transform="center", layout=layout)
+    want = reference(dataset, **kw)
+    l = loader(dataset, device="cpu", **kw)
+    assert l.device == torch.device("cpu")
+    got = [(x.clone(), y.clone(), list(i)) for x, y, i in l]
+    assert len(got) == len(want) == len(l)
+    for (a, b, i), (c, d, j) in zip(want, got):
+        assert i == j
+        assert c.dtype == a.dtype and c.shape == a.shape and d.dtype == torch.int64
+        # Normalized on the device by the trainer's kernel: the same numbers
+        # as the decoders' own float output.
+        assert torch.equal(a, c)
+        assert torch.equal(b, d)
+
+
+def test_a_slot_goes_back_only_after_the_copy_has_read_it(dataset):
+    # Each copy sleeps 20 ms before it reads the slot, and the decoders
+    # refill every slot the pool hands back at once (prefetch 2). Were the
+    # slot returned when the copy is enqueued instead of after its event, the
+    # next batches would be decoded into it first and the copies would read
+    # them: the augmented batches would not match the host path's.
+    kw = dict(transform="random", seed=11, prefetch=2, shuffle=True)
+    want = reference(dataset, **kw)
+    l = loader(dataset, device="cpu", _copy_delay_us=20000, **kw)
+    for epoch in range(2):
+        if epoch:
+            want = reference(dataset, **dict(kw))
+            l.set_epoch(0)
+        got = [(x.clone(), y.clone(), list(i)) for x, y, i in l]
+        assert [i for _, _, i in got] == [i for _, _, i in want]
+        for (a, b, _), (c, d, _) in zip(want, got):
+            assert torch.equal(a, c) and torch.equal(b, d)
+    assert l.stats()["device"]["wait_copy_seconds"] > 0
+
+
+def test_device_buffers_are_reused_and_a_kept_batch_stays_valid(dataset):
+    l = loader(dataset, device="cpu", transform="center", _copy_delay_us=2000)
+    kept = None
+    for epoch in range(3):
+        for step, (x, y, _) in enumerate(l):
+            if epoch == 0 and step == 0:
+                kept, first = x, x.clone()
+            float(x.sum())  # the loop's use of the batch; then it is dropped
+    stats = l.stats()["device"]
+    # One batch in the loop's hands, one copied ahead, the kept one, and one
+    # more while a dropped batch's release is pending: a ring, not a buffer
+    # per batch.
+    assert stats["batches"] == 3 * len(l)
+    assert stats["device_buffers"] <= 4, stats
+    assert torch.equal(kept, first)  # never written again while it was alive
+
+
+def test_dtype_memory_format_and_host_labels(dataset):
+    want = reference(dataset, transform="center")
+    l = loader(dataset, device="cpu", transform="center", dtype=torch.bfloat16,
+               memory_format=torch.channels_last, labels_device=False)
+    for (a, b, _), (c, d, _) in zip(want, l):
+        assert c.dtype == torch.bfloat16 and c.is_contiguous(memory_format=torch.channels_last)
+        assert torch.allclose(c.float(), a, atol=0.02, rtol=0.01)
+        assert torch.equal(b, d)
+
+
+def test_device_arguments_are_checked(dataset):
+    with pytest.raises(ValueError, match="device"):
+        loader(dataset, device="tpu")
+    with pytest.raises(ValueError, match="copy=True is for device=None"):
+        loader(dataset, device="cpu", copy=True)
+    with pytest.raises(ValueError, match="stream= goes with device="):
+        loader(dataset, stream=object())
+    with pytest.raises(ValueError, match="go with device="):
+        loader(dataset, dtype=torch.float16)
+    with pytest.raises(ValueError, match="dtype must be"):
+        loader(dataset, device="cpu", dtype=torch.int8)
+    if not torch.cuda.is_available():
+        # A CUDA device where none is visible: named, not a crash.
+        with pytest.raises(pinfeed.ConfigError, match="cuda"):
+            loader(dataset, device="cuda:0")
+        # "auto" without CUDA: CPU tensors over the slots, as device=None.
+        assert loader(dataset, device="auto").device is None
+
+
+def test_an_epoch_restarted_midway_drops_the_batch_copied_ahead(dataset):
+    kw = dict(transform="center", shuffle=True, seed=2)
+    want = reference(dataset, **kw)
+    l = loader(dataset, device="cpu", **kw)
+    it = iter(l)
+    next(it)
+    next(it)
+    l.set_epoch(0)
+    got = [list(i) for _, _, i in l]  # restarted: from the first batch again
+    assert got == [i for _, _, i in want]

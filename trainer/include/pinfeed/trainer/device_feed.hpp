@@ -1,0 +1,114 @@
+#pragma once
+// Loader batches onto a device: the copy from a pool slot and its release,
+// done one way for the trainer's workers and for the Python loader's
+// device= path.
+//
+// Note [Consumer streams]
+// A DeviceFeed copies each batch on a copy stream of its own and records an
+// event after it (and after the normalization that follows it on the same
+// stream). The pool slot goes back after the copy's event (Note [Slot
+// lifetime]), whatever the consumer does. The consumer, another library's
+// stream (torch's current stream) or a host thread, is made to wait for the
+// batch's event before it is handed the batch (DeviceBackend::consumer_wait),
+// so nobody synchronizes. When the consumer drops the batch, an event is
+// recorded at the end of the consumer's work at that moment
+// (consumer_record): the batch's device buffers are written again only after
+// it, by a copy stream that waits for it. This is what PyTorch's caching
+// allocator does with record_stream for memory it did not allocate on the
+// stream that uses it.
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "pinfeed/loader/loader.hpp"
+#include "pinfeed/trainer/device_backend.hpp"
+
+namespace pinfeed::trainer {
+
+/// Note [Slot lifetime], the one place it is done: enqueues on `s` the copy
+/// of `batch`'s samples (into `images`) and of its int32 labels (into
+/// `labels`), records `copied` after them and hands the slot back to the pool
+/// once `copied` completes. The batch holds no slot afterwards; its host
+/// fields (labels(), indices()) stay readable.
+void copy_batch(DeviceBackend& backend, Stream& s, loader::Batch& batch, void* images, std::int32_t* labels,
+                const std::shared_ptr<Event>& copied);
+
+struct DeviceFeedOptions {
+  /// uint8 NHWC batches become float32 NCHW on the device: (x / 255 - mean) / std.
+  bool normalize = true;
+  Normalization norm;
+};
+
+/// What a feed has done so far.
+struct DeviceFeedStats {
+  std::uint64_t batches = 0;
+  std::uint64_t bytes = 0;               ///< host bytes copied (samples and labels)
+  std::uint64_t device_buffers = 0;      ///< sets of device buffers made (the ring's size)
+  double copy_seconds = 0;               ///< submit to copy complete, summed (measured at hand-over)
+  double wait_copy_seconds = 0;          ///< host time blocked on a copy (a host consumer only)
+};
+
+class DeviceBatch;
+
+/// Copies loader batches to a device (Note [Consumer streams]). One host
+/// thread submits; DeviceBatches may be dropped on any thread, and may
+/// outlive the feed.
+class DeviceFeed {
+ public:
+  DeviceFeed(std::shared_ptr<DeviceBackend> backend, DeviceFeedOptions options);
+  ~DeviceFeed();
+  DeviceFeed(const DeviceFeed&) = delete;
+  DeviceFeed& operator=(const DeviceFeed&) = delete;
+
+  /// Enqueues the batch's copy (and normalization); the slot goes back to
+  /// the pool after the copy. Device buffers come from the feed's ring, made
+  /// on first need (the ring grows to the number of batches alive at once).
+  std::shared_ptr<DeviceBatch> submit(loader::Batch batch);
+  [[nodiscard]] DeviceBackend& backend() const noexcept;
+  [[nodiscard]] DeviceFeedStats stats() const;
+
+  struct Buffers;
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  std::unique_ptr<Stream> copy_;
+};
+
+/// One batch on the device. Dropping it returns its buffers to the feed's
+/// ring, after the consumer's work at that moment (Note [Consumer streams]).
+class DeviceBatch {
+ public:
+  DeviceBatch(std::shared_ptr<DeviceFeed::State> state, std::unique_ptr<DeviceFeed::Buffers> buffers,
+              const loader::Batch& batch, bool normalized);
+  ~DeviceBatch();
+  DeviceBatch(const DeviceBatch&) = delete;
+  DeviceBatch& operator=(const DeviceBatch&) = delete;
+
+  /// Samples: float32 {N, C, H, W} when normalized or the loader's nchw-f32,
+  /// else uint8 {N, H, W, C}.
+  [[nodiscard]] void* images() const noexcept;
+  [[nodiscard]] std::int64_t* labels() const noexcept;
+  [[nodiscard]] const std::array<std::int64_t, 4>& shape() const noexcept { return shape_; }
+  [[nodiscard]] bool floats() const noexcept { return floats_; }
+  [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(shape_[0]); }
+  /// Makes `consumer` wait for the batch (DeviceBackend::consumer_wait) and
+  /// remembers it: the buffers are reused only after its work at the time
+  /// the batch is dropped. Call once, before the consumer reads the batch.
+  void hand_to(std::uintptr_t consumer);
+
+ private:
+  std::shared_ptr<DeviceFeed::State> state_;
+  std::unique_ptr<DeviceFeed::Buffers> buffers_;
+  std::array<std::int64_t, 4> shape_{};
+  bool floats_ = true;
+  bool handed_ = false;
+  std::uintptr_t consumer_ = 0;
+  std::chrono::steady_clock::time_point submitted_;
+};
+
+}  // namespace pinfeed::trainer
