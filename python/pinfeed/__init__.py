@@ -370,11 +370,12 @@ class Loader:
                     "normalize": normalize_on_device, "copy_delay_us": int(_copy_delay_us)}
             if self._device.type == "cuda" and stream is not None and not hasattr(stream, "cuda_stream"):
                 raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
-        elif stream is not None:
-            raise ValueError("stream= goes with device=")
+        elif stream is not None and not (hasattr(stream, "cuda_stream") or isinstance(stream, _pinfeed.CpuConsumer)):
+            raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
         elif dtype not in (None, torch.float32) or memory_format not in (None, torch.contiguous_format):
             raise ValueError("dtype= and memory_format= go with device= (convert CPU batches yourself)")
         self._stream, self._labels_device = stream, bool(labels_device)
+        self._cuda_seen = False  # CUDA was initialized once: stays so
         self._dtype = None if dtype in (None, torch.float32) else dtype
         self._memory_format = None if memory_format in (None, torch.contiguous_format) else memory_format
         # Ranges, types and choices of the table's options are checked in C++
@@ -535,7 +536,7 @@ class Loader:
                         return
                     images_capsule, labels_capsule, host_labels, indices, pinned = item
                 else:
-                    item = self._impl.next()
+                    item = self._impl.next(self._host_consumer())
                     if item is None:
                         self._finished()
                         return
@@ -602,6 +603,24 @@ class Loader:
             return 0
         stream = self._stream if self._stream is not None else torch.cuda.current_stream(self._device)
         return int(stream.cuda_stream)
+
+    def _host_consumer(self):
+        """device=None: where the batch may still be read after its tensors
+        die. Once CUDA is initialized in the process, torch's current stream
+        (or stream=) at the time the batch is yielded: a
+        tensor.cuda(non_blocking=True) copy queued there reads the slot
+        after the tensor is gone, so the slot goes back only after an event
+        recorded on that stream when the tensors die."""
+        if self._stream is not None:
+            if isinstance(self._stream, _pinfeed.CpuConsumer):
+                return self._stream
+            return ("cuda", self._stream.device.index if self._stream.device.index is not None else
+                    torch.cuda.current_device(), int(self._stream.cuda_stream))
+        if self._cuda_seen or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            self._cuda_seen = True
+            device = torch.cuda.current_device()
+            return ("cuda", device, int(torch.cuda.current_stream(device).cuda_stream))
+        return None
 
     @property
     def device(self):

@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <optional>
 #include <utility>
+#include <map>
 #include <memory>
+#include <thread>
 #include <string>
 
 #include "pinfeed/error.hpp"
@@ -24,6 +26,7 @@
 #include "pinfeed/loader/options.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/diagnostics.hpp"
+#include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/device_feed.hpp"
 #include "pinfeed/trainer/device_type.hpp"
 
@@ -33,18 +36,42 @@ namespace pt = pinfeed::trainer;
 
 namespace {
 
-/// One batch shared by its image and label tensors.
+/// Where a batch's tensors may still be read after they die: a stream that
+/// an asynchronous copy out of them was enqueued on (tensor.cuda(
+/// non_blocking=True) on torch's current stream), named to `backend`.
+struct Consumer {
+  std::shared_ptr<pt::DeviceBackend> backend;
+  std::uintptr_t stream = 0;
+};
+
+/// One batch shared by its image and label tensors. The slot goes back when
+/// both die, or, with a consumer, after the consumer's work at that moment
+/// (Note [Consumer streams]).
 struct Holder {
   std::shared_ptr<pl::Loader> loader;   // the batch must go before its Loader
   std::shared_ptr<std::atomic<long>> live;
   pl::Batch batch;
+  Consumer consumer;
   std::int64_t shape[4] = {};
   std::int64_t label_shape[1] = {};
-  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b)
-      : loader(std::move(l)), live(std::move(n)), batch(std::move(b)) {
+  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b, Consumer c)
+      : loader(std::move(l)), live(std::move(n)), batch(std::move(b)), consumer(std::move(c)) {
     ++*live;
   }
-  ~Holder() { --*live; }
+  ~Holder() {
+    if (consumer.backend) {
+      try {
+        const auto current = consumer.backend->scoped_current();
+        auto done = consumer.backend->create_event();
+        consumer.backend->consumer_record(consumer.stream, *done);
+        batch.lease().release_after(std::move(done));
+      } catch (const std::exception& e) {
+        pinfeed::detail::log().error("a batch's slot could not be fenced on {}'s stream, returned now: {}",
+                                     consumer.backend->name(), e.what());
+      }
+    }
+    --*live;
+  }
   Holder(const Holder&) = delete;
   Holder& operator=(const Holder&) = delete;
 };
@@ -189,6 +216,54 @@ pl::LoaderConfig to_config(const py::dict& d) {
   return c;
 }
 
+/// A consumer for tests of the non_blocking rule on the CPU backend: a
+/// stream that reads memory asynchronously, `delay` after it is asked to, as
+/// a queued tensor.cuda(non_blocking=True) copy does.
+class CpuConsumer {
+ public:
+  explicit CpuConsumer(std::int64_t delay_us) : delay_(delay_us) {
+    backend = std::make_shared<pt::CpuBackend>(pt::CpuBackendConfig{});
+    const auto current = backend->scoped_current();
+    stream_ = backend->create_stream();
+  }
+  ~CpuConsumer() {
+    py::gil_scoped_release release;
+    synchronize_impl();
+  }
+  CpuConsumer(const CpuConsumer&) = delete;
+  CpuConsumer& operator=(const CpuConsumer&) = delete;
+  [[nodiscard]] std::uintptr_t handle() const noexcept { return reinterpret_cast<std::uintptr_t>(stream_.get()); }
+  /// Enqueues a copy of `bytes` at `address`; returns its number for result().
+  std::size_t read(std::uintptr_t address, std::size_t bytes) {
+    const auto current = backend->scoped_current();
+    auto out = std::make_shared<std::string>();
+    results_.push_back(out);
+    const auto delay = std::chrono::microseconds(delay_);
+    const auto* src = reinterpret_cast<const char*>(address);
+    backend->enqueue(*stream_, [out, src, bytes, delay] {
+      std::this_thread::sleep_for(delay);
+      out->assign(src, bytes);
+    });
+    return results_.size() - 1;
+  }
+  void synchronize() {
+    py::gil_scoped_release release;
+    synchronize_impl();
+  }
+  py::bytes result(std::size_t i) const { return py::bytes(*results_.at(i)); }
+
+  std::shared_ptr<pt::CpuBackend> backend;
+
+ private:
+  void synchronize_impl() {
+    const auto current = backend->scoped_current();
+    backend->synchronize(*stream_);
+  }
+  std::int64_t delay_;
+  std::unique_ptr<pt::Stream> stream_;
+  std::vector<std::shared_ptr<std::string>> results_;
+};
+
 class PyLoader {
  public:
   /// `device`: None, or {"type": "cpu"|"cuda", "index", "normalize",
@@ -239,16 +314,20 @@ class PyLoader {
   }
 
   /// (images capsule, labels capsule, indices, pinned) or None at the end.
-  py::object next() {
+  /// `consumer`: None, ("cuda", device, cudaStream_t) or a CpuConsumer:
+  /// where the batch may be read asynchronously, so that its slot goes back
+  /// after that stream's work at the tensors' death, not at their death.
+  py::object next(const py::object& consumer) {
     if (static_cast<std::size_t>(live_->load()) >= prefetch_) {
       throw pinfeed::ConfigError(fmt::format(
           "all {} pool slots are held by live batches: the next batch cannot be made until one is freed. Drop the "
           "tensors of earlier batches (del images, labels), raise prefetch, or pass copy=True",
           prefetch_));
     }
+    Consumer c = to_consumer(consumer);
     std::optional<pl::Batch> b = wait_next();
     if (!b) return py::none();
-    auto h = std::make_shared<Holder>(loader_, live_, std::move(*b));
+    auto h = std::make_shared<Holder>(loader_, live_, std::move(*b), std::move(c));
     pl::Batch& batch = h->batch;
     const auto shape = batch.shape();
     for (std::size_t i = 0; i < 4; ++i) h->shape[i] = static_cast<std::int64_t>(shape[i]);
@@ -372,6 +451,25 @@ class PyLoader {
     return loader_->next();
   }
 
+  Consumer to_consumer(const py::object& consumer) {
+    if (consumer.is_none()) return {};
+    if (py::isinstance<CpuConsumer>(consumer)) {
+      auto& cpu = consumer.cast<CpuConsumer&>();
+      return {cpu.backend, cpu.handle()};
+    }
+    const auto t = consumer.cast<py::tuple>();
+    const int device = t[1].cast<int>();
+    auto& backend = cuda_consumers_[device];
+    if (!backend) {
+      const pt::DeviceType& cuda = pt::device_type("cuda");
+      if (cuda.visible() <= device) {
+        throw pinfeed::ConfigError(fmt::format("torch's CUDA device {} is not visible to pinfeed", device));
+      }
+      backend = cuda.make_backend(device, {});
+    }
+    return {backend, t[2].cast<std::uintptr_t>()};
+  }
+
   /// A batch on its way to the device, with its host fields.
   struct Submitted {
     std::shared_ptr<pt::DeviceBatch> batch;
@@ -396,6 +494,7 @@ class PyLoader {
   std::shared_ptr<pt::DeviceFeed> feed_;
   std::optional<Submitted> ahead_;
   DLDevice dlpack_device_{kDLCPU, 0};
+  std::map<int, std::shared_ptr<pt::DeviceBackend>> cuda_consumers_;  // torch's devices, for next(consumer)
   std::shared_ptr<std::atomic<long>> live_ = std::make_shared<std::atomic<long>>(0);
   std::size_t prefetch_ = 0;
 };
@@ -429,13 +528,18 @@ PYBIND11_MODULE(_pinfeed, m) {
       raise(base, e.what());
     }
   });
+  py::class_<CpuConsumer>(m, "CpuConsumer")
+      .def(py::init<std::int64_t>(), py::arg("delay_us"))
+      .def("read", &CpuConsumer::read)
+      .def("synchronize", &CpuConsumer::synchronize)
+      .def("result", &CpuConsumer::result);
   py::class_<PyLoader>(m, "Loader")
       .def(py::init<const py::dict&, const py::object&>(), py::arg("config"), py::arg("device") = py::none())
       .def("next_device", &PyLoader::next_device)
       .def("feed_stats", &PyLoader::feed_stats)
       .def("begin_epoch", &PyLoader::begin_epoch)
       .def("restore", &PyLoader::restore)
-      .def("next", &PyLoader::next)
+      .def("next", &PyLoader::next, py::arg("consumer") = py::none())
       .def("state", &PyLoader::state)
       .def("batches_per_epoch", &PyLoader::batches_per_epoch)
       .def("samples_per_epoch", &PyLoader::samples_per_epoch)
