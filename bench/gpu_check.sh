@@ -12,7 +12,11 @@
 #   - a compute-bound run (a wide MLP on small images): the GPU must never
 #     wait for data (data_wait_fraction < 0.1);
 #   - the Python tests with the machine's own torch, when it has CUDA and
-#     the built module matches its Python.
+#     the built module matches its Python: device="cuda" batches against CPU
+#     batches moved by hand, both under a slow consumer stream, and the
+#     non_blocking rule of device=None (tests/python/test_device_gpu.py);
+#     then images/s through Python into GPU memory
+#     (bench/python_device_bench.py).
 #
 #   bench/gpu_check.sh            build (if cmake is here), run, print figures
 #   bench/gpu_check.sh --pack     build here and copy the shared libraries the
@@ -193,6 +197,14 @@ if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   if PYTHONPATH="$build/python" python3 -c 'import pinfeed' 2>/dev/null; then
     PYTHONPATH="$build/python" PINFEED_DATA_TOOL="$build/tools/pinfeed-data" \
       python3 -m pytest -q tests/python || status=1
+    # device="cuda" against slots + .cuda(non_blocking=True), and the
+    # trainer's own copy figure above for comparison (pinfeed-bench copy).
+    echo "== GPU figures: images/s through Python into GPU memory"
+    pydata=$(mktemp -d)
+    "$build/tools/pinfeed-data" -q make --out "$pydata" --classes 10 --per-class 200 --val 0 || status=1
+    PYTHONPATH="$build/python" python3 bench/python_device_bench.py "$pydata/train" --device cuda:0 \
+      --batch-size 256 --size 224 --rounds 3 --json || status=1
+    rm -rf "$pydata"
   else
     echo "gpu_check: NOT CHECKED: the built module does not import with $(python3 --version 2>&1)" \
          "(built for another Python; pip install . builds one for this Python)"

@@ -1,18 +1,23 @@
 """pinfeed: a drop-in, pinned-memory-safe image loader for PyTorch training.
 
     import pinfeed
-    loader = pinfeed.Loader("data/train", batch_size=256, shuffle=True, transform="random", threads=8)
+    loader = pinfeed.Loader("data/train", batch_size=256, shuffle=True, transform="random", threads=8,
+                            device="cuda")
     for epoch in range(epochs):
         loader.set_epoch(epoch)              # like DistributedSampler.set_epoch (optional)
-        for images, labels in loader:        # torch tensors: float32 NCHW (or uint8 NHWC), int64
-            images = images.cuda(non_blocking=True)
+        for images, labels in loader:        # on the GPU: float32 NCHW (or uint8 NHWC), int64
             ...
 
-Tensors are zero-copy views of the loader's pool slot (page-locked when the
-host can afford it). The slot goes back to the pool when the last tensor made
-from the batch is freed, so keep at most `prefetch - 1` batches alive at a
-time (the usual loop does), or pass copy=True to get tensors that own their
-memory. Under torchrun, mpirun or srun (or with torch.distributed initialized)
+With device=, each batch is copied from its pool slot on the loader's own
+CUDA stream, normalized there and made ready on torch's current stream (an
+event wait, no synchronize); the slot goes back after the copy's event.
+Without it, tensors are zero-copy views of the loader's pool slot
+(page-locked when the host can afford it). The slot goes back to the pool
+when the last tensor made from the batch is freed (once CUDA is initialized,
+after an event recorded then on torch's current stream, so that a queued
+tensor.cuda(non_blocking=True) has read it first), so keep at most
+`prefetch - 1` batches alive at a time (the usual loop does), or pass
+copy=True to get tensors that own their memory. Under torchrun, mpirun or srun (or with torch.distributed initialized)
 the rank and world size come from the launch: see pinfeed.launch_env().
 """
 
@@ -230,6 +235,19 @@ class Loader:
         failed to decode.
     max_classes: a label at or over it refuses the dataset (default 1,000,000).
     copy: yield tensors that own their memory (the slot is returned at once).
+    device: None (CPU tensors over the slots), "cuda", "cuda:N", a
+        torch.device, "auto" (cuda:LOCAL_RANK when torch sees CUDA, else
+        None) or "cpu" (the same mechanism on pinfeed's CPU backend). The
+        batch is copied on the loader's stream and normalized there
+        (layout="nchw-f32"; "nhwc-u8" keeps uint8); the consumer stream
+        (stream=, else torch's current stream of the device) waits for it.
+        The slot goes back after the copy; the device buffers after the work
+        queued on the consumer stream when the batch's tensors die.
+        labels_device=False keeps the labels on the CPU; dtype=torch.float16
+        or torch.bfloat16 and memory_format=torch.channels_last convert on
+        the consumer stream.
+    stream: the torch.cuda.Stream batches are handed to (device=), or whose
+        queued copies a slot waits for (device=None).
     return_indices: yield (images, labels, indices) with the dataset indices;
     return_paths: yield the samples' paths too (after the indices if both):
         (images, labels, paths).
