@@ -21,6 +21,7 @@ copy=True to get tensors that own their memory. Under torchrun, mpirun or srun (
 the rank and world size come from the launch: see pinfeed.launch_env().
 """
 
+import contextlib
 import json
 import numbers
 import os
@@ -115,7 +116,14 @@ def _parse_device(device, local_rank):
     if device is None:
         return None
     if isinstance(device, str) and device == "auto":
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else None
+        if not torch.cuda.is_available():
+            return None
+        count = torch.cuda.device_count()
+        if local_rank < count:
+            return torch.device("cuda", local_rank)
+        if count == 1:  # one GPU per rank (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES per rank)
+            return torch.device("cuda", 0)
+        raise ValueError(f"device='auto': local rank {local_rank} but {count} CUDA devices visible: pass device=")
     try:
         d = device if isinstance(device, torch.device) else torch.device(device)
     except (TypeError, RuntimeError) as e:
@@ -383,11 +391,19 @@ class Loader:
             if layout not in ("nchw-f32", "nhwc-u8"):
                 raise ValueError(f"layout must be 'nchw-f32' or 'nhwc-u8', got {layout!r}")
             normalize_on_device = layout == "nchw-f32"
+            if not normalize_on_device and (dtype is not None or memory_format is not None):
+                raise ValueError("dtype= and memory_format= apply to normalized float batches (layout='nchw-f32'), "
+                                 "not to layout='nhwc-u8'")
+            if not isinstance(labels_device, bool):
+                raise TypeError(f"labels_device must be True or False, not {labels_device!r}")
             layout = "nhwc-u8"
             feed = {"type": self._device.type, "index": 0 if self._device.index is None else self._device.index,
                     "normalize": normalize_on_device, "copy_delay_us": int(_copy_delay_us)}
-            if self._device.type == "cuda" and stream is not None and not hasattr(stream, "cuda_stream"):
-                raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
+            if stream is not None:
+                if self._device.type != "cuda" or not hasattr(stream, "cuda_stream"):
+                    raise TypeError(f"stream= must be a torch.cuda.Stream on the device, not {stream!r}")
+                if stream.device != self._device:
+                    raise ValueError(f"stream= is on {stream.device}, the batches go to {self._device}")
         elif stream is not None and not (hasattr(stream, "cuda_stream") or isinstance(stream, _pinfeed.CpuConsumer)):
             raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
         elif dtype not in (None, torch.float32) or memory_format not in (None, torch.contiguous_format):
@@ -566,12 +582,14 @@ class Loader:
                     self._finished()
                 images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
                 del images_capsule, labels_capsule
-                if self._device is not None:
+                if self._device is not None and (self._dtype is not None or self._memory_format is not None):
                     # On the consumer's stream, which already waits for the copy.
-                    if self._dtype is not None:
-                        images = images.to(self._dtype)
-                    if self._memory_format is not None:
-                        images = images.contiguous(memory_format=self._memory_format)
+                    with (torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()):
+                        if self._dtype is not None:
+                            images = images.to(self._dtype)
+                        if self._memory_format is not None:
+                            images = images.contiguous(memory_format=self._memory_format)
+                if self._device is not None:
                     if not self._labels_device:
                         labels = torch.tensor(host_labels, dtype=torch.int64)
                 if self.copy:
@@ -632,12 +650,16 @@ class Loader:
         if self._stream is not None:
             if isinstance(self._stream, _pinfeed.CpuConsumer):
                 return self._stream
-            return ("cuda", self._stream.device.index if self._stream.device.index is not None else
-                    torch.cuda.current_device(), int(self._stream.cuda_stream))
+            index = self._stream.device.index
+            return [("cuda", torch.cuda.current_device() if index is None else index, int(self._stream.cuda_stream))]
         if self._cuda_seen or (torch.cuda.is_available() and torch.cuda.is_initialized()):
             self._cuda_seen = True
-            device = torch.cuda.current_device()
-            return ("cuda", device, int(torch.cuda.current_stream(device).cuda_stream))
+            # The current device's stream, and local_rank's (the README's
+            # images.cuda(loader.local_rank, non_blocking=True)) when they differ.
+            devices = {torch.cuda.current_device()}
+            if self.local_rank < torch.cuda.device_count():
+                devices.add(self.local_rank)
+            return [("cuda", d, int(torch.cuda.current_stream(d).cuda_stream)) for d in sorted(devices)]
         return None
 
     @property

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <optional>
@@ -44,6 +45,26 @@ struct Consumer {
   std::uintptr_t stream = 0;
 };
 
+/// Ready when every one of its fences is.
+class AllFences final : public pinfeed::memory::Fence {
+ public:
+  explicit AllFences(std::vector<std::shared_ptr<pinfeed::memory::Fence>> f) : fences_(std::move(f)) {}
+  [[nodiscard]] bool ready() noexcept override {
+    return std::all_of(fences_.begin(), fences_.end(), [](const auto& f) { return f->ready(); });
+  }
+  bool wait_for(std::chrono::microseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& f : fences_) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
+      if (!f->wait_for(std::max(left, std::chrono::microseconds(0)))) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::shared_ptr<pinfeed::memory::Fence>> fences_;
+};
+
 /// One batch shared by its image and label tensors. The slot goes back when
 /// both die, or, with a consumer, after the consumer's work at that moment
 /// (Note [Consumer streams]).
@@ -51,23 +72,29 @@ struct Holder {
   std::shared_ptr<pl::Loader> loader;   // the batch must go before its Loader
   std::shared_ptr<std::atomic<long>> live;
   pl::Batch batch;
-  Consumer consumer;
+  std::vector<Consumer> consumers;
   std::int64_t shape[4] = {};
   std::int64_t label_shape[1] = {};
-  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b, Consumer c)
-      : loader(std::move(l)), live(std::move(n)), batch(std::move(b)), consumer(std::move(c)) {
+  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b, std::vector<Consumer> c)
+      : loader(std::move(l)), live(std::move(n)), batch(std::move(b)), consumers(std::move(c)) {
     ++*live;
   }
   ~Holder() {
-    if (consumer.backend) {
+    if (!consumers.empty()) {
       try {
-        const auto current = consumer.backend->scoped_current();
-        auto done = consumer.backend->create_event();
-        consumer.backend->consumer_record(consumer.stream, *done);
-        batch.lease().release_after(std::move(done));
+        // One fence per stream; the slot waits for all of them.
+        std::vector<std::shared_ptr<pinfeed::memory::Fence>> fences;
+        for (const Consumer& c : consumers) {
+          const auto current = c.backend->scoped_current();
+          auto done = c.backend->create_event();
+          c.backend->consumer_record(c.stream, *done);
+          fences.push_back(std::move(done));
+        }
+        batch.lease().release_after(fences.size() == 1 ? std::move(fences.front())
+                                                       : std::make_shared<AllFences>(std::move(fences)));
       } catch (const std::exception& e) {
-        pinfeed::detail::log().error("a batch's slot could not be fenced on {}'s stream, returned now: {}",
-                                     consumer.backend->name(), e.what());
+        pinfeed::detail::log().error("a batch's slot could not be fenced on its consumer stream, returned now: {}",
+                                     e.what());
       }
     }
     --*live;
@@ -276,12 +303,13 @@ class PyLoader {
       const auto type = d["type"].cast<std::string>();
       pt::BackendOptions options;
       options.copy_delay = std::chrono::microseconds(d["copy_delay_us"].cast<std::int64_t>());
+      options.keep_caller_device = true;  // torch's current device stays torch's
       const pt::DeviceType& dt = pt::device_type(type);
       const int index = d["index"].cast<int>();
       if (dt.visible() <= (dt.indexed ? index : 0)) {
         throw pinfeed::ConfigError(fmt::format("device='{}:{}': {}", type, index,
                                                dt.visible() == 0 ? fmt::format("no {} device is visible to pinfeed", type)
-                                                                 : fmt::format("only {} are visible", dt.visible())));
+                                                                 : fmt::format("{} visible", dt.visible())));
       }
       std::shared_ptr<pt::DeviceBackend> backend = dt.make_backend(index, options);
       pt::DeviceFeedOptions fo;
@@ -324,7 +352,7 @@ class PyLoader {
           "tensors of earlier batches (del images, labels), raise prefetch, or pass copy=True",
           prefetch_));
     }
-    Consumer c = to_consumer(consumer);
+    std::vector<Consumer> c = to_consumers(consumer);
     std::optional<pl::Batch> b = wait_next();
     if (!b) return py::none();
     auto h = std::make_shared<Holder>(loader_, live_, std::move(*b), std::move(c));
@@ -350,8 +378,11 @@ class PyLoader {
     if (!feed_) throw pinfeed::ConfigError("this loader has no device");
     if (!ahead_) ahead_ = submit_next();
     if (!ahead_) return py::none();
+    // The next batch first: if waiting for it fails (a DataError, Ctrl-C),
+    // this one stays ahead_ for the next call instead of being lost.
+    std::optional<Submitted> next = submit_next();
     Submitted current = std::move(*ahead_);
-    ahead_ = submit_next();
+    ahead_ = std::move(next);
     {
       py::gil_scoped_release release;  // a host consumer waits for the copy here
       current.batch->hand_to(consumer);
@@ -372,6 +403,7 @@ class PyLoader {
     out["bytes"] = s.bytes;
     out["device_buffers"] = s.device_buffers;
     out["wait_copy_seconds"] = s.wait_copy_seconds;
+    out["wait_batch_seconds"] = wait_batch_seconds_;
     out["device"] = feed_->backend().name();
     return out;
   }
@@ -381,7 +413,8 @@ class PyLoader {
     py::dict d;
     d["seed"] = s.seed;
     d["epoch"] = s.epoch;
-    d["position"] = s.position;
+    // The batch copied ahead was taken from the loader but not yielded.
+    d["position"] = s.position - (ahead_ ? ahead_->indices.size() : 0);
     d["world_size"] = s.world_size;
     d["rank"] = s.rank;
     return d;
@@ -451,13 +484,18 @@ class PyLoader {
     return loader_->next();
   }
 
-  Consumer to_consumer(const py::object& consumer) {
+  /// None, a CpuConsumer, or a list of ("cuda", device, cudaStream_t).
+  std::vector<Consumer> to_consumers(const py::object& consumer) {
     if (consumer.is_none()) return {};
     if (py::isinstance<CpuConsumer>(consumer)) {
       auto& cpu = consumer.cast<CpuConsumer&>();
-      return {cpu.backend, cpu.handle()};
+      return {Consumer{cpu.backend, cpu.handle()}};
     }
-    const auto t = consumer.cast<py::tuple>();
+    std::vector<Consumer> out;
+    for (const auto& item : consumer.cast<py::list>()) out.push_back(cuda_consumer(item.cast<py::tuple>()));
+    return out;
+  }
+  Consumer cuda_consumer(const py::tuple& t) {
     const int device = t[1].cast<int>();
     auto& backend = cuda_consumers_[device];
     if (!backend) {
@@ -465,7 +503,9 @@ class PyLoader {
       if (cuda.visible() <= device) {
         throw pinfeed::ConfigError(fmt::format("torch's CUDA device {} is not visible to pinfeed", device));
       }
-      backend = cuda.make_backend(device, {});
+      pt::BackendOptions options;
+      options.keep_caller_device = true;
+      backend = cuda.make_backend(device, options);
     }
     return {backend, t[2].cast<std::uintptr_t>()};
   }
@@ -478,7 +518,9 @@ class PyLoader {
     bool pinned = false;
   };
   std::optional<Submitted> submit_next() {
+    const auto t0 = std::chrono::steady_clock::now();
     std::optional<pl::Batch> b = wait_next();
+    wait_batch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!b) return std::nullopt;
     Submitted s;
     s.labels.assign(b->labels().begin(), b->labels().end());
@@ -494,6 +536,7 @@ class PyLoader {
   std::shared_ptr<pt::DeviceFeed> feed_;
   std::optional<Submitted> ahead_;
   DLDevice dlpack_device_{kDLCPU, 0};
+  double wait_batch_seconds_ = 0;  // device path: waiting for the decoders (a free slot, a decoded batch)
   std::map<int, std::shared_ptr<pt::DeviceBackend>> cuda_consumers_;  // torch's devices, for next(consumer)
   std::shared_ptr<std::atomic<long>> live_ = std::make_shared<std::atomic<long>>(0);
   std::size_t prefetch_ = 0;

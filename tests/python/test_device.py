@@ -139,3 +139,38 @@ def test_without_a_device_a_slot_outlives_its_tensors_until_the_consumers_copy(d
     for (k, shape), (a, _, _) in zip(reads, want):
         got = torch.frombuffer(bytearray(consumer.result(k)), dtype=torch.float32).reshape(shape)
         assert torch.equal(got, a)
+
+
+def test_state_dict_does_not_count_the_batch_copied_ahead(dataset):
+    kw = dict(transform="center", shuffle=True, seed=9)
+    want = reference(dataset, **kw)
+    l = loader(dataset, device="cpu", **kw)
+    it = iter(l)
+    seen = [list(next(it)[2]) for _ in range(2)]
+    state = l.state_dict()
+    assert state["position"] == 16  # two batches of 8 yielded (a third is on its way)
+    resumed = loader(dataset, device="cpu", **kw)
+    resumed.load_state_dict(state)
+    rest = [list(i) for _, _, i in resumed]
+    assert seen + rest == [i for _, _, i in want]
+    # One short of the end: the last batch is still to come.
+    l2 = loader(dataset, device="cpu", **kw)
+    it2 = iter(l2)
+    for _ in range(len(l2) - 1):
+        next(it2)
+    last = loader(dataset, device="cpu", **kw)
+    last.load_state_dict(l2.state_dict())
+    assert [list(i) for _, _, i in last] == [want[-1][2]]
+
+
+def test_uint8_batches_take_no_dtype_and_a_cpu_device_no_cuda_stream(dataset):
+    with pytest.raises(ValueError, match="layout='nhwc-u8'"):
+        loader(dataset, device="cpu", layout="nhwc-u8", dtype=torch.float16)
+    with pytest.raises(TypeError, match="labels_device"):
+        loader(dataset, device="cpu", labels_device="yes")
+
+    class FakeStream:
+        cuda_stream = 0
+        device = torch.device("cpu")
+    with pytest.raises(TypeError, match="torch.cuda.Stream on the device"):
+        loader(dataset, device="cpu", stream=FakeStream())

@@ -121,7 +121,19 @@ CudaEvent& cuda(Event& e) { return dynamic_cast<CudaEvent&>(e); }
 
 class CudaBackend final : public DeviceBackend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  CudaBackend(int device, bool keep_caller_device) : device_(device) {
+    // Made on a thread of another library (Python's): that thread keeps its
+    // device. Not by default: a thread that had none would get a context
+    // on device 0 from the restore (the trainer's main thread would).
+    int previous = device;
+    PINFEED_CUDA_TRY(cudaGetDevice(&previous), device);
+    struct Restore {
+      int device;
+      bool active;
+      ~Restore() {
+        if (active) (void)cudaSetDevice(device);
+      }
+    } restore{previous, keep_caller_device && previous != device};
     PINFEED_CUDA_TRY(cudaSetDevice(device), device);
     cudaDeviceProp prop{};
     PINFEED_CUDA_TRY(cudaGetDeviceProperties(&prop, device), device);
@@ -139,8 +151,12 @@ class CudaBackend final : public DeviceBackend {
   [[nodiscard]] memory::PinMethod host_pin_method() const noexcept override { return memory::PinMethod::cuda_register; }
   void make_current() override { select(); }
   std::shared_ptr<void> scoped_current() override {
+    // Nothing to do, and nothing to restore, on a thread already on this
+    // device (torch.cuda.set_device(local_rank) has been called): restoring
+    // a device the thread never used would make a context there.
     int previous = 0;
     PINFEED_CUDA_TRY(cudaGetDevice(&previous), device_);
+    if (previous == device_) return nullptr;
     select();
     static int token = 0;
     return {&token, [previous](int*) { (void)cudaSetDevice(previous); }};
@@ -187,13 +203,18 @@ class CudaBackend final : public DeviceBackend {
     select();
     PINFEED_CUDA_TRY(cudaStreamSynchronize(cuda(s).get()), device_);
   }
+  /// torch's default stream is 0: the legacy default stream, named as such
+  /// (a build with per-thread default streams would read 0 otherwise).
+  static cudaStream_t foreign(std::uintptr_t consumer) noexcept {
+    return consumer == 0 ? cudaStreamLegacy : reinterpret_cast<cudaStream_t>(consumer);
+  }
   void consumer_wait(std::uintptr_t consumer, Event& e) override {
     select();
-    PINFEED_CUDA_TRY(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(consumer), cuda(e).get(), 0), device_);
+    PINFEED_CUDA_TRY(cudaStreamWaitEvent(foreign(consumer), cuda(e).get(), 0), device_);
   }
   void consumer_record(std::uintptr_t consumer, Event& e) override {
     select();
-    PINFEED_CUDA_TRY(cudaEventRecord(cuda(e).get(), reinterpret_cast<cudaStream_t>(consumer)), device_);
+    PINFEED_CUDA_TRY(cudaEventRecord(cuda(e).get(), foreign(consumer)), device_);
   }
 
   void gemm(Stream& s, const Gemm& g) override {
@@ -294,12 +315,12 @@ int cuda_device_count() noexcept {
   return n;
 }
 
-std::unique_ptr<DeviceBackend> make_cuda_backend(int device) {
+std::unique_ptr<DeviceBackend> make_cuda_backend(int device, bool keep_caller_device) {
   const int n = cuda_device_count();
   if (device < 0 || device >= n) {
     throw CudaError(fmt::format("cuda:{}: no such device ({} visible{})", device, n, n == 0 ? ": no driver or no GPU" : ""));
   }
-  return std::make_unique<CudaBackend>(device);
+  return std::make_unique<CudaBackend>(device, keep_caller_device);
 }
 
 }  // namespace pinfeed::trainer

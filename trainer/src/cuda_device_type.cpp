@@ -6,8 +6,8 @@
 
 namespace pinfeed::trainer {
 namespace {
-std::unique_ptr<DeviceBackend> make_cuda_device(int index, const BackendOptions& /*options*/) {
-  return make_cuda_backend(index);
+std::unique_ptr<DeviceBackend> make_cuda_device(int index, const BackendOptions& options) {
+  return make_cuda_backend(index, options.keep_caller_device);
 }
 }  // namespace
 

@@ -106,6 +106,9 @@ std::shared_ptr<DeviceBatch> DeviceFeed::submit(loader::Batch batch) {
   }
   // The last consumer of these buffers may still be reading them.
   if (buf->release_recorded) b.stream_wait(*copy_, *buf->released);
+  // A pool that has not yet seen the last copy's event complete still holds
+  // it: re-recording it would keep that slot out until this copy is done.
+  if (buf->copied.use_count() > 1) buf->copied = b.create_event();
   const std::size_t n = batch.size();
   copy_batch(b, *copy_, batch, buf->raw.get(), buf->labels32.as<std::int32_t>(), buf->copied);
   if (normalize) {

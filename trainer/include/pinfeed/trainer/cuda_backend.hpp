@@ -18,7 +18,9 @@ int cuda_device_count() noexcept;
 
 /// A backend on CUDA device `device`. Throws CudaError (no driver, no such
 /// device, cuBLAS missing) with the device and the reason.
-std::unique_ptr<DeviceBackend> make_cuda_backend(int device);
+/// `keep_caller_device`: the calling thread's current device is restored
+/// (a thread of another library, Python's).
+std::unique_ptr<DeviceBackend> make_cuda_backend(int device, bool keep_caller_device = false);
 
 /// True when NCCL can be loaded (libnccl.so.2).
 bool nccl_available() noexcept;

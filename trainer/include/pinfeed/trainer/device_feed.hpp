@@ -48,7 +48,6 @@ struct DeviceFeedStats {
   std::uint64_t batches = 0;
   std::uint64_t bytes = 0;               ///< host bytes copied (samples and labels)
   std::uint64_t device_buffers = 0;      ///< sets of device buffers made (the ring's size)
-  double copy_seconds = 0;               ///< submit to copy complete, summed (measured at hand-over)
   double wait_copy_seconds = 0;          ///< host time blocked on a copy (a host consumer only)
 };
 
@@ -108,7 +107,6 @@ class DeviceBatch {
   bool floats_ = true;
   bool handed_ = false;
   std::uintptr_t consumer_ = 0;
-  std::chrono::steady_clock::time_point submitted_;
 };
 
 }  // namespace pinfeed::trainer

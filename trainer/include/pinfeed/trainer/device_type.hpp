@@ -19,6 +19,9 @@ namespace pinfeed::trainer {
 /// What a backend is made with, beyond its index.
 struct BackendOptions {
   std::chrono::microseconds copy_delay{0};  ///< CPU only: added to every copy (tests, demos)
+  /// CUDA: the thread making the backend keeps its current device (a thread
+  /// of another library, Python's; not the trainer's, see CudaBackend).
+  bool keep_caller_device = false;
 };
 
 struct DeviceType {
