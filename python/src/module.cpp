@@ -37,34 +37,6 @@ namespace pt = pinfeed::trainer;
 
 namespace {
 
-/// Where a batch's tensors may still be read after they die: a stream that
-/// an asynchronous copy out of them was enqueued on (tensor.cuda(
-/// non_blocking=True) on torch's current stream), named to `backend`.
-struct Consumer {
-  std::shared_ptr<pt::DeviceBackend> backend;
-  std::uintptr_t stream = 0;
-};
-
-/// Ready when every one of its fences is.
-class AllFences final : public pinfeed::memory::Fence {
- public:
-  explicit AllFences(std::vector<std::shared_ptr<pinfeed::memory::Fence>> f) : fences_(std::move(f)) {}
-  [[nodiscard]] bool ready() noexcept override {
-    return std::all_of(fences_.begin(), fences_.end(), [](const auto& f) { return f->ready(); });
-  }
-  bool wait_for(std::chrono::microseconds timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (const auto& f : fences_) {
-      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
-      if (!f->wait_for(std::max(left, std::chrono::microseconds(0)))) return false;
-    }
-    return true;
-  }
-
- private:
-  std::vector<std::shared_ptr<pinfeed::memory::Fence>> fences_;
-};
-
 /// One batch shared by its image and label tensors. The slot goes back when
 /// both die, or, with a consumer, after the consumer's work at that moment
 /// (Note [Consumer streams]).
@@ -72,31 +44,17 @@ struct Holder {
   std::shared_ptr<pl::Loader> loader;   // the batch must go before its Loader
   std::shared_ptr<std::atomic<long>> live;
   pl::Batch batch;
-  std::vector<Consumer> consumers;
+  std::vector<pt::ConsumerStream> consumers;
   std::int64_t shape[4] = {};
   std::int64_t label_shape[1] = {};
-  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b, std::vector<Consumer> c)
+  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b, std::vector<pt::ConsumerStream> c)
       : loader(std::move(l)), live(std::move(n)), batch(std::move(b)), consumers(std::move(c)) {
     ++*live;
   }
   ~Holder() {
-    if (!consumers.empty()) {
-      try {
-        // One fence per stream; the slot waits for all of them.
-        std::vector<std::shared_ptr<pinfeed::memory::Fence>> fences;
-        for (const Consumer& c : consumers) {
-          const auto current = c.backend->scoped_current();
-          auto done = c.backend->create_event();
-          c.backend->consumer_record(c.stream, *done);
-          fences.push_back(std::move(done));
-        }
-        batch.lease().release_after(fences.size() == 1 ? std::move(fences.front())
-                                                       : std::make_shared<AllFences>(std::move(fences)));
-      } catch (const std::exception& e) {
-        pinfeed::detail::log().error("a batch's slot could not be fenced on its consumer stream, returned now: {}",
-                                     e.what());
-      }
-    }
+    // The slot goes back now, or after the consumers' queued work (the
+    // non_blocking rule, Note [Consumer streams]).
+    if (!consumers.empty()) pt::release_after_consumers(batch.lease(), consumers);
     --*live;
   }
   Holder(const Holder&) = delete;
@@ -352,7 +310,7 @@ class PyLoader {
           "tensors of earlier batches (del images, labels), raise prefetch, or pass copy=True",
           prefetch_));
     }
-    std::vector<Consumer> c = to_consumers(consumer);
+    std::vector<pt::ConsumerStream> c = to_consumers(consumer);
     std::optional<pl::Batch> b = wait_next();
     if (!b) return py::none();
     auto h = std::make_shared<Holder>(loader_, live_, std::move(*b), std::move(c));
@@ -403,6 +361,9 @@ class PyLoader {
     out["bytes"] = s.bytes;
     out["device_buffers"] = s.device_buffers;
     out["wait_copy_seconds"] = s.wait_copy_seconds;
+    out["copy_seconds"] = s.copy_seconds;
+    out["wait_consumer_seconds"] = s.wait_consumer_seconds;
+    out["copy_gb_per_s"] = s.copy_seconds > 0 ? static_cast<double>(s.bytes) / s.copy_seconds / 1e9 : 0.0;
     out["wait_batch_seconds"] = wait_batch_seconds_;
     out["device"] = feed_->backend().name();
     return out;
@@ -485,17 +446,17 @@ class PyLoader {
   }
 
   /// None, a CpuConsumer, or a list of ("cuda", device, cudaStream_t).
-  std::vector<Consumer> to_consumers(const py::object& consumer) {
+  std::vector<pt::ConsumerStream> to_consumers(const py::object& consumer) {
     if (consumer.is_none()) return {};
     if (py::isinstance<CpuConsumer>(consumer)) {
       auto& cpu = consumer.cast<CpuConsumer&>();
-      return {Consumer{cpu.backend, cpu.handle()}};
+      return {pt::ConsumerStream{cpu.backend, cpu.handle()}};
     }
-    std::vector<Consumer> out;
+    std::vector<pt::ConsumerStream> out;
     for (const auto& item : consumer.cast<py::list>()) out.push_back(cuda_consumer(item.cast<py::tuple>()));
     return out;
   }
-  Consumer cuda_consumer(const py::tuple& t) {
+  pt::ConsumerStream cuda_consumer(const py::tuple& t) {
     const int device = t[1].cast<int>();
     auto& backend = cuda_consumers_[device];
     if (!backend) {

@@ -58,7 +58,10 @@ def test_a_slot_goes_back_only_after_the_copy_has_read_it(dataset):
         assert [i for _, _, i in got] == [i for _, _, i in want]
         for (a, b, _), (c, d, _) in zip(want, got):
             assert torch.equal(a, c) and torch.equal(b, d)
-    assert l.stats()["device"]["wait_copy_seconds"] > 0
+    stats = l.stats()["device"]
+    assert stats["wait_copy_seconds"] > 0  # this thread waited for the slow copies
+    assert stats["copy_seconds"] >= 2 * len(l) * 2 * 0.02 * 0.9  # two copies a batch, 20 ms each, two epochs
+    assert 0 < stats["copy_gb_per_s"] and stats["wait_batch_seconds"] >= 0 and stats["wait_consumer_seconds"] >= 0
 
 
 def test_device_buffers_are_reused_and_a_kept_batch_stays_valid(dataset):

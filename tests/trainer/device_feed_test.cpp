@@ -118,6 +118,55 @@ TEST_F(FeedTest, BuffersAreWrittenAgainOnlyAfterTheConsumersWork) {
   EXPECT_LE(feed.stats().device_buffers, 3U);
 }
 
+TEST_F(FeedTest, AHostBatchsSlotGoesBackAfterItsConsumersQueuedRead) {
+  // device=None's rule: the batch is handed out as host memory, a consumer
+  // stream queues a read of it (20 ms later), the batch is dropped at once.
+  // Fenced on that stream, its slot is decoded into again only after the read.
+  auto backend = std::make_shared<CpuBackend>(CpuBackendConfig{});
+  backend->make_current();
+  auto c = config(data.folder, loader::Layout::nchw_f32);
+  loader::Loader l(c);
+  auto consumer = backend->create_stream();
+  const std::vector<ConsumerStream> consumers{{backend, reinterpret_cast<std::uintptr_t>(consumer.get())}};
+  std::vector<std::vector<float>> read(want.size());
+  l.begin_epoch(0);
+  std::size_t i = 0;
+  while (auto b = l.next()) {
+    const auto* src = reinterpret_cast<const float*>(b->data().data());
+    const std::size_t n = b->data().size() / sizeof(float);
+    std::vector<float>* dst = &read.at(i++);
+    backend->enqueue(*consumer, [src, dst, n] {
+      std::this_thread::sleep_for(20ms);
+      dst->assign(src, src + n);
+    });
+    release_after_consumers(b->lease(), consumers);
+  }
+  backend->synchronize(*consumer);
+  ASSERT_EQ(i, want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) EXPECT_EQ(read[k], want[k]) << "batch " << k;
+}
+
+TEST_F(FeedTest, TheCopyStreamsTimesAreCounted) {
+  CpuBackendConfig bc;
+  bc.copy_delay = 5ms;
+  auto backend = std::make_shared<CpuBackend>(bc);
+  backend->make_current();
+  const auto c = config(data.folder, loader::Layout::nhwc_u8);
+  loader::Loader l(c);
+  DeviceFeed feed(backend, DeviceFeedOptions{true, Normalization{c.transform.mean, c.transform.std}});
+  l.begin_epoch(0);
+  std::size_t batches = 0;
+  while (auto b = l.next()) {
+    feed.submit(std::move(*b))->hand_to(0);
+    ++batches;
+  }
+  const auto s = feed.stats();
+  // Two copies per batch (samples, labels), 5 ms each at least.
+  EXPECT_GE(s.copy_seconds, static_cast<double>(batches) * 2 * 0.005 * 0.9);
+  EXPECT_GT(s.bytes, 0U);
+  EXPECT_GE(s.wait_consumer_seconds, 0.0);
+}
+
 TEST_F(FeedTest, BatchesMayOutliveTheirFeed) {
   auto backend = std::make_shared<CpuBackend>(CpuBackendConfig{});
   backend->make_current();

@@ -456,6 +456,8 @@ void CpuBackend::widen_labels(Stream& s, const std::int32_t* in, std::int64_t* o
   post(s, [=] { std::copy(in, in + n, out); });
 }
 
+void CpuBackend::host_callback(Stream& s, std::function<void()> f) { enqueue(s, std::move(f)); }
+
 void CpuBackend::consumer_wait(std::uintptr_t consumer, Event& e) {
   if (consumer != 0) {
     stream_wait(*reinterpret_cast<Stream*>(consumer), e);

@@ -203,6 +203,19 @@ class CudaBackend final : public DeviceBackend {
     select();
     PINFEED_CUDA_TRY(cudaStreamSynchronize(cuda(s).get()), device_);
   }
+  void host_callback(Stream& s, std::function<void()> f) override {
+    select();
+    auto* task = new std::function<void()>(std::move(f));
+    const cudaError_t e = cudaLaunchHostFunc(
+        cuda(s).get(),
+        [](void* p) {
+          std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(p));
+          (*fn)();
+        },
+        task);
+    if (e != cudaSuccess) delete task;  // never queued
+    PINFEED_CUDA_TRY(e, device_);
+  }
   /// torch's default stream is 0: the legacy default stream, named as such
   /// (a build with per-thread default streams would read 0 otherwise).
   static cudaStream_t foreign(std::uintptr_t consumer) noexcept {

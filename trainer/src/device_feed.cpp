@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <functional>
 #include <exception>
 #include <utility>
 
@@ -16,6 +19,54 @@ void copy_batch(DeviceBackend& backend, Stream& s, loader::Batch& batch, void* i
   backend.copy_h2d(s, labels, batch.slot_labels().data(), batch.size() * sizeof(std::int32_t));
   backend.record(*copied, s);
   batch.lease().release_after(copied);
+}
+
+namespace {
+
+/// Ready when every one of its fences is.
+class AllFences final : public memory::Fence {
+ public:
+  explicit AllFences(std::vector<std::shared_ptr<memory::Fence>> f) : fences_(std::move(f)) {}
+  [[nodiscard]] bool ready() noexcept override {
+    return std::all_of(fences_.begin(), fences_.end(), [](const auto& f) { return f->ready(); });
+  }
+  bool wait_for(std::chrono::microseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& f : fences_) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
+      if (!f->wait_for(std::max(left, std::chrono::microseconds(0)))) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::shared_ptr<memory::Fence>> fences_;
+};
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+void release_after_consumers(memory::SlotLease& lease, const std::vector<ConsumerStream>& consumers) noexcept {
+  if (consumers.empty()) {
+    lease.release();
+    return;
+  }
+  try {
+    std::vector<std::shared_ptr<memory::Fence>> fences;
+    for (const ConsumerStream& c : consumers) {
+      const auto current = c.backend->scoped_current();
+      auto done = c.backend->create_event();
+      c.backend->consumer_record(c.stream, *done);
+      fences.push_back(std::move(done));
+    }
+    lease.release_after(fences.size() == 1 ? std::move(fences.front()) : std::make_shared<AllFences>(std::move(fences)));
+  } catch (const std::exception& e) {
+    pinfeed::detail::log().error("a batch's slot could not be fenced on its consumer's stream; returned now: {}", e.what());
+    lease.release();
+  }
 }
 
 /// One batch's device memory, reused through the feed's ring.
@@ -104,13 +155,26 @@ std::shared_ptr<DeviceBatch> DeviceFeed::submit(loader::Batch batch) {
     const std::scoped_lock lock(state_->mutex);
     ++state_->stats.device_buffers;
   }
-  // The last consumer of these buffers may still be reading them.
+  // The last consumer of these buffers may still be reading them. The
+  // stream's own clock: how long it waits for that, how long the copy takes.
+  using Clock = std::chrono::steady_clock;
+  auto times = std::make_shared<std::array<Clock::time_point, 3>>();
+  b.host_callback(*copy_, [times] { (*times)[0] = Clock::now(); });
   if (buf->release_recorded) b.stream_wait(*copy_, *buf->released);
+  b.host_callback(*copy_, [times] { (*times)[1] = Clock::now(); });
   // A pool that has not yet seen the last copy's event complete still holds
   // it: re-recording it would keep that slot out until this copy is done.
   if (buf->copied.use_count() > 1) buf->copied = b.create_event();
   const std::size_t n = batch.size();
   copy_batch(b, *copy_, batch, buf->raw.get(), buf->labels32.as<std::int32_t>(), buf->copied);
+  b.host_callback(*copy_, [times, state = std::weak_ptr<State>(state_)] {
+    (*times)[2] = Clock::now();
+    if (const auto s = state.lock()) {
+      const std::scoped_lock lock(s->mutex);
+      s->stats.wait_consumer_seconds += seconds_between((*times)[0], (*times)[1]);
+      s->stats.copy_seconds += seconds_between((*times)[1], (*times)[2]);
+    }
+  });
   if (normalize) {
     const auto shape = batch.shape();  // N, H, W, C
     b.normalize_u8(*copy_, buf->raw.as<std::uint8_t>(), buf->output.as<float>(), static_cast<int>(n),

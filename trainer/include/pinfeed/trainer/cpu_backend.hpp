@@ -44,6 +44,7 @@ class CpuBackend final : public DeviceBackend {
   void record(Event& e, Stream& s) override;
   void stream_wait(Stream& s, Event& e) override;
   void synchronize(Stream& s) override;
+  void host_callback(Stream& s, std::function<void()> f) override;
   void consumer_wait(std::uintptr_t consumer, Event& e) override;
   void consumer_record(std::uintptr_t consumer, Event& e) override;
 

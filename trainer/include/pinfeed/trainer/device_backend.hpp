@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -167,6 +168,10 @@ class DeviceBackend {
   virtual void stream_wait(Stream& s, Event& e) = 0;
   /// Blocks until everything enqueued on `s` has run; rethrows its error.
   virtual void synchronize(Stream& s) = 0;
+  /// Runs `f` on a host thread when `s` reaches this point (the work before
+  /// it done); the stream waits for it. `f` must be short and must not call
+  /// the backend (CUDA forbids it in a host function). For timings.
+  virtual void host_callback(Stream& s, std::function<void()> f) = 0;
 
   // Consumers outside pinfeed (Note [Consumer streams] in device_feed.hpp).
   // `consumer` names one: on CUDA a cudaStream_t of another library (torch's

@@ -37,6 +37,20 @@ namespace pinfeed::trainer {
 void copy_batch(DeviceBackend& backend, Stream& s, loader::Batch& batch, void* images, std::int32_t* labels,
                 const std::shared_ptr<Event>& copied);
 
+/// A stream outside pinfeed that may still read a batch's host memory
+/// (DeviceBackend::consumer_record names it).
+struct ConsumerStream {
+  std::shared_ptr<DeviceBackend> backend;
+  std::uintptr_t stream = 0;
+};
+
+/// The non_blocking rule (Note [Consumer streams]) for a batch handed out as
+/// host memory: its slot goes back after an event recorded now on every one
+/// of `consumers`, so copies still queued there read it first. With no
+/// consumers, the slot goes back now. On a device error the slot goes back
+/// now too, and the error is logged.
+void release_after_consumers(memory::SlotLease& lease, const std::vector<ConsumerStream>& consumers) noexcept;
+
 struct DeviceFeedOptions {
   /// uint8 NHWC batches become float32 NCHW on the device: (x / 255 - mean) / std.
   bool normalize = true;
@@ -48,6 +62,13 @@ struct DeviceFeedStats {
   std::uint64_t batches = 0;
   std::uint64_t bytes = 0;               ///< host bytes copied (samples and labels)
   std::uint64_t device_buffers = 0;      ///< sets of device buffers made (the ring's size)
+  /// The copy stream's time in the copies themselves (from the stream
+  /// reaching a batch's copy to its end), summed: bytes / copy_seconds is
+  /// the copies' bandwidth.
+  double copy_seconds = 0;
+  /// The copy stream's time waiting for consumers to be done with the
+  /// buffers it is about to reuse.
+  double wait_consumer_seconds = 0;
   double wait_copy_seconds = 0;          ///< host time blocked on a copy (a host consumer only)
 };
 
