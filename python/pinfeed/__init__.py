@@ -252,8 +252,9 @@ class Loader:
         The slot goes back after the copy; the device buffers after the work
         queued on the consumer stream when the batch's tensors die.
         labels_device=False keeps the labels on the CPU; dtype=torch.float16
-        or torch.bfloat16 and memory_format=torch.channels_last convert on
-        the consumer stream.
+        or torch.bfloat16 is written by the normalization on the copy stream
+        (rounded to nearest even, as .to(dtype)); memory_format=
+        torch.channels_last converts on the consumer stream.
     stream: the torch.cuda.Stream batches are handed to (device=), or whose
         queued copies a slot waits for (device=None).
     return_indices: yield (images, labels, indices) with the dataset indices;
@@ -398,7 +399,8 @@ class Loader:
                 raise TypeError(f"labels_device must be True or False, not {labels_device!r}")
             layout = "nhwc-u8"
             feed = {"type": self._device.type, "index": 0 if self._device.index is None else self._device.index,
-                    "normalize": normalize_on_device, "copy_delay_us": int(_copy_delay_us)}
+                    "normalize": normalize_on_device, "copy_delay_us": int(_copy_delay_us),
+                    "dtype": {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")}
             if stream is not None:
                 if self._device.type != "cuda" or not hasattr(stream, "cuda_stream"):
                     raise TypeError(f"stream= must be a torch.cuda.Stream on the device, not {stream!r}")
@@ -582,13 +584,11 @@ class Loader:
                     self._finished()
                 images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
                 del images_capsule, labels_capsule
-                if self._device is not None and (self._dtype is not None or self._memory_format is not None):
-                    # On the consumer's stream, which already waits for the copy.
+                if self._device is not None and self._memory_format is not None:
+                    # On the consumer's stream, which already waits for the copy
+                    # (dtype= was written by the copy stream's normalization).
                     with (torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()):
-                        if self._dtype is not None:
-                            images = images.to(self._dtype)
-                        if self._memory_format is not None:
-                            images = images.contiguous(memory_format=self._memory_format)
+                        images = images.contiguous(memory_format=self._memory_format)
                 if self._device is not None:
                     if not self._labels_device:
                         labels = torch.tensor(host_labels, dtype=torch.int64)

@@ -272,6 +272,8 @@ class PyLoader {
       std::shared_ptr<pt::DeviceBackend> backend = dt.make_backend(index, options);
       pt::DeviceFeedOptions fo;
       fo.normalize = d["normalize"].cast<bool>();
+      const auto out = d["dtype"].cast<std::string>();
+      fo.output = out == "float16" ? pt::FloatType::f16 : out == "bfloat16" ? pt::FloatType::bf16 : pt::FloatType::f32;
       std::copy(c.transform.mean.begin(), c.transform.mean.end(), fo.norm.mean.begin());
       std::copy(c.transform.std.begin(), c.transform.std.end(), fo.norm.std.begin());
       dlpack_device_ = DLDevice{dt.indexed ? kDLCUDA : kDLCPU, dt.indexed ? index : 0};
@@ -346,7 +348,12 @@ class PyLoader {
       current.batch->hand_to(consumer);
     }
     const pt::DeviceBatch& d = *current.batch;
-    const DLDataType dtype = d.floats() ? DLDataType{kDLFloat, 32, 1} : DLDataType{kDLUInt, 8, 1};
+    DLDataType dtype{kDLUInt, 8, 1};
+    if (d.floats()) {
+      dtype = d.float_type() == pt::FloatType::f16    ? DLDataType{kDLFloat, 16, 1}
+              : d.float_type() == pt::FloatType::bf16 ? DLDataType{kDLBfloat, 16, 1}
+                                                      : DLDataType{kDLFloat, 32, 1};
+    }
     auto images = make_capsule(current.batch, d.images(), dtype, 4, d.shape().data(), dlpack_device_);
     const std::int64_t n = d.shape()[0];
     auto labels = make_capsule(current.batch, d.labels(), DLDataType{kDLInt, 64, 1}, 1, &n, dlpack_device_);

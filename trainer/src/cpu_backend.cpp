@@ -451,6 +451,67 @@ void CpuBackend::fill(Stream& s, float* x, std::size_t count, float value) {
   post(s, [=] { std::fill(x, x + count, value); });
 }
 
+namespace {
+
+std::uint32_t float_bits(float f) noexcept {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/// float32 -> bfloat16, round to nearest even; NaN stays a (quiet) NaN.
+std::uint16_t to_bf16(float f) noexcept {
+  std::uint32_t u = float_bits(f);
+  if ((u & 0x7FFFFFFFU) > 0x7F800000U) return static_cast<std::uint16_t>((u >> 16U) | 0x40U);
+  u += 0x7FFFU + ((u >> 16U) & 1U);
+  return static_cast<std::uint16_t>(u >> 16U);
+}
+
+/// float32 -> IEEE float16, round to nearest even, with subnormals,
+/// overflow to infinity and NaN.
+std::uint16_t to_f16(float f) noexcept {
+  std::uint32_t x = float_bits(f);
+  const auto sign = static_cast<std::uint16_t>((x >> 16U) & 0x8000U);
+  x &= 0x7FFFFFFFU;
+  if (x >= 0x7F800000U) return static_cast<std::uint16_t>(sign | (x > 0x7F800000U ? 0x7E00U : 0x7C00U));
+  if (x >= 0x477FF000U) return static_cast<std::uint16_t>(sign | 0x7C00U);  // rounds to >= 65520: infinity
+  if (x < 0x38800000U) {  // below 2^-14: a subnormal half (or zero), in units of 2^-24
+    float magnitude = 0;
+    std::memcpy(&magnitude, &x, sizeof magnitude);
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::nearbyint(magnitude * 16777216.0F)));
+  }
+  std::uint32_t h = x - 0x38000000U;  // exponent bias 127 -> 15
+  h += 0x0FFFU + ((h >> 13U) & 1U);
+  return static_cast<std::uint16_t>(sign | (h >> 13U));
+}
+
+}  // namespace
+
+void CpuBackend::normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw, FloatType type, int n, int h, int w,
+                                 const Normalization& norm) {
+  if (type == FloatType::f32) {
+    normalize_u8(s, nhwc, static_cast<float*>(nchw), n, h, w, norm);
+    return;
+  }
+  note_thread();
+  post(s, [=] {
+    const auto plane = static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
+    auto* out16 = static_cast<std::uint16_t*>(nchw);
+    for (int c = 0; c < 3; ++c) {
+      const float sc = 1.0F / (255.0F * norm.std[static_cast<std::size_t>(c)]);
+      const float bi = -norm.mean[static_cast<std::size_t>(c)] / norm.std[static_cast<std::size_t>(c)];
+      for (int i = 0; i < n; ++i) {
+        const std::uint8_t* in = nhwc + static_cast<std::size_t>(i) * plane * 3 + static_cast<std::size_t>(c);
+        std::uint16_t* out = out16 + (static_cast<std::size_t>(i) * 3 + static_cast<std::size_t>(c)) * plane;
+        for (std::size_t p = 0; p < plane; ++p) {
+          const float v = static_cast<float>(in[3 * p]) * sc + bi;
+          out[p] = type == FloatType::f16 ? to_f16(v) : to_bf16(v);
+        }
+      }
+    }
+  });
+}
+
 void CpuBackend::widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) {
   note_thread();
   post(s, [=] { std::copy(in, in + n, out); });

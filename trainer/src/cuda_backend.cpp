@@ -289,6 +289,16 @@ class CudaBackend final : public DeviceBackend {
     select();
     PINFEED_CUDA_TRY(kernels::fill(cuda(s).get(), x, count, value), device_);
   }
+  void normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw, FloatType type, int n, int h, int w,
+                       const Normalization& norm) override {
+    select();
+    float sc[3], bi[3];
+    for (std::size_t c = 0; c < 3; ++c) {
+      sc[c] = 1.0F / (255.0F * norm.std[c]);
+      bi[c] = -norm.mean[c] / norm.std[c];
+    }
+    PINFEED_CUDA_TRY(kernels::normalize_u8_as(cuda(s).get(), nhwc, nchw, static_cast<int>(type), n, h, w, sc, bi), device_);
+  }
   void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) override {
     select();
     PINFEED_CUDA_TRY(kernels::widen_labels(cuda(s).get(), in, out, n), device_);

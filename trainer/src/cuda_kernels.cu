@@ -4,6 +4,9 @@
 // gradients are deterministic; only the loss/accuracy statistics use atomics.
 #include "cuda_kernels.hpp"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 namespace pinfeed::trainer::kernels {
 namespace {
 
@@ -18,7 +21,17 @@ struct Channels {
   float scale[3], bias[3];
 };
 
-__global__ void normalize_u8_kernel(const std::uint8_t* in, float* out, int n, int plane, Channels ch) {
+template <class T>
+__device__ T from_float(float x);
+template <>
+__device__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <class T>
+__global__ void normalize_u8_kernel(const std::uint8_t* in, T* out, int n, int plane, Channels ch) {
   const std::size_t total = static_cast<std::size_t>(n) * plane * 3;
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     // i indexes the output: ((sample * 3 + c) * plane + p)
@@ -26,7 +39,7 @@ __global__ void normalize_u8_kernel(const std::uint8_t* in, float* out, int n, i
     const std::size_t c = (i / plane) % 3;
     const std::size_t sample = i / (static_cast<std::size_t>(plane) * 3);
     const float x = static_cast<float>(in[(sample * plane + p) * 3 + c]);
-    out[i] = x * ch.scale[c] + ch.bias[c];
+    out[i] = from_float<T>(x * ch.scale[c] + ch.bias[c]);
   }
 }
 
@@ -120,7 +133,22 @@ cudaError_t normalize_u8(cudaStream_t s, const std::uint8_t* nhwc, float* nchw, 
                          const float bias[3]) {
   Channels ch{{scale[0], scale[1], scale[2]}, {bias[0], bias[1], bias[2]}};
   const std::size_t total = static_cast<std::size_t>(n) * h * w * 3;
-  normalize_u8_kernel<<<blocks_for(total), kThreads, 0, s>>>(nhwc, nchw, n, h * w, ch);
+  normalize_u8_kernel<float><<<blocks_for(total), kThreads, 0, s>>>(nhwc, nchw, n, h * w, ch);
+  return cudaGetLastError();
+}
+
+cudaError_t normalize_u8_as(cudaStream_t s, const std::uint8_t* nhwc, void* nchw, int type, int n, int h, int w,
+                            const float scale[3], const float bias[3]) {
+  Channels ch{{scale[0], scale[1], scale[2]}, {bias[0], bias[1], bias[2]}};
+  const std::size_t total = static_cast<std::size_t>(n) * h * w * 3;
+  if (type == 1) {
+    normalize_u8_kernel<__half><<<blocks_for(total), kThreads, 0, s>>>(nhwc, static_cast<__half*>(nchw), n, h * w, ch);
+  } else if (type == 2) {
+    normalize_u8_kernel<__nv_bfloat16>
+        <<<blocks_for(total), kThreads, 0, s>>>(nhwc, static_cast<__nv_bfloat16*>(nchw), n, h * w, ch);
+  } else {
+    normalize_u8_kernel<float><<<blocks_for(total), kThreads, 0, s>>>(nhwc, static_cast<float*>(nchw), n, h * w, ch);
+  }
   return cudaGetLastError();
 }
 

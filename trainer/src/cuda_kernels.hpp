@@ -19,6 +19,9 @@ cudaError_t softmax_cross_entropy(cudaStream_t s, const float* logits, const std
 cudaError_t sgd(cudaStream_t s, float* w, float* grad, float* momentum, std::size_t count, float lr, float mom, float wd);
 cudaError_t scale(cudaStream_t s, float* x, std::size_t count, float factor);
 cudaError_t fill(cudaStream_t s, float* x, std::size_t count, float value);
+/// `type`: 0 float32, 1 float16, 2 bfloat16 (FloatType's values).
+cudaError_t normalize_u8_as(cudaStream_t s, const std::uint8_t* nhwc, void* nchw, int type, int n, int h, int w,
+                            const float scale[3], const float bias[3]);
 cudaError_t widen_labels(cudaStream_t s, const std::int32_t* in, std::int64_t* out, std::size_t n);
 
 }  // namespace pinfeed::trainer::kernels

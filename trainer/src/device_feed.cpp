@@ -72,10 +72,11 @@ void release_after_consumers(memory::SlotLease& lease, const std::vector<Consume
 /// One batch's device memory, reused through the feed's ring.
 struct DeviceFeed::Buffers {
   DeviceBuffer raw;     ///< the slot's samples as copied
-  DeviceBuffer output;  ///< float32 NCHW, when normalizing
+  DeviceBuffer output_buffer;  ///< float NCHW (of `output`'s type), when normalizing
   DeviceBuffer labels32, labels64;
   std::size_t capacity = 0, sample_bytes = 0;
   bool normalizes = false;
+  FloatType output = FloatType::f32;
   std::shared_ptr<Event> copied, ready, released;
   bool release_recorded = false;  ///< `released` marks the last consumer's use
 };
@@ -133,7 +134,8 @@ std::shared_ptr<DeviceBatch> DeviceFeed::submit(loader::Batch batch) {
     const std::scoped_lock lock(state_->mutex);
     auto& free = state_->free;
     const auto fits = std::find_if(free.begin(), free.end(), [&](const std::unique_ptr<Buffers>& f) {
-      return f->capacity >= capacity && f->sample_bytes == sample_bytes && f->normalizes == normalize;
+      return f->capacity >= capacity && f->sample_bytes == sample_bytes && f->normalizes == normalize &&
+             f->output == state_->options.output;
     });
     if (fits != free.end()) {
       buf = std::move(*fits);
@@ -145,8 +147,9 @@ std::shared_ptr<DeviceBatch> DeviceFeed::submit(loader::Batch batch) {
     buf->capacity = capacity;
     buf->sample_bytes = sample_bytes;
     buf->normalizes = normalize;
+    buf->output = state_->options.output;
     buf->raw = b.allocate(capacity * sample_bytes);
-    if (normalize) buf->output = b.allocate(capacity * sample_bytes * sizeof(float));
+    if (normalize) buf->output_buffer = b.allocate(capacity * sample_bytes * float_bytes(state_->options.output));
     buf->labels32 = b.allocate(capacity * sizeof(std::int32_t));
     buf->labels64 = b.allocate(capacity * sizeof(std::int64_t));
     buf->copied = b.create_event();
@@ -177,8 +180,8 @@ std::shared_ptr<DeviceBatch> DeviceFeed::submit(loader::Batch batch) {
   });
   if (normalize) {
     const auto shape = batch.shape();  // N, H, W, C
-    b.normalize_u8(*copy_, buf->raw.as<std::uint8_t>(), buf->output.as<float>(), static_cast<int>(n),
-                   static_cast<int>(shape[1]), static_cast<int>(shape[2]), state_->options.norm);
+    b.normalize_u8_as(*copy_, buf->raw.as<std::uint8_t>(), buf->output_buffer.get(), state_->options.output,
+                      static_cast<int>(n), static_cast<int>(shape[1]), static_cast<int>(shape[2]), state_->options.norm);
   }
   b.widen_labels(*copy_, buf->labels32.as<std::int32_t>(), buf->labels64.as<std::int64_t>(), n);
   b.record(*buf->ready, *copy_);
@@ -187,12 +190,12 @@ std::shared_ptr<DeviceBatch> DeviceFeed::submit(loader::Batch batch) {
     ++state_->stats.batches;
     state_->stats.bytes += n * (sample_bytes + sizeof(std::int32_t));
   }
-  return std::make_shared<DeviceBatch>(state_, std::move(buf), batch, normalize);
+  return std::make_shared<DeviceBatch>(state_, std::move(buf), batch, normalize, state_->options.output);
 }
 
 DeviceBatch::DeviceBatch(std::shared_ptr<DeviceFeed::State> state, std::unique_ptr<DeviceFeed::Buffers> buffers,
-                         const loader::Batch& batch, bool normalized)
-    : state_(std::move(state)), buffers_(std::move(buffers)) {
+                         const loader::Batch& batch, bool normalized, FloatType type)
+    : state_(std::move(state)), buffers_(std::move(buffers)), float_type_(normalized ? type : FloatType::f32) {
   const auto s = batch.shape();
   const auto n = static_cast<std::int64_t>(batch.size());
   if (batch.layout() == loader::Layout::nhwc_u8) {
@@ -208,7 +211,7 @@ DeviceBatch::DeviceBatch(std::shared_ptr<DeviceFeed::State> state, std::unique_p
 }
 
 void* DeviceBatch::images() const noexcept {
-  return buffers_->normalizes ? buffers_->output.get() : buffers_->raw.get();
+  return buffers_->normalizes ? buffers_->output_buffer.get() : buffers_->raw.get();
 }
 std::int64_t* DeviceBatch::labels() const noexcept { return buffers_->labels64.as<std::int64_t>(); }
 

@@ -61,6 +61,8 @@ class CpuBackend final : public DeviceBackend {
   void scale(Stream& s, float* x, std::size_t count, float factor) override;
   void fill(Stream& s, float* x, std::size_t count, float value) override;
   void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) override;
+  void normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw, FloatType type, int n, int h, int w,
+                       const Normalization& norm) override;
 
   /// Runs `task` on the stream's worker, in order with the rest of its work
   /// (the CPU communicators run their collectives this way, on a comm stream).

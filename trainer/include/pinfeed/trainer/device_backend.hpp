@@ -100,6 +100,10 @@ class Event : public memory::Fence {
   }
 };
 
+/// A floating-point type of device batches.
+enum class FloatType : std::uint8_t { f32, f16, bf16 };
+[[nodiscard]] constexpr std::size_t float_bytes(FloatType t) noexcept { return t == FloatType::f32 ? 4 : 2; }
+
 /// Mean and standard deviation per channel (R, G, B), as in the loader.
 struct Normalization {
   std::array<float, 3> mean{0.485F, 0.456F, 0.406F};
@@ -191,6 +195,10 @@ class DeviceBackend {
   /// uint8 NHWC (RGB) -> float32 NCHW, (x / 255 - mean) / std.
   virtual void normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
                             const Normalization& norm) = 0;
+  /// normalize_u8 into `type`: float32, or float16 / bfloat16 rounded to
+  /// nearest even from the float32 value (as torch's .to(dtype)).
+  virtual void normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw, FloatType type, int n, int h, int w,
+                               const Normalization& norm) = 0;
   /// int32 labels -> int64 (what torch's losses take).
   virtual void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) = 0;
   /// Average pooling by `factor` in both axes, NCHW in, n x (c*h/f*w/f) out.

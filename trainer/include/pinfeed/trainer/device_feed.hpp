@@ -55,6 +55,7 @@ struct DeviceFeedOptions {
   /// uint8 NHWC batches become float32 NCHW on the device: (x / 255 - mean) / std.
   bool normalize = true;
   Normalization norm;
+  FloatType output = FloatType::f32;  ///< what normalization writes
 };
 
 /// What a feed has done so far.
@@ -104,7 +105,7 @@ class DeviceFeed {
 class DeviceBatch {
  public:
   DeviceBatch(std::shared_ptr<DeviceFeed::State> state, std::unique_ptr<DeviceFeed::Buffers> buffers,
-              const loader::Batch& batch, bool normalized);
+              const loader::Batch& batch, bool normalized, FloatType type);
   ~DeviceBatch();
   DeviceBatch(const DeviceBatch&) = delete;
   DeviceBatch& operator=(const DeviceBatch&) = delete;
@@ -115,6 +116,8 @@ class DeviceBatch {
   [[nodiscard]] std::int64_t* labels() const noexcept;
   [[nodiscard]] const std::array<std::int64_t, 4>& shape() const noexcept { return shape_; }
   [[nodiscard]] bool floats() const noexcept { return floats_; }
+  /// The samples' type when floats(): float32, or what normalization wrote.
+  [[nodiscard]] FloatType float_type() const noexcept { return float_type_; }
   [[nodiscard]] std::size_t size() const noexcept { return static_cast<std::size_t>(shape_[0]); }
   /// Makes `consumer` wait for the batch (DeviceBackend::consumer_wait) and
   /// remembers it: the buffers are reused only after its work at the time
@@ -126,6 +129,7 @@ class DeviceBatch {
   std::unique_ptr<DeviceFeed::Buffers> buffers_;
   std::array<std::int64_t, 4> shape_{};
   bool floats_ = true;
+  FloatType float_type_ = FloatType::f32;
   bool handed_ = false;
   std::uintptr_t consumer_ = 0;
 };
