@@ -694,7 +694,15 @@ def set_log_level(level):
 set_log_level("warning")
 
 
-def diag(root="/", gpus=1, batch=None, prefetch=2, sample_ms=100):
+def diag(root="/", gpus=1, batch=None, prefetch=2, sample_ms=100, loader=None):
     """The memory diagnostics report of `pinfeed-diag --json`, as a dict. With
-    batch="256x3x224x224:u8" it includes the pinned pool plan and its verdict."""
-    return json.loads(_pinfeed.diag_json(os.fspath(root), gpus, batch or "", prefetch, sample_ms))
+    batch="256x3x224x224:u8" it includes the pinned pool plan and its verdict.
+    With loader= (a Loader with a device) it includes "copy_stream": that
+    loader's copy figures so far (bytes, copy seconds and GB/s, the waits for
+    the decoders, for the copies and for consumers), as loader.stats()["device"]."""
+    if loader is not None and not isinstance(loader, Loader):
+        raise TypeError(f"loader must be a pinfeed.Loader, not {type(loader).__name__}")
+    report = json.loads(_pinfeed.diag_json(os.fspath(root), gpus, batch or "", prefetch, sample_ms))
+    if loader is not None:
+        report["copy_stream"] = loader.stats().get("device", {"device": None, "note": "this loader has no device="})
+    return report

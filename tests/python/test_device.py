@@ -182,3 +182,14 @@ def test_uint8_batches_take_no_dtype_and_a_cpu_device_no_cuda_stream(dataset):
         device = torch.device("cpu")
     with pytest.raises(TypeError, match="torch.cuda.Stream on the device"):
         loader(dataset, device="cpu", stream=FakeStream())
+
+
+def test_diag_reports_a_loaders_copy_stream(dataset):
+    l = loader(dataset, device="cpu", transform="center")
+    for _ in l:
+        pass
+    report = pinfeed.diag(sample_ms=0, loader=l)
+    assert report["copy_stream"]["batches"] == len(l) and report["copy_stream"]["copy_gb_per_s"] > 0
+    assert pinfeed.diag(sample_ms=0, loader=loader(dataset))["copy_stream"]["device"] is None
+    with pytest.raises(TypeError, match="pinfeed.Loader"):
+        pinfeed.diag(sample_ms=0, loader="x")
