@@ -677,7 +677,8 @@ class Loader:
         return out
 
     def live_batches(self):
-        """Batches whose tensors are still alive (each holds a pool slot)."""
+        """Host batches whose tensors are still alive (each holds a pool slot;
+        with device= the batches hold device buffers instead, and this is 0)."""
         return self._impl.live_batches()
 
 
