@@ -328,20 +328,7 @@ void CpuBackend::gemm(Stream& s, const Gemm& g) {
 
 void CpuBackend::normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
                               const Normalization& norm) {
-  note_thread();
-  post(s, [=] {
-    const auto plane = static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
-    for (int c = 0; c < 3; ++c) {
-      // The loader's float path computes x * (1 / (255 std)) - mean / std; so does this.
-      const float sc = 1.0F / (255.0F * norm.std[static_cast<std::size_t>(c)]);
-      const float bi = -norm.mean[static_cast<std::size_t>(c)] / norm.std[static_cast<std::size_t>(c)];
-      for (int i = 0; i < n; ++i) {
-        const std::uint8_t* in = nhwc + static_cast<std::size_t>(i) * plane * 3 + static_cast<std::size_t>(c);
-        float* out = nchw + (static_cast<std::size_t>(i) * 3 + static_cast<std::size_t>(c)) * plane;
-        for (std::size_t p = 0; p < plane; ++p) out[p] = static_cast<float>(in[3 * p]) * sc + bi;
-      }
-    }
-  });
+  normalize_u8_as(s, nhwc, nchw, FloatType::f32, n, h, w, norm);
 }
 
 void CpuBackend::avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) {
@@ -489,23 +476,23 @@ std::uint16_t to_f16(float f) noexcept {
 
 void CpuBackend::normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw, FloatType type, int n, int h, int w,
                                  const Normalization& norm) {
-  if (type == FloatType::f32) {
-    normalize_u8(s, nhwc, static_cast<float*>(nchw), n, h, w, norm);
-    return;
-  }
   note_thread();
   post(s, [=] {
     const auto plane = static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
-    auto* out16 = static_cast<std::uint16_t*>(nchw);
     for (int c = 0; c < 3; ++c) {
+      // The loader's float path computes x * (1 / (255 std)) - mean / std; so does this.
       const float sc = 1.0F / (255.0F * norm.std[static_cast<std::size_t>(c)]);
       const float bi = -norm.mean[static_cast<std::size_t>(c)] / norm.std[static_cast<std::size_t>(c)];
       for (int i = 0; i < n; ++i) {
         const std::uint8_t* in = nhwc + static_cast<std::size_t>(i) * plane * 3 + static_cast<std::size_t>(c);
-        std::uint16_t* out = out16 + (static_cast<std::size_t>(i) * 3 + static_cast<std::size_t>(c)) * plane;
-        for (std::size_t p = 0; p < plane; ++p) {
-          const float v = static_cast<float>(in[3 * p]) * sc + bi;
-          out[p] = type == FloatType::f16 ? to_f16(v) : to_bf16(v);
+        const std::size_t first = (static_cast<std::size_t>(i) * 3 + static_cast<std::size_t>(c)) * plane;
+        const auto value = [&](std::size_t p) { return static_cast<float>(in[3 * p]) * sc + bi; };
+        if (type == FloatType::f32) {
+          float* out = static_cast<float*>(nchw) + first;
+          for (std::size_t p = 0; p < plane; ++p) out[p] = value(p);
+        } else {
+          std::uint16_t* out = static_cast<std::uint16_t*>(nchw) + first;
+          for (std::size_t p = 0; p < plane; ++p) out[p] = type == FloatType::f16 ? to_f16(value(p)) : to_bf16(value(p));
         }
       }
     }

@@ -247,13 +247,7 @@ class CudaBackend final : public DeviceBackend {
   }
   void normalize_u8(Stream& s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w,
                     const Normalization& norm) override {
-    select();
-    float sc[3], bi[3];
-    for (std::size_t c = 0; c < 3; ++c) {
-      sc[c] = 1.0F / (255.0F * norm.std[c]);
-      bi[c] = -norm.mean[c] / norm.std[c];
-    }
-    PINFEED_CUDA_TRY(kernels::normalize_u8(cuda(s).get(), nhwc, nchw, n, h, w, sc, bi), device_);
+    normalize_u8_as(s, nhwc, nchw, FloatType::f32, n, h, w, norm);
   }
   void avg_pool(Stream& s, const float* nchw, float* out, int n, int c, int h, int w, int factor) override {
     select();

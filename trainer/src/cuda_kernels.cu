@@ -129,14 +129,6 @@ __global__ void widen_labels_kernel(const std::int32_t* in, std::int64_t* out, s
 
 }  // namespace
 
-cudaError_t normalize_u8(cudaStream_t s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w, const float scale[3],
-                         const float bias[3]) {
-  Channels ch{{scale[0], scale[1], scale[2]}, {bias[0], bias[1], bias[2]}};
-  const std::size_t total = static_cast<std::size_t>(n) * h * w * 3;
-  normalize_u8_kernel<float><<<blocks_for(total), kThreads, 0, s>>>(nhwc, nchw, n, h * w, ch);
-  return cudaGetLastError();
-}
-
 cudaError_t normalize_u8_as(cudaStream_t s, const std::uint8_t* nhwc, void* nchw, int type, int n, int h, int w,
                             const float scale[3], const float bias[3]) {
   Channels ch{{scale[0], scale[1], scale[2]}, {bias[0], bias[1], bias[2]}};

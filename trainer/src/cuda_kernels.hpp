@@ -8,8 +8,6 @@
 
 namespace pinfeed::trainer::kernels {
 
-cudaError_t normalize_u8(cudaStream_t s, const std::uint8_t* nhwc, float* nchw, int n, int h, int w, const float scale[3],
-                         const float bias[3]);
 cudaError_t avg_pool(cudaStream_t s, const float* nchw, float* out, int n, int c, int h, int w, int factor);
 cudaError_t bias_activation(cudaStream_t s, float* z, const float* bias, float* a, int n, int d, bool relu);
 cudaError_t relu_backward(cudaStream_t s, float* grad, const float* z, std::size_t count);
