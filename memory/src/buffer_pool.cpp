@@ -253,14 +253,20 @@ bool BufferPool::reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chr
     pinfeed::detail::log().error("buffer pool: fence of slot {} failed ({}); the slot stays busy", f.slot, e.what());
   }
   lock.lock();
+  // While the fence was out of fenced_, an acquirer may have found neither
+  // a free nor a fenced slot and gone to sleep on slot_cv_: wake it, with
+  // the slot back in either list, or it sleeps until its deadline (forever
+  // without one) while the slot sits free.
   if (!ready) {
     fenced_.push_front(std::move(f));
+    slot_cv_.notify_all();
     return false;
   }
   state_[f.slot] = SlotState::free;
   free_.push_front(f.slot);
   try_swap_locked();
   ++work_generation_;
+  slot_cv_.notify_all();
   work_cv_.notify_one();
   return true;
 }

@@ -3,8 +3,11 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -165,6 +168,73 @@ TEST(BufferPoolTest, DestroyingAPoolWhoseFenceFailsDoesNotTerminate) {
     pool.acquire().release_after(std::make_shared<FailedFence>());
   }  // ~BufferPool waits on the fence: it must log, not throw from a destructor
   SUCCEED();
+}
+
+/// A fence whose first ready() (the maintenance thread's poll) blocks until
+/// the test lets it answer "not yet": while it blocks, the slot is in
+/// neither the free nor the fenced list.
+class HeldFence final : public Fence {
+ public:
+  [[nodiscard]] bool ready() noexcept override {
+    std::unique_lock lock(mutex_);
+    if (!polled_) {
+      polled_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return answer_; });
+      return false;
+    }
+    return done_;
+  }
+  bool wait_for(std::chrono::microseconds timeout) override {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, timeout, [&] { return done_; });
+  }
+  void wait_polled() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return polled_; });
+  }
+  void answer() { set(answer_); }
+  void signal() { set(done_); }
+
+ private:
+  void set(bool& flag) {
+    {
+      const std::scoped_lock lock(mutex_);
+      flag = true;
+    }
+    cv_.notify_all();
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool polled_ = false, answer_ = false, done_ = false;
+};
+
+TEST(BufferPoolTest, AnAcquireThatCameWhileTheMaintainerPolledAFenceIsWoken) {
+  // The hang behind a Python test that stopped CI: the maintainer takes the
+  // only fence out of the list to poll it; an acquire finds nothing free and
+  // nothing fenced and sleeps; the fence is put back (and later found
+  // ready) without waking it, so an acquire without a deadline slept forever.
+  Resources r;
+  BufferPool pool(pool_config(1, 4_KiB, 4_KiB), r.pinned, r.pageable);
+  auto fence = std::make_shared<HeldFence>();
+  pool.acquire().release_after(fence);
+  fence->wait_polled();  // the maintainer holds the fence out of the list
+  std::stop_source give_up;
+  std::atomic<bool> got{false};
+  std::thread acquirer([&] {
+    try {
+      got = !pool.acquire(give_up.get_token()).bytes().empty();
+    } catch (const Cancelled&) {
+    }
+  });
+  std::this_thread::sleep_for(50ms);  // it finds no slot and waits
+  fence->answer();                    // "not yet": back into the list
+  fence->signal();                    // the copy completes
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!got && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  give_up.request_stop();
+  acquirer.join();
+  EXPECT_TRUE(got.load()) << "the acquire was not woken when the polled fence went back or completed";
 }
 
 TEST(BufferPoolTest, FencedSlotsComeBackWithoutAnAcquire) {

@@ -2,8 +2,10 @@
 PYTHONPATH, PINFEED_DATA_TOOL and PINFEED_CAPI) or against an installed
 package (pip install; .ci/run's wheel check), where the tools are the
 package's own and the C ABI tests skip."""
+import faulthandler
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -32,6 +34,28 @@ def dataset(tmp_path_factory):
     subprocess.run([data_tool(), "-q", "make", "--out", str(root), "--classes", "4",
                     "--per-class", "12", "--val", "0.17", "--seed", "3"], check=True)
     return root / "train"
+
+
+# A test that hangs ends the run with every thread's stack instead of
+# holding CI until its own limit (the slowest test takes ~15 s here).
+TEST_LIMIT_S = float(os.environ.get("PINFEED_TEST_LIMIT_S", "150"))
+
+
+_real_stderr = None
+
+
+def pytest_configure(config):
+    # The terminal's stderr, kept before a test's capture takes fd 2 (the
+    # dump would go into the capture file, and the process ends unread).
+    global _real_stderr
+    _real_stderr = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+    faulthandler.dump_traceback_later(TEST_LIMIT_S, exit=True, file=_real_stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_report_header(config):
