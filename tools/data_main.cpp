@@ -52,6 +52,11 @@ int main(int argc, char** argv) {
   mk->add_option("--format", make.format, "image format: jpeg, png or webp")
       ->check(CLI::IsMember({"jpeg", "png", "webp"}))
       ->capture_default_str();
+  mk->add_option("--style", make.style,
+                 "what tells the classes apart: photo (hue, grating angle: a colour average does) or texture (fine "
+                 "stripes, checks or blobs under random colours: a convolution does, average pooling cannot)")
+      ->check(CLI::IsMember({"photo", "texture"}))
+      ->capture_default_str();
   mk->add_option("--threads", make.threads, "threads (0: every core)");
 
   std::string pack_from, pack_out;

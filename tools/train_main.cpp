@@ -156,6 +156,9 @@ int main(int argc, char** argv) {
   bool as_json = false, quiet = false, host_normalize = false;
   app.add_option("--data", config.loader.dataset, "training data: folder, file list or tar shard pattern")->required();
   app.add_option("--val", config.val_dataset, "validation data (center crop)");
+  app.add_option("--val-resize", config.val_resize,
+                 "validation: shorter side before the center crop (default: size * 256 / 224, torchvision's ratio)")
+      ->check(CLI::Range(1, 16384));
   app.add_option("--devices", devices, "cpu:N, cuda:0,1, cuda:all, or auto (every GPU, else 2 CPU workers)");
   app.add_option("--epochs", config.epochs, "epochs")->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", config.global_batch, "global batch: samples per step over all workers")->check(CLI::Range(1, 1 << 20));
@@ -168,6 +171,12 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", config.checkpoint_every, "also every N steps");
   app.add_flag("--resume", config.resume, "continue from --checkpoint");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
+  std::string model_spec;
+  app.add_option("--model", model_spec,
+                 "mlp[:W,W...] (average pooling + MLP, the default) or cnn[:C,C...] (conv3x3+BatchNorm+ReLU blocks of C "
+                 "channels, each halving the resolution; cnn alone is cnn:32,64,128)");
+  app.add_flag("--sync-bn", config.model.sync_bn,
+               "cnn: BatchNorm statistics over every worker (SyncBatchNorm), not each worker's own (DDP's default)");
   app.add_option("--pool", config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
   app.add_option("--hidden", config.model.hidden, "hidden layer widths, comma separated")
       ->delimiter(',')
@@ -190,6 +199,15 @@ int main(int argc, char** argv) {
 
   return pinfeed::tools::run_tool("pinfeed-train", app, argc, argv, [&] {
     spdlog::set_level(quiet || as_json ? spdlog::level::warn : spdlog::level::info);
+    if (!model_spec.empty()) {
+      if (model_spec.find(':') != std::string::npos && app.count("--hidden") > 0) {
+        throw pinfeed::ConfigError("--hidden and --model with widths both set the widths: give one");
+      }
+      config.model.parse_spec(model_spec);
+    }
+    if (config.model.sync_bn && config.model.kind != pt::ModelKind::cnn) {
+      throw pinfeed::ConfigError("--sync-bn is for --model cnn (the MLP has no BatchNorm)");
+    }
     config.devices = pt::parse_devices(devices);
     config.device_normalize = !host_normalize;
     config.ddp.bucket_cap_bytes = static_cast<std::size_t>(bucket_mb * 1024 * 1024);

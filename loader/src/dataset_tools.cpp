@@ -71,6 +71,9 @@ void SyntheticDatasetConfig::validate() const {
   if (format != "jpeg" && format != "png" && format != "webp") {
     throw ConfigError(fmt::format("format must be jpeg, png or webp, got '{}'", format));
   }
+  if (style != "photo" && style != "texture") {
+    throw ConfigError(fmt::format("style must be photo or texture, got '{}'", style));
+  }
 }
 
 SyntheticDatasetSummary write_synthetic_dataset(const SyntheticDatasetConfig& c, const Progress& progress) {
@@ -88,6 +91,7 @@ SyntheticDatasetSummary write_synthetic_dataset(const SyntheticDatasetConfig& c,
     const int n = static_cast<int>(i % static_cast<std::size_t>(c.per_class));
     SyntheticImageSpec spec = synthetic_size(c.seed, klass, static_cast<std::uint64_t>(n));
     spec.quality = c.quality;
+    spec.style = c.style == "texture" ? ImageStyle::texture : ImageStyle::photo;
     const auto image = make_synthetic_image(c.seed, klass, static_cast<std::uint64_t>(n), spec, c.format);
     const bool val = n >= c.per_class - val_per_class;
     write_file(c.out / (val ? "val" : "train") / fmt::format("class_{:03}", klass) /

@@ -49,7 +49,47 @@ struct ValueNoise {
 
 }  // namespace
 
-std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height) {
+namespace {
+
+std::vector<std::uint8_t> render_texture_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height) {
+  // Class identity: the pattern (k % 4) and its scale (k / 4). The period
+  // is ~24 source pixels at the first scale: 3-6 pixels after a 64 px
+  // RandomResizedCrop, gone under 4x4 average pooling.
+  const int pattern = klass % 4;
+  const double period = 40.0 * std::pow(1.6, (klass / 4) % 5);
+  SampleRng rng(seed ^ 0x74657874ULL, static_cast<std::uint64_t>(klass), index);  // "text"
+  const double w = 2 * std::numbers::pi / (period * rng.uniform(0.85, 1.15));
+  const double px = rng.uniform(0, 2 * std::numbers::pi), py = rng.uniform(0, 2 * std::numbers::pi);
+  const double hue = rng.uniform(0, 2 * std::numbers::pi), level = rng.uniform(90, 165), contrast = rng.uniform(25, 60);
+  const std::array<double, 3> tint{std::cos(hue), std::cos(hue - 2.094), std::cos(hue + 2.094)};
+  ValueNoise light(rng, width, height, 96), blobs(rng, width, height, std::max(2, static_cast<int>(period / 2)));
+  std::vector<std::uint8_t> rgb(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3);
+  std::size_t o = 0;
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      double t = 0;
+      switch (pattern) {
+        case 0: t = std::sin(w * y + py); break;                                  // horizontal stripes
+        case 1: t = std::sin(w * x + px); break;                                  // vertical stripes
+        case 2: t = 1.4 * std::sin(w * x + px) * std::sin(w * y + py); break;     // checks
+        default: t = 1.6 * blobs.at(x, y); break;                                 // blobs, no orientation
+      }
+      const double shade = level + 30 * light.at(x, y);
+      const double grain = static_cast<double>(static_cast<int>(rng.below(17)) - 8);
+      for (int c = 0; c < 3; ++c) {
+        const double v = shade + 35 * tint[static_cast<std::size_t>(c)] + contrast * t + grain;
+        rgb[o++] = static_cast<std::uint8_t>(std::clamp(v, 0.0, 255.0));
+      }
+    }
+  }
+  return rgb;
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height,
+                                               ImageStyle style) {
+  if (style == ImageStyle::texture) return render_texture_rgb(seed, klass, index, width, height);
   // Class identity: hue, grating angle and frequency. Instance: phase, noise.
   const double hue = 2 * std::numbers::pi * ((klass * 0.61803398875) - std::floor(klass * 0.61803398875));
   const double angle = std::numbers::pi * ((klass * 0.38196601125) - std::floor(klass * 0.38196601125));
@@ -79,7 +119,7 @@ std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, st
 
 std::vector<std::byte> make_synthetic_jpeg(std::uint64_t seed, int klass, std::uint64_t index,
                                            const SyntheticImageSpec& spec) {
-  std::vector<std::uint8_t> rgb = render_synthetic_rgb(seed, klass, index, spec.width, spec.height);
+  std::vector<std::uint8_t> rgb = render_synthetic_rgb(seed, klass, index, spec.width, spec.height, spec.style);
   int pixel_format = TJPF_RGB;
   int samp = spec.subsampling == 444 ? TJSAMP_444 : spec.subsampling == 422 ? TJSAMP_422 : TJSAMP_420;
   int flags = TJFLAG_ACCURATEDCT;
@@ -168,7 +208,7 @@ std::vector<std::byte> encode_webp(const std::uint8_t* rgb, int width, int heigh
 std::vector<std::byte> make_synthetic_image(std::uint64_t seed, int klass, std::uint64_t index,
                                             const SyntheticImageSpec& spec, const std::string& format) {
   if (format == "jpeg") return make_synthetic_jpeg(seed, klass, index, spec);
-  const std::vector<std::uint8_t> rgb = render_synthetic_rgb(seed, klass, index, spec.width, spec.height);
+  const std::vector<std::uint8_t> rgb = render_synthetic_rgb(seed, klass, index, spec.width, spec.height, spec.style);
   if (format == "png") return encode_png(rgb.data(), spec.width, spec.height);
   if (format == "webp") return encode_webp(rgb.data(), spec.width, spec.height, false, spec.quality);
   throw ConfigError(fmt::format("image format '{}' is not jpeg, png or webp", format));

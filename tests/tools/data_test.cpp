@@ -45,6 +45,26 @@ TEST(DataToolTest, MakeScanPackScanAgain) {
   EXPECT_EQ(json::parse(r.out)["samples"], 24);
 }
 
+TEST(DataToolTest, TextureStyleWritesTheSameFilesEveryTimeAndRefusesUnknownStyles) {
+  pinfeed::testing::TempDir dir;
+  for (const char* name : {"a", "b"}) {
+    const Result r = data("-q make --out " + (dir.path() / name).string() + " --classes 4 --per-class 2 --seed 9 --style texture");
+    ASSERT_EQ(r.rc, 0) << r.err;
+  }
+  const auto bytes = [&](const char* name) {
+    std::ifstream f(dir.path() / name / "train/class_003/000001.jpg", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_GT(bytes("a").size(), 1000U);
+  EXPECT_EQ(bytes("a"), bytes("b")) << "deterministic in the seed";
+  const Result photo = data("-q make --out " + (dir.path() / "p").string() + " --classes 4 --per-class 2 --seed 9");
+  ASSERT_EQ(photo.rc, 0) << photo.err;
+  EXPECT_NE(bytes("p"), bytes("a")) << "photo (the default) and texture are other images";
+  const Result bad = data("-q make --out " + (dir.path() / "c").string() + " --style plaid");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--style"), std::string::npos) << bad.err;
+}
+
 TEST(DataToolTest, ScanNamesEveryBadFileAndExitsOne) {
   pinfeed::testing::TempDir dir;
   const auto root = dir.path() / "set";

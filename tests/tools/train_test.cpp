@@ -88,6 +88,46 @@ TEST_F(TrainToolTest, CompareWritesTheCurvesAndThePlot) {
   EXPECT_NE(r.out.find("2 workers: same global batch and lr"), std::string::npos) << r.out;
 }
 
+/// Validation accuracy of the last epoch of a --json run.
+double final_val_accuracy(const Result& r) {
+  return json::parse(r.out)["epochs"].back()["val_accuracy"].get<double>();
+}
+
+TEST_F(TrainToolTest, TheCnnLearnsTexturesThatTheMlpCannot) {
+  // Classes told apart by fine stripes, checks or blobs under random
+  // colours: average pooling (the MLP's input) loses them, convolutions see
+  // them. Held-out images, the same data, steps and learning rate for both.
+  pinfeed::testing::TempDir tmp;
+  const auto set = tmp.path() / "tex";
+  const Result made = run(PINFEED_DATA, "-q make --out " + set.string() +
+                                            " --classes 4 --per-class 30 --val 0.2 --seed 3 --style texture");
+  ASSERT_EQ(made.rc, 0) << made.err;
+  const std::string common = "--data " + (set / "train").string() + " --val " + (set / "val").string() +
+                             " --devices cpu:2 --batch-size 16 --epochs 20 --size 32 --lr 0.4 --json ";
+  const Result mlp = train(common + "--model mlp");
+  ASSERT_EQ(mlp.rc, 0) << mlp.err;
+  const Result cnn = train(common + "--model cnn:16,32");
+  ASSERT_EQ(cnn.rc, 0) << cnn.err;
+  EXPECT_GE(final_val_accuracy(cnn), 0.8) << cnn.out;
+  EXPECT_LE(final_val_accuracy(mlp), 0.5) << mlp.out;
+}
+
+TEST_F(TrainToolTest, CompareWithTheCnnAddsTheSyncBnCurve) {
+  pinfeed::testing::TempDir tmp;
+  const std::string prefix = (tmp.path() / "cmp").string();
+  const Result r = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --model cnn:4,8 -q " +
+                         "--compare 2 --compare-out " + prefix);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::ifstream csv(prefix + ".csv");
+  std::string line;
+  std::getline(csv, line);
+  std::size_t rows = 0;
+  for (; std::getline(csv, line);) ++rows;
+  EXPECT_EQ(rows, 6U + 6U + 6U + 2U) << "1 worker, 2 with SyncBN, 2 with BN per worker, and the unscaled mistake";
+  EXPECT_NE(r.out.find("2 workers: same global batch and lr; SyncBN"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 workers: same global batch and lr; BN per worker"), std::string::npos) << r.out;
+}
+
 TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
   const std::string d = "--data " + data() + " --size 16 --pool 2 ";
   Result r = train(d + "--devices cpu:5 --batch-size 24");
@@ -118,6 +158,20 @@ TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
     EXPECT_EQ(r.rc, 2) << "--hidden " << hidden;
     EXPECT_NE(r.err.find("--hidden"), std::string::npos) << r.err;
   }
+  for (const char* model : {"resnet", "cnn:0", "cnn:4,", "mlp:x", "cnn:1,2,3,4,5,6,7,8,9"}) {
+    r = train(d + "--devices cpu:1 --batch-size 8 --model " + model);
+    EXPECT_EQ(r.rc, 2) << "--model " << model;
+    EXPECT_NE(r.err.find("model"), std::string::npos) << r.err;
+  }
+  r = train(d + "--devices cpu:1 --batch-size 8 --sync-bn");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--sync-bn is for --model cnn"), std::string::npos) << r.err;
+  r = train(d + "--devices cpu:1 --batch-size 8 --model mlp:8 --hidden 4");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("give one"), std::string::npos) << r.err;
+  r = train(d + "--devices cpu:1 --batch-size 8 --val " + val() + " --val-resize 8");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("val_resize 8 is smaller than the image size 16"), std::string::npos) << r.err;
   // The library's ranges, not narrower or wider ones of the tool's own.
   EXPECT_EQ(train(d + "--devices cpu:1 --batch-size 8 --size 5000").rc, 2);
   EXPECT_EQ(train(d + "--devices cpu:1 --batch-size 8 --prefetch 300").rc, 2);

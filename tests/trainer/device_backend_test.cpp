@@ -15,6 +15,7 @@
 #include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/device_type.hpp"
+#include "pinfeed/trainer/model.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 
 namespace pinfeed::trainer {
@@ -327,6 +328,306 @@ TEST(DeviceTypeTest, CallersMakeBackendsAndCommunicatorsThroughTheTypeTheyWereGi
   // "auto": every GPU when there is one, else CPU workers.
   const DeviceSpec spec = parse_devices("auto");
   EXPECT_EQ(spec.kind, device_type("cuda").visible() > 0 ? BackendKind::cuda : BackendKind::cpu);
+}
+
+// ---- the CNN's layers (model.hpp's Cnn) -------------------------------------
+
+/// Host reference: a 3x3 convolution, padding 1, of NCHW x (n x c x h x w)
+/// by w (co x c x 3 x 3), out CNHW (co x n x oh x ow).
+std::vector<float> direct_conv(const std::vector<float>& x, const std::vector<float>& w, const ConvShape& sh, int co) {
+  const int oh = sh.out_h(), ow = sh.out_w();
+  std::vector<float> out(static_cast<std::size_t>(co) * sh.columns());
+  for (int o = 0; o < co; ++o) {
+    for (int i = 0; i < sh.n; ++i) {
+      for (int y = 0; y < oh; ++y) {
+        for (int xo = 0; xo < ow; ++xo) {
+          double sum = 0;
+          for (int c = 0; c < sh.c; ++c) {
+            for (int k = 0; k < 9; ++k) {
+              const int iy = y * sh.stride + k / 3 - 1, ix = xo * sh.stride + k % 3 - 1;
+              if (iy < 0 || iy >= sh.h || ix < 0 || ix >= sh.w) continue;
+              sum += static_cast<double>(w[static_cast<std::size_t>((o * sh.c + c) * 9 + k)]) *
+                     x[static_cast<std::size_t>(((i * sh.c + c) * sh.h + iy) * sh.w + ix)];
+            }
+          }
+          out[static_cast<std::size_t>(((o * sh.n + i) * oh + y) * ow + xo)] = static_cast<float>(sum);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+TYPED_TEST(DeviceBackendTest, Im2colAndGemmEqualADirectConvolutionFromEitherLayout) {
+  for (const int stride : {1, 2}) {
+    const ConvShape sh{2, 3, 7, 6, stride};
+    const int co = 4;
+    const auto x = random_floats(static_cast<std::size_t>(sh.n * sh.c * sh.h * sh.w), 21);
+    const auto w = random_floats(static_cast<std::size_t>(co * sh.c * 9), 22);
+    const auto want = direct_conv(x, w, sh, co);
+    // The same images as NCHW (the first block's input) and as CNHW (a later block's).
+    std::vector<float> cnhw(x.size());
+    const std::size_t plane = static_cast<std::size_t>(sh.h * sh.w);
+    for (int i = 0; i < sh.n; ++i) {
+      for (int c = 0; c < sh.c; ++c) {
+        std::copy_n(x.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(i * sh.c + c)) * plane), plane,
+                    cnhw.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(c * sh.n + i)) * plane));
+      }
+    }
+    for (const bool channel_major : {false, true}) {
+      DeviceBuffer dx = this->upload(channel_major ? cnhw : x);
+      DeviceBuffer dw = this->upload(w);
+      DeviceBuffer col = this->backend->allocate(static_cast<std::size_t>(sh.c) * 9 * sh.columns() * sizeof(float));
+      DeviceBuffer z = this->backend->allocate(want.size() * sizeof(float));
+      const std::size_t cs = channel_major ? static_cast<std::size_t>(sh.n) * plane : plane;
+      const std::size_t ns = channel_major ? plane : static_cast<std::size_t>(sh.c) * plane;
+      this->backend->im2col(*this->stream, dx.as<float>(), cs, ns, sh, col.as<float>());
+      Gemm g;
+      g.m = co;
+      g.n = static_cast<int>(sh.columns());
+      g.k = sh.c * 9;
+      g.a = dw.as<float>();
+      g.lda = g.k;
+      g.b = col.as<float>();
+      g.ldb = g.n;
+      g.c = z.as<float>();
+      g.ldc = g.n;
+      this->backend->gemm(*this->stream, g);
+      const auto got = this->download(z, want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-4) << "stride " << stride << (channel_major ? " CNHW" : " NCHW") << " at " << i;
+      }
+    }
+  }
+}
+
+TYPED_TEST(DeviceBackendTest, Col2imIsTheAdjointOfIm2col) {
+  // <im2col(x), c> == <x, col2im(c)> for any x and c: col2im is exactly
+  // the gradient of im2col, stride 1 and 2, odd and even sides.
+  for (const ConvShape sh : {ConvShape{2, 3, 5, 5, 1}, ConvShape{3, 2, 8, 7, 2}}) {
+    const std::size_t xs = static_cast<std::size_t>(sh.c * sh.n * sh.h * sh.w);
+    const std::size_t cols = static_cast<std::size_t>(sh.c) * 9 * sh.columns();
+    const auto x = random_floats(xs, 31);
+    const auto c = random_floats(cols, 32);
+    DeviceBuffer dx = this->upload(x), dc = this->upload(c);
+    DeviceBuffer col = this->backend->allocate(cols * sizeof(float)), back = this->backend->allocate(xs * sizeof(float));
+    const std::size_t plane = static_cast<std::size_t>(sh.h * sh.w);
+    this->backend->im2col(*this->stream, dx.as<float>(), static_cast<std::size_t>(sh.n) * plane, plane, sh, col.as<float>());
+    this->backend->col2im(*this->stream, dc.as<float>(), sh, back.as<float>());
+    const double lhs = dot(this->download(col, cols), c), rhs = dot(x, this->download(back, xs));
+    EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(lhs))) << "stride " << sh.stride;
+  }
+}
+
+/// Host BatchNorm over rows (c x m), training mode, in double: y, and the
+/// updated running statistics.
+struct HostBn {
+  std::vector<double> y, mean, var;
+};
+HostBn host_bn(const std::vector<float>& x, int c, std::size_t m, const std::vector<float>& gamma,
+               const std::vector<float>& beta, bool relu) {
+  HostBn r;
+  r.y.resize(x.size());
+  for (int k = 0; k < c; ++k) {
+    double mean = 0, var = 0;
+    for (std::size_t j = 0; j < m; ++j) mean += x[static_cast<std::size_t>(k) * m + j];
+    mean /= static_cast<double>(m);
+    for (std::size_t j = 0; j < m; ++j) {
+      const double d = x[static_cast<std::size_t>(k) * m + j] - mean;
+      var += d * d;
+    }
+    var /= static_cast<double>(m);
+    r.mean.push_back(mean);
+    r.var.push_back(var);
+    for (std::size_t j = 0; j < m; ++j) {
+      const std::size_t i = static_cast<std::size_t>(k) * m + j;
+      const double v = gamma[static_cast<std::size_t>(k)] * (x[i] - mean) / std::sqrt(var + 1e-5) + beta[static_cast<std::size_t>(k)];
+      r.y[i] = relu ? std::max(v, 0.0) : v;
+    }
+  }
+  return r;
+}
+
+TYPED_TEST(DeviceBackendTest, BatchNormForwardMatchesItsDefinitionInBothModes) {
+  const int c = 3;
+  const std::size_t m = 50;
+  auto x = random_floats(static_cast<std::size_t>(c) * m, 41);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 2 * x[i] + static_cast<float>(i / m);  // a mean per channel
+  const std::vector<float> gamma{1.5F, 0.5F, -1}, beta{0.1F, -0.2F, 0.3F};
+  const HostBn want = host_bn(x, c, m, gamma, beta, true);
+  DeviceBuffer dx = this->upload(x), dg = this->upload(gamma), db = this->upload(beta);
+  DeviceBuffer rm = this->upload({0, 0, 0}), rv = this->upload({1, 1, 1});
+  DeviceBuffer inv = this->backend->allocate(c * sizeof(float)), sums = this->backend->allocate(2 * c * sizeof(float));
+  DeviceBuffer xhat = this->backend->allocate(x.size() * sizeof(float)), y = this->backend->allocate(x.size() * sizeof(float));
+  BatchNormArgs a;
+  a.c = c;
+  a.m = m;
+  a.count = static_cast<float>(m);
+  a.gamma = dg.as<float>();
+  a.beta = db.as<float>();
+  a.running_mean = rm.as<float>();
+  a.running_var = rv.as<float>();
+  a.invstd = inv.as<float>();
+  this->backend->bn_stats(*this->stream, dx.as<float>(), c, m, sums.as<float>());
+  this->backend->bn_forward(*this->stream, dx.as<float>(), sums.as<float>(), a, xhat.as<float>(), y.as<float>());
+  const auto got = this->download(y, x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], want.y[i], 1e-4) << i;
+  const auto mean = this->download(rm, c), var = this->download(rv, c);
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_NEAR(mean[k], 0.1 * want.mean[k], 1e-5) << "running_mean, momentum 0.1";
+    EXPECT_NEAR(var[k], 0.9 + 0.1 * want.var[k] * m / (m - 1), 1e-4) << "running_var takes the unbiased variance";
+  }
+  // Evaluation: the running statistics, nothing updated.
+  this->backend->bn_forward(*this->stream, dx.as<float>(), nullptr, a, nullptr, y.as<float>());
+  const auto eval = this->download(y, x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t k = i / m;
+    const double v = gamma[k] * (x[i] - mean[k]) / std::sqrt(var[k] + 1e-5) + beta[k];
+    ASSERT_NEAR(eval[i], std::max(v, 0.0), 1e-4) << i;
+  }
+  EXPECT_EQ(this->download(rm, c), mean);
+}
+
+TYPED_TEST(DeviceBackendTest, BatchNormBackwardMatchesFiniteDifferences) {
+  // L = sum(w * y): dL/dy = w. Without ReLU (smooth) for the finite
+  // differences of x, gamma and beta; the mask is checked after.
+  const int c = 2;
+  const std::size_t m = 12;
+  const auto x0 = random_floats(static_cast<std::size_t>(c) * m, 51);
+  const auto w = random_floats(x0.size(), 52);
+  const std::vector<float> gamma0{1.3F, -0.7F}, beta0{0.2F, 0.4F};
+  const auto loss = [&](const std::vector<float>& x, const std::vector<float>& g, const std::vector<float>& b) {
+    const HostBn r = host_bn(x, c, m, g, b, false);
+    double l = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) l += w[i] * r.y[i];
+    return l;
+  };
+  for (const bool relu : {false, true}) {
+    DeviceBuffer dx = this->upload(x0), dg = this->upload(gamma0), db = this->upload(beta0);
+    DeviceBuffer rm = this->upload({0, 0}), rv = this->upload({1, 1});
+    DeviceBuffer inv = this->backend->allocate(c * sizeof(float)), sums = this->backend->allocate(2 * c * sizeof(float));
+    DeviceBuffer red = this->backend->allocate(2 * c * sizeof(float));
+    DeviceBuffer xhat = this->backend->allocate(x0.size() * sizeof(float)), y = this->backend->allocate(x0.size() * sizeof(float));
+    DeviceBuffer dy = this->upload(w), grad_x = this->backend->allocate(x0.size() * sizeof(float));
+    DeviceBuffer grad_g = this->upload({0, 0}), grad_b = this->upload({0, 0});
+    BatchNormArgs a;
+    a.c = c;
+    a.m = m;
+    a.count = static_cast<float>(m);
+    a.relu = relu;
+    a.gamma = dg.as<float>();
+    a.beta = db.as<float>();
+    a.running_mean = rm.as<float>();
+    a.running_var = rv.as<float>();
+    a.invstd = inv.as<float>();
+    this->backend->bn_stats(*this->stream, dx.as<float>(), c, m, sums.as<float>());
+    this->backend->bn_forward(*this->stream, dx.as<float>(), sums.as<float>(), a, xhat.as<float>(), y.as<float>());
+    this->backend->bn_backward_reduce(*this->stream, dy.as<float>(), y.as<float>(), xhat.as<float>(), a, red.as<float>(),
+                                      grad_g.as<float>(), grad_b.as<float>());
+    this->backend->bn_backward_input(*this->stream, dy.as<float>(), xhat.as<float>(), red.as<float>(), a, grad_x.as<float>());
+    const auto gx = this->download(grad_x, x0.size());
+    const auto gg = this->download(grad_g, 2), gb = this->download(grad_b, 2);
+    if (relu) {
+      // The mask: where y is 0 the incoming gradient was dropped.
+      const auto yv = this->download(y, x0.size()), masked = this->download(dy, x0.size());
+      for (std::size_t i = 0; i < x0.size(); ++i) ASSERT_EQ(masked[i], yv[i] > 0 ? w[i] : 0.0F) << i;
+      continue;
+    }
+    const float h = 1e-3F;
+    for (std::size_t i = 0; i < x0.size(); ++i) {
+      auto up = x0, down = x0;
+      up[i] += h;
+      down[i] -= h;
+      EXPECT_NEAR(gx[i], (loss(up, gamma0, beta0) - loss(down, gamma0, beta0)) / (2 * h), 2e-3) << "dx " << i;
+    }
+    for (std::size_t k = 0; k < 2; ++k) {
+      auto gu = gamma0, gd = gamma0, bu = beta0, bd = beta0;
+      gu[k] += h;
+      gd[k] -= h;
+      bu[k] += h;
+      bd[k] -= h;
+      EXPECT_NEAR(gg[k], (loss(x0, gu, beta0) - loss(x0, gd, beta0)) / (2 * h), 2e-3) << "dgamma " << k;
+      EXPECT_NEAR(gb[k], (loss(x0, gamma0, bu) - loss(x0, gamma0, bd)) / (2 * h), 2e-3) << "dbeta " << k;
+    }
+  }
+}
+
+TYPED_TEST(DeviceBackendTest, GlobalAveragePoolingAndItsAdjoint) {
+  const int c = 3, n = 2;
+  const std::size_t hw = 5;
+  const auto x = random_floats(static_cast<std::size_t>(c * n) * hw, 61);
+  const auto d = random_floats(static_cast<std::size_t>(n * c), 62);
+  DeviceBuffer dx = this->upload(x), dd = this->upload(d);
+  DeviceBuffer out = this->backend->allocate(d.size() * sizeof(float)), back = this->backend->allocate(x.size() * sizeof(float));
+  this->backend->channel_mean(*this->stream, dx.as<float>(), c, n, hw, out.as<float>());
+  this->backend->channel_mean_backward(*this->stream, dd.as<float>(), c, n, hw, back.as<float>());
+  const auto got = this->download(out, d.size());
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < c; ++k) {
+      double mean = 0;
+      for (std::size_t p = 0; p < hw; ++p) mean += x[(static_cast<std::size_t>(k * n + i)) * hw + p];
+      EXPECT_NEAR(got[static_cast<std::size_t>(i * c + k)], mean / static_cast<double>(hw), 1e-6) << "sample " << i << " channel " << k;
+    }
+  }
+  EXPECT_NEAR(dot(got, d), dot(x, this->download(back, x.size())), 1e-5);
+}
+
+TYPED_TEST(DeviceBackendTest, TheCnnsGradientMatchesFiniteDifferencesOfItsLoss) {
+  // The whole model through train_step: im2col, GEMMs, BatchNorm with batch
+  // statistics, ReLU, pooling, fc and the loss. Every parameter's gradient
+  // against central differences of the batch's mean loss.
+  ModelConfig mc;
+  mc.kind = ModelKind::cnn;
+  mc.channels = {3, 4};
+  mc.image_size = 8;
+  mc.classes = 3;
+  const int n = 4;
+  Cnn model(*this->backend, mc, n);
+  const std::vector<float> w0 = model.initial_weights(7);
+  const auto images = random_floats(static_cast<std::size_t>(n) * 3 * 64, 71);
+  const std::vector<std::int32_t> labels{0, 2, 1, 2};
+  DeviceBuffer dimg = this->upload(images);
+  DeviceBuffer dlab = this->backend->allocate(labels.size() * sizeof(std::int32_t));
+  this->backend->copy_h2d(*this->stream, dlab.get(), labels.data(), labels.size() * sizeof(std::int32_t));
+  DeviceBuffer stats = this->backend->allocate(2 * sizeof(float));
+  const std::vector<float> buffers = model.initial_buffers();
+  ASSERT_EQ(buffers.size(), model.buffer_count());
+  const auto run = [&](const std::vector<float>& w) {
+    this->backend->copy_h2d(*this->stream, model.weights(), w.data(), w.size() * sizeof(float));
+    this->backend->copy_h2d(*this->stream, model.buffers(), buffers.data(), buffers.size() * sizeof(float));
+    this->backend->fill(*this->stream, stats.as<float>(), 2, 0.0F);
+    model.zero_grad(*this->stream);
+    std::vector<std::size_t> order;
+    model.train_step(*this->stream, dimg.as<float>(), dlab.as<std::int32_t>(), n, 1.0F, stats.as<float>(),
+                     [&](std::size_t p) { order.push_back(p); });
+    std::vector<std::size_t> reverse(model.params().size());
+    std::iota(reverse.rbegin(), reverse.rend(), std::size_t{0});
+    EXPECT_EQ(order, reverse) << "every gradient reported once, in reverse parameter order";
+    return static_cast<double>(this->download(stats, 1)[0]) / n;
+  };
+  run(w0);
+  std::vector<float> g(model.param_count());
+  this->backend->copy_d2h(*this->stream, g.data(), model.grads(), g.size() * sizeof(float));
+  this->backend->synchronize(*this->stream);
+  // Small enough that no ReLU input crosses zero in this case (1e-2 and
+  // 1e-3 cross kinks), large enough for float32's resolution of the loss.
+  const float h = 2e-4F;
+  int checked = 0;
+  for (std::size_t i = 0; i < w0.size(); ++i) {
+    auto up = w0, down = w0;
+    up[i] += h;
+    down[i] -= h;
+    const double numeric = (run(up) - run(down)) / (2 * h);
+    EXPECT_NEAR(g[i], numeric, 2e-3 + 0.05 * std::abs(numeric)) << "parameter " << i;
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(model.param_count()));
 }
 
 }  // namespace

@@ -54,17 +54,19 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
   h["world_size"] = c.world_size;
   h["global_batch"] = c.global_batch;
   h["model"] = {{"image_size", c.model.image_size}, {"pool", c.model.pool}, {"hidden", c.model.hidden},
-                {"classes", c.model.classes}};
+                {"classes", c.model.classes}, {"spec", c.model.spec()}};
   h["params"] = c.weights.size();
+  h["buffers"] = c.buffers.size();
   const std::string header = h.dump();
   std::vector<std::byte> out;
-  out.reserve(32 + header.size() + 2 * c.weights.size() * sizeof(float));
+  out.reserve(32 + header.size() + (2 * c.weights.size() + c.buffers.size()) * sizeof(float));
   put(out, kMagic, sizeof kMagic);
   const std::uint64_t len = header.size();
   put(out, &len, 1);
   put(out, header.data(), header.size());
   put(out, c.weights.data(), c.weights.size());
   put(out, c.momentum.data(), c.momentum.size());
+  put(out, c.buffers.data(), c.buffers.size());
   const std::uint64_t sum = checksum(out.data(), out.size());
   put(out, &sum, 1);
 
@@ -123,19 +125,31 @@ Checkpoint parse_checkpoint(std::span<const std::byte> in, const std::filesystem
     c.model.pool = h.at("model").at("pool");
     c.model.hidden = h.at("model").at("hidden").get<std::vector<int>>();
     c.model.classes = h.at("model").at("classes");
+    // Written before the CNN: an MLP, and no buffers.
+    if (h.at("model").contains("spec")) {
+      try {
+        c.model.parse_spec(h.at("model").at("spec").get<std::string>());
+      } catch (const ConfigError& e) {
+        throw DataError(path, fmt::format("bad model in the header: {}", e.what()));
+      }
+    }
     const std::uint64_t n = h.at("params").get<std::uint64_t>();
+    const std::uint64_t nb = h.value("buffers", std::uint64_t{0});
     // Compared without multiplying a header field: a crafted count must not
     // wrap into a small allocation size, nor size one past the file.
     const std::uint64_t data_bytes = in.size() - 24 - len;
-    if (n > data_bytes / (2 * sizeof(float)) || 2 * n * sizeof(float) != data_bytes) {
-      throw DataError(path, fmt::format("parameter data does not match the header ({} parameters declared, {} bytes of "
-                                        "data)",
-                                        n, data_bytes));
+    const std::uint64_t floats = data_bytes / sizeof(float);
+    if (data_bytes % sizeof(float) != 0 || n > floats / 2 || nb > floats || 2 * n + nb != floats) {
+      throw DataError(path, fmt::format("parameter data does not match the header ({} parameters and {} buffer values "
+                                        "declared, {} bytes of data)",
+                                        n, nb, data_bytes));
     }
     c.weights.resize(n);
     c.momentum.resize(n);
+    c.buffers.resize(nb);
     std::memcpy(c.weights.data(), in.data() + 16 + len, n * sizeof(float));
     std::memcpy(c.momentum.data(), in.data() + 16 + len + n * sizeof(float), n * sizeof(float));
+    std::memcpy(c.buffers.data(), in.data() + 16 + len + 2 * n * sizeof(float), nb * sizeof(float));
   } catch (const nlohmann::json::exception& e) {
     throw DataError(path, fmt::format("bad checkpoint header: {}", e.what()));
   }

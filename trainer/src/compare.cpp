@@ -46,11 +46,22 @@ std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const
   c.devices = devices_for(1);
   curves.push_back(run(c, "1 worker", callbacks));
   c.devices = devices_for(workers);
-  curves.push_back(run(c, fmt::format("{} workers: same global batch and lr", workers), callbacks));
+  const bool batch_norm = config.model.kind == ModelKind::cnn;
+  if (batch_norm) {
+    // BatchNorm: with statistics over the global batch (SyncBN) the same
+    // computation as 1 worker; with each worker's own (DDP's default) not.
+    c.model.sync_bn = true;
+    curves.push_back(run(c, fmt::format("{} workers: same global batch and lr; SyncBN", workers), callbacks));
+    c.model.sync_bn = false;
+    curves.push_back(run(c, fmt::format("{} workers: same global batch and lr; BN per worker", workers), callbacks));
+  } else {
+    curves.push_back(run(c, fmt::format("{} workers: same global batch and lr", workers), callbacks));
+  }
+  c.model.sync_bn = false;  // the reported setup: DataParallel's per-device statistics
   c.global_batch = config.global_batch * static_cast<std::size_t>(workers);
   c.lr = config.lr / workers;  // the peak rate stays the 1-worker value: not scaled for the larger batch
-  curves.push_back(run(c, fmt::format("{} workers: {} each (global batch x{}); lr not scaled", workers,
-                                      config.global_batch, workers),
+  curves.push_back(run(c, fmt::format("{} workers: {} each (global batch x{}); lr not scaled{}", workers,
+                                      config.global_batch, workers, batch_norm ? "; BN per worker" : ""),
                        callbacks));
   return curves;
 }

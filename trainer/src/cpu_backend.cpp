@@ -499,6 +499,173 @@ void CpuBackend::normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw
   });
 }
 
+// ---- the CNN's layers ------------------------------------------------------
+
+void CpuBackend::im2col(Stream& s, const float* x, std::size_t c_stride, std::size_t n_stride, const ConvShape& shape,
+                        float* col) {
+  note_thread();
+  post(s, [=] {
+    const int oh = shape.out_h(), ow = shape.out_w();
+    const std::size_t cols = shape.columns();
+    for (int ci = 0; ci < shape.c; ++ci) {
+      for (int k = 0; k < 9; ++k) {
+        const int ky = k / 3, kx = k % 3;
+        float* row = col + (static_cast<std::size_t>(ci) * 9 + static_cast<std::size_t>(k)) * cols;
+        for (int i = 0; i < shape.n; ++i) {
+          const float* plane = x + static_cast<std::size_t>(ci) * c_stride + static_cast<std::size_t>(i) * n_stride;
+          for (int y = 0; y < oh; ++y) {
+            const int iy = y * shape.stride + ky - 1;
+            float* out = row + (static_cast<std::size_t>(i) * static_cast<std::size_t>(oh) + static_cast<std::size_t>(y)) *
+                                   static_cast<std::size_t>(ow);
+            for (int xo = 0; xo < ow; ++xo) {
+              const int ix = xo * shape.stride + kx - 1;
+              const bool inside = iy >= 0 && iy < shape.h && ix >= 0 && ix < shape.w;
+              out[xo] = inside ? plane[static_cast<std::size_t>(iy) * static_cast<std::size_t>(shape.w) +
+                                       static_cast<std::size_t>(ix)]
+                               : 0.0F;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::col2im(Stream& s, const float* col, const ConvShape& shape, float* dx) {
+  note_thread();
+  post(s, [=] {
+    const int oh = shape.out_h(), ow = shape.out_w(), st = shape.stride;
+    const std::size_t cols = shape.columns();
+    std::size_t o = 0;
+    for (int ci = 0; ci < shape.c; ++ci) {
+      for (int i = 0; i < shape.n; ++i) {
+        for (int iy = 0; iy < shape.h; ++iy) {
+          for (int ix = 0; ix < shape.w; ++ix) {
+            float sum = 0;
+            for (int k = 0; k < 9; ++k) {
+              const int ty = iy + 1 - k / 3, tx = ix + 1 - k % 3;  // y * stride, x * stride
+              if (ty < 0 || tx < 0 || ty % st != 0 || tx % st != 0 || ty / st >= oh || tx / st >= ow) continue;
+              sum += col[(static_cast<std::size_t>(ci) * 9 + static_cast<std::size_t>(k)) * cols +
+                         (static_cast<std::size_t>(i) * static_cast<std::size_t>(oh) + static_cast<std::size_t>(ty / st)) *
+                             static_cast<std::size_t>(ow) +
+                         static_cast<std::size_t>(tx / st)];
+            }
+            dx[o++] = sum;
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::bn_stats(Stream& s, const float* x, int c, std::size_t m, float* sums) {
+  note_thread();
+  post(s, [=] {
+    for (int r = 0; r < c; ++r) {
+      const float* row = x + static_cast<std::size_t>(r) * m;
+      double sum = 0, sq = 0;
+      for (std::size_t j = 0; j < m; ++j) {
+        sum += row[j];
+        sq += static_cast<double>(row[j]) * row[j];
+      }
+      sums[r] = static_cast<float>(sum);
+      sums[c + r] = static_cast<float>(sq);
+    }
+  });
+}
+
+void CpuBackend::bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat, float* y) {
+  note_thread();
+  post(s, [=] {
+    for (int r = 0; r < a.c; ++r) {
+      double mean = 0, var = 0;
+      if (sums != nullptr) {
+        mean = static_cast<double>(sums[r]) / a.count;
+        var = std::max(0.0, static_cast<double>(sums[a.c + r]) / a.count - mean * mean);
+        const double unbiased = a.count > 1 ? var * a.count / (a.count - 1) : var;
+        a.running_mean[r] = static_cast<float>((1 - a.momentum) * a.running_mean[r] + a.momentum * mean);
+        a.running_var[r] = static_cast<float>((1 - a.momentum) * a.running_var[r] + a.momentum * unbiased);
+      } else {
+        mean = a.running_mean[r];
+        var = a.running_var[r];
+      }
+      const auto inv = static_cast<float>(1.0 / std::sqrt(var + a.eps));
+      a.invstd[r] = inv;
+      const auto mu = static_cast<float>(mean);
+      const float g = a.gamma[r], b = a.beta[r];
+      const std::size_t first = static_cast<std::size_t>(r) * a.m;
+      for (std::size_t j = first; j < first + a.m; ++j) {
+        const float h = (x[j] - mu) * inv;
+        if (xhat != nullptr) xhat[j] = h;
+        const float v = g * h + b;
+        y[j] = a.relu ? std::max(v, 0.0F) : v;
+      }
+    }
+  });
+}
+
+void CpuBackend::bn_backward_reduce(Stream& s, float* dy, const float* y, const float* xhat, const BatchNormArgs& a,
+                                    float* red, float* dgamma, float* dbeta) {
+  note_thread();
+  post(s, [=] {
+    for (int r = 0; r < a.c; ++r) {
+      const std::size_t first = static_cast<std::size_t>(r) * a.m;
+      double sum = 0, dot = 0;
+      for (std::size_t j = first; j < first + a.m; ++j) {
+        if (a.relu && !(y[j] > 0)) dy[j] = 0;
+        sum += dy[j];
+        dot += static_cast<double>(dy[j]) * xhat[j];
+      }
+      red[r] = static_cast<float>(sum);
+      red[a.c + r] = static_cast<float>(dot);
+      dbeta[r] += red[r];
+      dgamma[r] += red[a.c + r];
+    }
+  });
+}
+
+void CpuBackend::bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red,
+                                   const BatchNormArgs& a, float* dx) {
+  note_thread();
+  post(s, [=] {
+    for (int r = 0; r < a.c; ++r) {
+      const float k = a.gamma[r] * a.invstd[r];
+      const float mean_dy = red[r] / a.count, mean_dot = red[a.c + r] / a.count;
+      const std::size_t first = static_cast<std::size_t>(r) * a.m;
+      for (std::size_t j = first; j < first + a.m; ++j) dx[j] = k * (dy[j] - mean_dy - xhat[j] * mean_dot);
+    }
+  });
+}
+
+void CpuBackend::channel_mean(Stream& s, const float* x, int c, int n, std::size_t hw, float* out) {
+  note_thread();
+  post(s, [=] {
+    for (int r = 0; r < c; ++r) {
+      for (int i = 0; i < n; ++i) {
+        const float* p = x + (static_cast<std::size_t>(r) * static_cast<std::size_t>(n) + static_cast<std::size_t>(i)) * hw;
+        double sum = 0;
+        for (std::size_t j = 0; j < hw; ++j) sum += p[j];
+        out[static_cast<std::size_t>(i) * static_cast<std::size_t>(c) + static_cast<std::size_t>(r)] =
+            static_cast<float>(sum / static_cast<double>(hw));
+      }
+    }
+  });
+}
+
+void CpuBackend::channel_mean_backward(Stream& s, const float* dout, int c, int n, std::size_t hw, float* dx) {
+  note_thread();
+  post(s, [=] {
+    const float inv = 1.0F / static_cast<float>(hw);
+    for (int r = 0; r < c; ++r) {
+      for (int i = 0; i < n; ++i) {
+        const float g = dout[static_cast<std::size_t>(i) * static_cast<std::size_t>(c) + static_cast<std::size_t>(r)] * inv;
+        float* p = dx + (static_cast<std::size_t>(r) * static_cast<std::size_t>(n) + static_cast<std::size_t>(i)) * hw;
+        std::fill(p, p + hw, g);
+      }
+    }
+  });
+}
+
 void CpuBackend::widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) {
   note_thread();
   post(s, [=] { std::copy(in, in + n, out); });

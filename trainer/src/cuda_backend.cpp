@@ -270,6 +270,45 @@ class CudaBackend final : public DeviceBackend {
     select();
     PINFEED_CUDA_TRY(kernels::softmax_cross_entropy(cuda(s).get(), logits, labels, n, k, scale, dlogits, stats), device_);
   }
+  void im2col(Stream& s, const float* x, std::size_t c_stride, std::size_t n_stride, const ConvShape& shape,
+              float* col) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::im2col(cuda(s).get(), x, c_stride, n_stride, conv(shape), col), device_);
+  }
+  void col2im(Stream& s, const float* col, const ConvShape& shape, float* dx) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::col2im(cuda(s).get(), col, conv(shape), dx), device_);
+  }
+  void bn_stats(Stream& s, const float* x, int c, std::size_t m, float* sums) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::bn_stats(cuda(s).get(), x, c, m, sums), device_);
+  }
+  void bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat, float* y) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::bn_forward(cuda(s).get(), x, sums, bn(a), xhat, y), device_);
+  }
+  void bn_backward_reduce(Stream& s, float* dy, const float* y, const float* xhat, const BatchNormArgs& a, float* red,
+                          float* dgamma, float* dbeta) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::bn_backward_reduce(cuda(s).get(), dy, y, xhat, bn(a), red, dgamma, dbeta), device_);
+  }
+  void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red, const BatchNormArgs& a,
+                         float* dx) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::bn_backward_input(cuda(s).get(), dy, xhat, red, bn(a), dx), device_);
+  }
+  void channel_mean(Stream& s, const float* x, int c, int n, std::size_t hw, float* out) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::channel_mean(cuda(s).get(), x, c, n, hw, out), device_);
+  }
+  void channel_mean_backward(Stream& s, const float* dout, int c, int n, std::size_t hw, float* dx) override {
+    select();
+    PINFEED_CUDA_TRY(kernels::channel_mean_backward(cuda(s).get(), dout, c, n, hw, dx), device_);
+  }
+  static kernels::Conv conv(const ConvShape& c) { return {c.n, c.c, c.h, c.w, c.stride, c.out_h(), c.out_w()}; }
+  static kernels::BatchNorm bn(const BatchNormArgs& a) {
+    return {a.c, a.m, a.eps, a.momentum, a.count, a.relu, a.gamma, a.beta, a.running_mean, a.running_var, a.invstd};
+  }
   void sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) override {
     select();
     PINFEED_CUDA_TRY(kernels::sgd(cuda(s).get(), w, grad, momentum, count, step.lr, step.momentum, step.weight_decay),

@@ -127,6 +127,156 @@ __global__ void widen_labels_kernel(const std::int32_t* in, std::int64_t* out, s
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) out[i] = in[i];
 }
 
+
+// ---- the CNN's layers ------------------------------------------------------
+// One thread per output element (im2col, col2im in gather form, the
+// element-wise BatchNorm steps), one block per channel for the row
+// reductions, summed in double in a fixed tree: deterministic.
+
+__global__ void im2col_kernel(const float* x, std::size_t cs, std::size_t ns, Conv sh, float* col) {
+  const std::size_t cols = static_cast<std::size_t>(sh.n) * sh.oh * sh.ow;
+  const std::size_t total = static_cast<std::size_t>(sh.c) * 9 * cols;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    const std::size_t row = i / cols, j = i % cols;
+    const int ci = static_cast<int>(row / 9), k = static_cast<int>(row % 9);
+    const int sample = static_cast<int>(j / (static_cast<std::size_t>(sh.oh) * sh.ow));
+    const int rem = static_cast<int>(j % (static_cast<std::size_t>(sh.oh) * sh.ow));
+    const int iy = (rem / sh.ow) * sh.stride + k / 3 - 1, ix = (rem % sh.ow) * sh.stride + k % 3 - 1;
+    const bool inside = iy >= 0 && iy < sh.h && ix >= 0 && ix < sh.w;
+    col[i] = inside ? x[ci * cs + sample * ns + static_cast<std::size_t>(iy) * sh.w + ix] : 0.0f;
+  }
+}
+
+__global__ void col2im_kernel(const float* col, Conv sh, float* dx) {
+  const std::size_t cols = static_cast<std::size_t>(sh.n) * sh.oh * sh.ow;
+  const std::size_t total = static_cast<std::size_t>(sh.c) * sh.n * sh.h * sh.w;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    const int ix = static_cast<int>(i % sh.w);
+    const int iy = static_cast<int>((i / sh.w) % sh.h);
+    const int sample = static_cast<int>((i / (static_cast<std::size_t>(sh.w) * sh.h)) % sh.n);
+    const int ci = static_cast<int>(i / (static_cast<std::size_t>(sh.w) * sh.h * sh.n));
+    float sum = 0;
+    for (int k = 0; k < 9; ++k) {
+      const int ty = iy + 1 - k / 3, tx = ix + 1 - k % 3;
+      if (ty < 0 || tx < 0 || ty % sh.stride != 0 || tx % sh.stride != 0 || ty / sh.stride >= sh.oh || tx / sh.stride >= sh.ow) continue;
+      sum += col[(static_cast<std::size_t>(ci) * 9 + k) * cols + (static_cast<std::size_t>(sample) * sh.oh + ty / sh.stride) * sh.ow + tx / sh.stride];
+    }
+    dx[i] = sum;
+  }
+}
+
+/// Sums over the block of two per-thread doubles; thread 0 gets the totals.
+__device__ void block_sum2(double& a, double& b) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  sa[threadIdx.x] = a;
+  sb[threadIdx.x] = b;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) {
+      sa[threadIdx.x] += sa[threadIdx.x + half];
+      sb[threadIdx.x] += sb[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  a = sa[0];
+  b = sb[0];
+  __syncthreads();
+}
+
+__global__ void bn_stats_kernel(const float* x, int c, std::size_t m, float* sums) {
+  const int r = blockIdx.x;
+  const float* row = x + static_cast<std::size_t>(r) * m;
+  double sum = 0, sq = 0;
+  for (std::size_t j = threadIdx.x; j < m; j += blockDim.x) {
+    sum += row[j];
+    sq += static_cast<double>(row[j]) * row[j];
+  }
+  block_sum2(sum, sq);
+  if (threadIdx.x == 0) {
+    sums[r] = static_cast<float>(sum);
+    sums[c + r] = static_cast<float>(sq);
+  }
+}
+
+__global__ void bn_forward_kernel(const float* x, const float* sums, BatchNorm a, float* xhat, float* y) {
+  const int r = blockIdx.x;
+  __shared__ float mean_inv[2];
+  if (threadIdx.x == 0) {
+    double mean = 0, var = 0;
+    if (sums != nullptr) {
+      mean = static_cast<double>(sums[r]) / a.count;
+      var = fmax(0.0, static_cast<double>(sums[a.c + r]) / a.count - mean * mean);
+      const double unbiased = a.count > 1 ? var * a.count / (a.count - 1) : var;
+      a.running_mean[r] = static_cast<float>((1 - a.momentum) * a.running_mean[r] + a.momentum * mean);
+      a.running_var[r] = static_cast<float>((1 - a.momentum) * a.running_var[r] + a.momentum * unbiased);
+    } else {
+      mean = a.running_mean[r];
+      var = a.running_var[r];
+    }
+    mean_inv[0] = static_cast<float>(mean);
+    mean_inv[1] = static_cast<float>(1.0 / sqrt(var + a.eps));
+    a.invstd[r] = mean_inv[1];
+  }
+  __syncthreads();
+  const float mu = mean_inv[0], inv = mean_inv[1], g = a.gamma[r], b = a.beta[r];
+  const std::size_t first = static_cast<std::size_t>(r) * a.m;
+  for (std::size_t j = first + threadIdx.x; j < first + a.m; j += blockDim.x) {
+    const float h = (x[j] - mu) * inv;
+    if (xhat != nullptr) xhat[j] = h;
+    const float v = g * h + b;
+    y[j] = a.relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void bn_backward_reduce_kernel(float* dy, const float* y, const float* xhat, BatchNorm a, float* red,
+                                          float* dgamma, float* dbeta) {
+  const int r = blockIdx.x;
+  const std::size_t first = static_cast<std::size_t>(r) * a.m;
+  double sum = 0, dot = 0;
+  for (std::size_t j = first + threadIdx.x; j < first + a.m; j += blockDim.x) {
+    if (a.relu && !(y[j] > 0)) dy[j] = 0;
+    sum += dy[j];
+    dot += static_cast<double>(dy[j]) * xhat[j];
+  }
+  block_sum2(sum, dot);
+  if (threadIdx.x == 0) {
+    red[r] = static_cast<float>(sum);
+    red[a.c + r] = static_cast<float>(dot);
+    dbeta[r] += red[r];
+    dgamma[r] += red[a.c + r];
+  }
+}
+
+__global__ void bn_backward_input_kernel(const float* dy, const float* xhat, const float* red, BatchNorm a, float* dx) {
+  const std::size_t total = static_cast<std::size_t>(a.c) * a.m;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    const int r = static_cast<int>(i / a.m);
+    const float k = a.gamma[r] * a.invstd[r];
+    dx[i] = k * (dy[i] - red[r] / a.count - xhat[i] * (red[a.c + r] / a.count));
+  }
+}
+
+__global__ void channel_mean_kernel(const float* x, int c, int n, std::size_t hw, float* out) {
+  const std::size_t total = static_cast<std::size_t>(c) * n;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    const std::size_t sample = i / c, r = i % c;  // out is n x c
+    const float* p = x + (r * n + sample) * hw;
+    double sum = 0;
+    for (std::size_t j = 0; j < hw; ++j) sum += p[j];
+    out[i] = static_cast<float>(sum / static_cast<double>(hw));
+  }
+}
+
+__global__ void channel_mean_backward_kernel(const float* dout, int c, int n, std::size_t hw, float* dx) {
+  const std::size_t total = static_cast<std::size_t>(c) * n * hw;
+  const float inv = 1.0f / static_cast<float>(hw);
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    const std::size_t plane = i / hw;  // r * n + sample
+    const std::size_t r = plane / n, sample = plane % n;
+    dx[i] = dout[sample * c + r] * inv;
+  }
+}
+
 }  // namespace
 
 cudaError_t normalize_u8_as(cudaStream_t s, const std::uint8_t* nhwc, void* nchw, int type, int n, int h, int w,
@@ -188,6 +338,49 @@ cudaError_t fill(cudaStream_t s, float* x, std::size_t count, float value) {
 
 cudaError_t widen_labels(cudaStream_t s, const std::int32_t* in, std::int64_t* out, std::size_t n) {
   widen_labels_kernel<<<blocks_for(n), kThreads, 0, s>>>(in, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t im2col(cudaStream_t s, const float* x, std::size_t c_stride, std::size_t n_stride, Conv shape, float* col) {
+  const std::size_t total = static_cast<std::size_t>(shape.c) * 9 * shape.n * shape.oh * shape.ow;
+  im2col_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, c_stride, n_stride, shape, col);
+  return cudaGetLastError();
+}
+
+cudaError_t col2im(cudaStream_t s, const float* col, Conv shape, float* dx) {
+  const std::size_t total = static_cast<std::size_t>(shape.c) * shape.n * shape.h * shape.w;
+  col2im_kernel<<<blocks_for(total), kThreads, 0, s>>>(col, shape, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_stats(cudaStream_t s, const float* x, int c, std::size_t m, float* sums) {
+  bn_stats_kernel<<<c, kThreads, 0, s>>>(x, c, m, sums);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchNorm a, float* xhat, float* y) {
+  bn_forward_kernel<<<a.c, kThreads, 0, s>>>(x, sums, a, xhat, y);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_backward_reduce(cudaStream_t s, float* dy, const float* y, const float* xhat, BatchNorm a, float* red,
+                               float* dgamma, float* dbeta) {
+  bn_backward_reduce_kernel<<<a.c, kThreads, 0, s>>>(dy, y, xhat, a, red, dgamma, dbeta);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_backward_input(cudaStream_t s, const float* dy, const float* xhat, const float* red, BatchNorm a, float* dx) {
+  bn_backward_input_kernel<<<blocks_for(static_cast<std::size_t>(a.c) * a.m), kThreads, 0, s>>>(dy, xhat, red, a, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t channel_mean(cudaStream_t s, const float* x, int c, int n, std::size_t hw, float* out) {
+  channel_mean_kernel<<<blocks_for(static_cast<std::size_t>(c) * n), kThreads, 0, s>>>(x, c, n, hw, out);
+  return cudaGetLastError();
+}
+
+cudaError_t channel_mean_backward(cudaStream_t s, const float* dout, int c, int n, std::size_t hw, float* dx) {
+  channel_mean_backward_kernel<<<blocks_for(static_cast<std::size_t>(c) * n * hw), kThreads, 0, s>>>(dout, c, n, hw, dx);
   return cudaGetLastError();
 }
 

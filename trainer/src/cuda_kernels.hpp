@@ -22,4 +22,29 @@ cudaError_t normalize_u8_as(cudaStream_t s, const std::uint8_t* nhwc, void* nchw
                             const float scale[3], const float bias[3]);
 cudaError_t widen_labels(cudaStream_t s, const std::int32_t* in, std::int64_t* out, std::size_t n);
 
+/// The CNN's layers (DeviceBackend's im2col ... channel_mean_backward).
+struct Conv {
+  int n, c, h, w, stride, oh, ow;
+};
+struct BatchNorm {
+  int c;
+  std::size_t m;
+  float eps, momentum, count;
+  bool relu;
+  const float* gamma;
+  const float* beta;
+  float* running_mean;
+  float* running_var;
+  float* invstd;
+};
+cudaError_t im2col(cudaStream_t s, const float* x, std::size_t c_stride, std::size_t n_stride, Conv shape, float* col);
+cudaError_t col2im(cudaStream_t s, const float* col, Conv shape, float* dx);
+cudaError_t bn_stats(cudaStream_t s, const float* x, int c, std::size_t m, float* sums);
+cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchNorm a, float* xhat, float* y);
+cudaError_t bn_backward_reduce(cudaStream_t s, float* dy, const float* y, const float* xhat, BatchNorm a, float* red,
+                               float* dgamma, float* dbeta);
+cudaError_t bn_backward_input(cudaStream_t s, const float* dy, const float* xhat, const float* red, BatchNorm a, float* dx);
+cudaError_t channel_mean(cudaStream_t s, const float* x, int c, int n, std::size_t hw, float* out);
+cudaError_t channel_mean_backward(cudaStream_t s, const float* dout, int c, int n, std::size_t hw, float* dx);
+
 }  // namespace pinfeed::trainer::kernels

@@ -12,7 +12,8 @@ void DdpConfig::validate() const {
 DdpEngine::DdpEngine(DeviceBackend& backend, Communicator& comm, const std::vector<ParamInfo>& params, float* weights,
                      float* grads, DdpConfig config)
     : backend_(backend), comm_(comm), params_(params), weights_(weights), grads_(grads),
-      bucket_of_(params.size()), comm_stream_(backend.create_stream()), done_(backend.create_event()) {
+      bucket_of_(params.size()), comm_stream_(backend.create_stream()), done_(backend.create_event()),
+      collective_ready_(backend.create_event()), collective_done_(backend.create_event()) {
   config.validate();
   if (params_.empty()) throw ConfigError("ddp: the model has no parameters");
   // Reverse order; a bucket closes once it reaches its cap (PyTorch's rule).
@@ -91,6 +92,14 @@ void DdpEngine::finish_backward(Stream& compute) {
   if (!sync_) return;
   backend_.record(*done_, *comm_stream_);
   backend_.stream_wait(compute, *done_);
+}
+
+void DdpEngine::collective(Stream& compute, float* data, std::size_t count, ReduceOp op) {
+  backend_.record(*collective_ready_, compute);
+  backend_.stream_wait(*comm_stream_, *collective_ready_);
+  comm_.all_reduce(*comm_stream_, data, count, op);
+  backend_.record(*collective_done_, *comm_stream_);
+  backend_.stream_wait(compute, *collective_done_);
 }
 
 }  // namespace pinfeed::trainer

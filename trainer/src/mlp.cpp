@@ -1,6 +1,8 @@
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "pinfeed/error.hpp"
@@ -11,10 +13,19 @@ namespace pinfeed::trainer {
 
 void ModelConfig::validate() const {
   if (image_size < 1 || image_size > 4096) throw ConfigError(fmt::format("model image_size must be 1..4096, got {}", image_size));
+  if (classes < 2) throw ConfigError(fmt::format("model classes must be >= 2, got {}", classes));
+  if (kind == ModelKind::cnn) {
+    if (channels.empty() || channels.size() > 8) {
+      throw ConfigError(fmt::format("cnn needs 1..8 blocks, got {}", channels.size()));
+    }
+    for (const int c : channels) {
+      if (c < 1 || c > 4096) throw ConfigError(fmt::format("cnn block width must be 1..4096, got {}", c));
+    }
+    return;
+  }
   if (pool < 1 || image_size % pool != 0) {
     throw ConfigError(fmt::format("model pool {} must divide the image size {}", pool, image_size));
   }
-  if (classes < 2) throw ConfigError(fmt::format("model classes must be >= 2, got {}", classes));
   for (const int h : hidden) {
     if (h < 1 || h > 65536) throw ConfigError(fmt::format("model hidden width must be 1..65536, got {}", h));
   }
@@ -23,26 +34,80 @@ void ModelConfig::validate() const {
   }
 }
 
-Mlp::Mlp(DeviceBackend& backend, ModelConfig config, int max_batch)
+std::string ModelConfig::spec() const {
+  return kind == ModelKind::cnn ? fmt::format("cnn:{}", fmt::join(channels, ","))
+                                : fmt::format("mlp:{}", fmt::join(hidden, ","));
+}
+
+void ModelConfig::parse_spec(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string name = text.substr(0, colon);
+  if (name != "mlp" && name != "cnn") {
+    throw ConfigError(fmt::format("--model '{}': expected mlp[:W,W...] or cnn[:C,C...] (e.g. cnn:32,64,128)", text));
+  }
+  std::vector<int> widths;
+  if (colon != std::string::npos) {
+    std::string rest = text.substr(colon + 1);
+    std::size_t at = 0;
+    while (at <= rest.size()) {
+      const auto comma = std::min(rest.find(',', at), rest.size());
+      const std::string item = rest.substr(at, comma - at);
+      int v = 0;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+      if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 1) {
+        throw ConfigError(fmt::format("--model '{}': '{}' is not a positive width", text, item));
+      }
+      widths.push_back(v);
+      at = comma + 1;
+    }
+  }
+  kind = name == "cnn" ? ModelKind::cnn : ModelKind::mlp;
+  if (!widths.empty()) (kind == ModelKind::cnn ? channels : hidden) = widths;
+}
+
+Model::Model(DeviceBackend& backend, ModelConfig config, int max_batch)
     : backend_(backend), config_(std::move(config)), max_batch_(max_batch) {
   config_.validate();
   if (max_batch < 1) throw ConfigError(fmt::format("model max_batch must be >= 1, got {}", max_batch));
+}
+
+std::size_t Model::add_param(std::string name, std::size_t count) {
+  params_.push_back({std::move(name), count_, count});
+  count_ += count;
+  return params_.size() - 1;
+}
+
+void Model::allocate_params() {
+  weights_ = floats(count_);
+  grads_ = floats(count_);
+  momentum_ = floats(count_);
+}
+
+void Model::check_batch(int n) const {
+  if (n < 1 || n > max_batch_) throw ConfigError(fmt::format("model: batch of {} outside 1..{}", n, max_batch_));
+}
+
+void Model::zero_grad(Stream& s) { backend_.fill(s, grads(), count_, 0.0F); }
+
+void Model::sgd(Stream& s, const SgdStep& step) { backend_.sgd(s, weights(), grads(), momentum(), count_, step); }
+
+std::unique_ptr<Model> make_model(DeviceBackend& backend, const ModelConfig& config, int max_batch) {
+  if (config.kind == ModelKind::cnn) return std::make_unique<Cnn>(backend, config, max_batch);
+  return std::make_unique<Mlp>(backend, config, max_batch);
+}
+
+Mlp::Mlp(DeviceBackend& backend, ModelConfig config, int max_batch) : Model(backend, std::move(config), max_batch) {
   dims_.push_back(config_.input_features());
   for (const int h : config_.hidden) dims_.push_back(h);
   dims_.push_back(config_.classes);
   int widest = 0;
   for (std::size_t l = 1; l < dims_.size(); ++l) {
     const auto in = static_cast<std::size_t>(dims_[l - 1]), out = static_cast<std::size_t>(dims_[l]);
-    params_.push_back({fmt::format("fc{}.weight", l), count_, in * out});
-    count_ += in * out;
-    params_.push_back({fmt::format("fc{}.bias", l), count_, out});
-    count_ += out;
+    add_param(fmt::format("fc{}.weight", l), in * out);
+    add_param(fmt::format("fc{}.bias", l), out);
   }
   for (const int d : dims_) widest = std::max(widest, d);
-  const auto floats = [&](std::size_t n) { return backend_.allocate(n * sizeof(float)); };
-  weights_ = floats(count_);
-  grads_ = floats(count_);
-  momentum_ = floats(count_);
+  allocate_params();
   const auto mb = static_cast<std::size_t>(max_batch);
   for (std::size_t l = 0; l < dims_.size(); ++l) {
     a_.push_back(floats(mb * static_cast<std::size_t>(dims_[l])));
@@ -66,7 +131,7 @@ std::vector<float> Mlp::initial_weights(std::uint64_t seed) const {
 }
 
 void Mlp::forward(Stream& s, const float* images, int n) {
-  if (n < 1 || n > max_batch_) throw ConfigError(fmt::format("model: batch of {} outside 1..{}", n, max_batch_));
+  check_batch(n);
   backend_.avg_pool(s, images, a_[0].as<float>(), n, 3, config_.image_size, config_.image_size, config_.pool);
   const std::size_t layers = dims_.size() - 1;
   for (std::size_t l = 1; l <= layers; ++l) {
@@ -140,9 +205,5 @@ void Mlp::evaluate(Stream& s, const float* images, const std::int32_t* labels, i
   forward(s, images, n);
   backend_.softmax_cross_entropy(s, a_.back().as<float>(), labels, n, config_.classes, 1.0F, nullptr, stats);
 }
-
-void Mlp::zero_grad(Stream& s) { backend_.fill(s, grads(), count_, 0.0F); }
-
-void Mlp::sgd(Stream& s, const SgdStep& step) { backend_.sgd(s, weights(), grads(), momentum(), count_, step); }
 
 }  // namespace pinfeed::trainer

@@ -110,9 +110,16 @@ void Worker::make_loaders(const loader::LoaderConfig& lc) {
   vc.shuffle = false;
   vc.drop_last_batch = false;
   vc.transform.crop = loader::CropMode::center;
-  // Resize then center-crop needs resize >= size: past the default 256,
-  // keep torchvision's 256/224 ratio (a 320 px run validates at 365).
-  if (vc.transform.resize < vc.transform.size) vc.transform.resize = vc.transform.size * 256 / 224;
+  // torchvision's evaluation view: Resize(size * 256 / 224) then
+  // CenterCrop(size) (256 for 224; 73 for 64), unless val_resize says
+  // otherwise. The loader's own default of 256 would show a 64 px model a
+  // 4x zoom of what its random crops showed it in training.
+  vc.transform.resize = cfg_.val_resize > 0 ? cfg_.val_resize : (vc.transform.size * 256 + 112) / 224;
+  if (vc.transform.resize < vc.transform.size) {
+    throw ConfigError(fmt::format("val_resize {} is smaller than the image size {}: Resize then CenterCrop needs it "
+                                  "at least as large",
+                                  vc.transform.resize, vc.transform.size));
+  }
   vc.transform.flip = false;
   vc.prefetch = 2;
   vc.watch_pressure = false;
@@ -123,8 +130,11 @@ void Worker::make_model(int image_size) {
   ModelConfig mc = cfg_.model;
   mc.image_size = image_size;
   mc.classes = static_cast<int>(std::max<std::size_t>(2, loader_->dataset().num_classes()));
-  model_ = std::make_unique<Mlp>(backend_, mc, static_cast<int>(micro_batch_));
+  model_ = pinfeed::trainer::make_model(backend_, mc, static_cast<int>(micro_batch_));
   ddp_ = std::make_unique<DdpEngine>(backend_, comm_, model_->params(), model_->weights(), model_->grads(), cfg_.ddp);
+  model_->set_sync(group_.world, [this](Stream& s, float* data, std::size_t count) {
+    ddp_->collective(s, data, count, ReduceOp::sum);
+  });
   compute_ = backend_.create_stream();
   copy_ = backend_.create_stream();
   steps_per_epoch_ = loader_->batches_per_epoch() / cfg_.accumulation;
@@ -145,6 +155,7 @@ Worker::Start Worker::resume_or_initialize() {
   if (!cfg_.resume) {
     start.weights = model_->initial_weights(cfg_.loader.seed);  // rank 0's are broadcast
     start.momentum.assign(model_->param_count(), 0.0F);
+    start.buffers = model_->initial_buffers();
     return start;
   }
   Checkpoint ck = load_checkpoint(cfg_.checkpoint);
@@ -163,10 +174,11 @@ Worker::Start Worker::resume_or_initialize() {
   mismatch("model classes", ck.model.classes, mc.classes);
   // The same parameter count can be another shape (--hidden 4,8 vs 8,4):
   // every field of the shape must match.
-  mismatch("model hidden widths", fmt::format("{}", fmt::join(ck.model.hidden, ",")),
-           fmt::format("{}", fmt::join(mc.hidden, ",")));
+  mismatch("model", ck.model.spec(), mc.spec());
+  mismatch("model buffer count", ck.buffers.size(), model_->buffer_count());
   start.weights = std::move(ck.weights);
   start.momentum = std::move(ck.momentum);
+  start.buffers = std::move(ck.buffers);
   start.epoch = ck.epoch;
   start.position = ck.position;
   global_step_ = ck.step;
@@ -222,6 +234,9 @@ void Worker::allocate_staging(std::size_t floats) {
 void Worker::broadcast_start(const Start& start) {
   backend_.copy_h2d(*compute_, model_->weights(), start.weights.data(), start.weights.size() * sizeof(float));
   backend_.copy_h2d(*compute_, model_->momentum(), start.momentum.data(), start.momentum.size() * sizeof(float));
+  if (!start.buffers.empty()) {
+    backend_.copy_h2d(*compute_, model_->buffers(), start.buffers.data(), start.buffers.size() * sizeof(float));
+  }
   ddp_->broadcast_parameters(*compute_);
   backend_.synchronize(*compute_);  // `start` goes out of scope after this
 }
@@ -372,6 +387,7 @@ void Worker::reduce_epoch(EpochSummary& s, std::uint64_t first_step, std::uint64
 
 void Worker::validate_epoch(EpochSummary& s) {
   if (!val_loader_) return;
+  average_buffers();
   val_loader_->begin_epoch(0);
   const int side = model_->config().image_size;
   backend_.fill(*compute_, val_stats_.as<float>(), 2, 0.0F);
@@ -431,7 +447,13 @@ void Worker::host_all_reduce(std::span<float> v) {
   std::copy(staging_.get(), staging_.get() + v.size(), v.begin());
 }
 
+void Worker::average_buffers() {
+  if (group_.world <= 1 || model_->buffer_count() == 0) return;
+  ddp_->collective(*compute_, model_->buffers(), model_->buffer_count(), ReduceOp::average);
+}
+
 void Worker::save(std::uint64_t epoch, std::uint64_t position) {
+  if (!cfg_.checkpoint.empty()) average_buffers();  // every rank: a collective
   backend_.synchronize(*compute_);
   if (rank_ != 0 || cfg_.checkpoint.empty()) return;
   Checkpoint c;
@@ -446,6 +468,10 @@ void Worker::save(std::uint64_t epoch, std::uint64_t position) {
   c.momentum.resize(model_->param_count());
   backend_.copy_d2h(*compute_, c.weights.data(), model_->weights(), c.weights.size() * sizeof(float));
   backend_.copy_d2h(*compute_, c.momentum.data(), model_->momentum(), c.momentum.size() * sizeof(float));
+  c.buffers.resize(model_->buffer_count());
+  if (!c.buffers.empty()) {
+    backend_.copy_d2h(*compute_, c.buffers.data(), model_->buffers(), c.buffers.size() * sizeof(float));
+  }
   backend_.synchronize(*compute_);
   save_checkpoint(cfg_.checkpoint, c);
   pinfeed::detail::log().info("checkpoint: step {}, epoch {} position {} -> {}", c.step, epoch, position,

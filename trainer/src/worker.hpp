@@ -78,7 +78,7 @@ class Worker {
 
  private:
   struct Start {  // where training begins, and with which weights
-    std::vector<float> weights, momentum;
+    std::vector<float> weights, momentum, buffers;
     std::uint64_t epoch = 0, position = 0;
   };
 
@@ -86,6 +86,9 @@ class Worker {
   [[nodiscard]] loader::LoaderConfig training_loader_config() const;
   void make_loaders(const loader::LoaderConfig& lc);
   void make_model(int image_size);
+  /// The model's running statistics averaged over every rank (equal
+  /// already with SyncBN): one set for evaluation and the checkpoint.
+  void average_buffers();
   [[nodiscard]] Start resume_or_initialize();
   void allocate_buffers();
   void allocate_staging(std::size_t floats);
@@ -116,7 +119,7 @@ class Worker {
   // Order matters: the streams are declared last so they are destroyed
   // (drained) first, while every buffer their queued work touches still exists.
   std::unique_ptr<loader::Loader> loader_, val_loader_;
-  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Model> model_;
   DeviceBuffer scratch_;
   DeviceBuffer in_[2], labels_[2], images_, step_stats_;  // training inputs, double-buffered
   DeviceBuffer val_in_, val_images_, val_labels_, val_stats_;

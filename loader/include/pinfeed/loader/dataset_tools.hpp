@@ -24,6 +24,7 @@ struct SyntheticDatasetConfig {
   std::uint64_t seed = 0;
   int quality = 90;              ///< JPEG (and lossy WebP) quality 1..100
   std::string format = "jpeg";   ///< jpeg (.jpg), png (.png) or webp (.webp)
+  std::string style = "photo";   ///< photo or texture (synthetic.hpp's ImageStyle)
   unsigned threads = 0;          ///< 0: every core
   void validate() const;         ///< ConfigError naming the field
 };

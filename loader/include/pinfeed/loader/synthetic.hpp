@@ -14,11 +14,23 @@ namespace pinfeed::loader {
 
 enum class JpegKind { baseline, progressive, grayscale, cmyk };
 
+/// What tells the classes apart.
+///   photo    hue, grating orientation and frequency: a colour average
+///            separates them, so even average pooling + an MLP learns them.
+///   texture  fine local structure only (horizontal or vertical stripes,
+///            checks, or blobs, at a class's scale), with hue, brightness,
+///            contrast and phase drawn per image from one distribution for
+///            every class: a colour average or a 4x-pooled image carries
+///            (almost) nothing, a convolution sees it. Every class pattern
+///            is its own mirror image, so horizontal flips keep the class.
+enum class ImageStyle { photo, texture };
+
 struct SyntheticImageSpec {
   int width = 500, height = 375;
   int quality = 90;
   JpegKind kind = JpegKind::baseline;
   int subsampling = 420;  ///< 444, 422 or 420 (ignored for grayscale)
+  ImageStyle style = ImageStyle::photo;
 };
 
 /// The size of image `index` of `klass`: 500x375 on average, spread by
@@ -41,6 +53,7 @@ std::vector<std::byte> make_synthetic_image(std::uint64_t seed, int klass, std::
                                             const SyntheticImageSpec& spec, const std::string& format);
 
 /// The RGB pixels make_synthetic_jpeg encodes (width * height * 3).
-std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height);
+std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height,
+                                               ImageStyle style = ImageStyle::photo);
 
 }  // namespace pinfeed::loader

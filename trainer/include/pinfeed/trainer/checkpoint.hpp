@@ -27,6 +27,7 @@ struct Checkpoint {
   std::uint64_t global_batch = 0;
   ModelConfig model;
   std::vector<float> weights, momentum;
+  std::vector<float> buffers;  ///< the model's non-parameter state (BatchNorm running statistics)
 };
 
 struct SaveHooks {

@@ -1,6 +1,7 @@
 #pragma once
 // Does multi-worker training converge like single-worker training? Three runs
-// of the same job, each from the same initial weights and data order:
+// of the same job (four with the CNN), each from the same initial weights and
+// data order:
 //   "1 worker"          global batch B, learning rate lr (scaled by B/256)
 //   "N workers"         global batch B split N ways (B/N each), same lr:
 //                       the same optimization problem, so the same curve
@@ -10,6 +11,11 @@
 //                       value (not scaled by N): N times fewer steps per
 //                       epoch at the same step size, so it learns slower
 //                       per epoch.
+// With the CNN (BatchNorm), "N workers" runs twice: with SyncBN (statistics
+// over the global batch: the 1-worker computation) and with each worker's
+// own statistics over B/N samples (DDP's default: another computation, and
+// noisier statistics for small B/N); the mistake keeps per-worker BN, as
+// DataParallel's replicas do.
 #include <string>
 #include <vector>
 
@@ -31,7 +37,7 @@ struct Curve {
   TrainResult result;
 };
 
-/// Runs the three configurations above. `config.devices` names the device
+/// Runs the configurations above. `config.devices` names the device
 /// kind; the runs use 1 and `workers` of it. Throws what train() throws.
 std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const TrainCallbacks& callbacks = {});
 

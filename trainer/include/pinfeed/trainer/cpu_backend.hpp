@@ -63,6 +63,17 @@ class CpuBackend final : public DeviceBackend {
   void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) override;
   void normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw, FloatType type, int n, int h, int w,
                        const Normalization& norm) override;
+  void im2col(Stream& s, const float* x, std::size_t c_stride, std::size_t n_stride, const ConvShape& shape,
+              float* col) override;
+  void col2im(Stream& s, const float* col, const ConvShape& shape, float* dx) override;
+  void bn_stats(Stream& s, const float* x, int c, std::size_t m, float* sums) override;
+  void bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat, float* y) override;
+  void bn_backward_reduce(Stream& s, float* dy, const float* y, const float* xhat, const BatchNormArgs& a, float* red,
+                          float* dgamma, float* dbeta) override;
+  void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red, const BatchNormArgs& a,
+                         float* dx) override;
+  void channel_mean(Stream& s, const float* x, int c, int n, std::size_t hw, float* out) override;
+  void channel_mean_backward(Stream& s, const float* dout, int c, int n, std::size_t hw, float* dx) override;
 
   /// Runs `task` on the stream's worker, in order with the rest of its work
   /// (the CPU communicators run their collectives this way, on a comm stream).

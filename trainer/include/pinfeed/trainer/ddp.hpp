@@ -56,6 +56,11 @@ class DdpEngine {
   /// `compute` waits until every bucket is reduced (a no-op under no_sync).
   /// Throws Error if a parameter reported no gradient.
   void finish_backward(Stream& compute);
+  /// `count` floats of device memory reduced in place over every rank: after
+  /// `compute`'s work so far and before its later work, on the comm stream,
+  /// in one order with the buckets on every rank (SyncBN's statistics, the
+  /// running statistics before evaluation).
+  void collective(Stream& compute, float* data, std::size_t count, ReduceOp op);
 
  private:
   void launch_ready(Stream& compute);
@@ -73,6 +78,7 @@ class DdpEngine {
   std::unique_ptr<Stream> comm_stream_;
   std::vector<std::shared_ptr<Event>> ready_events_;  // per bucket, recorded on compute
   std::shared_ptr<Event> done_;                        // recorded on the comm stream after the last bucket
+  std::shared_ptr<Event> collective_ready_, collective_done_;  // reused: a wait takes the latest recording
 };
 
 }  // namespace pinfeed::trainer

@@ -130,6 +130,35 @@ struct SgdStep {
   float lr = 0, momentum = 0.9F, weight_decay = 0;
 };
 
+/// A 3x3 convolution with padding 1 over n samples of c x h x w: the
+/// output is h_out x w_out. Its im2col matrix is (c * 9) x (n * h_out *
+/// w_out): row (ci * 9 + ky * 3 + kx), column (i * h_out + y) * w_out + x.
+struct ConvShape {
+  int n = 0, c = 0, h = 0, w = 0, stride = 1;
+  [[nodiscard]] int out_h() const noexcept { return (h - 1) / stride + 1; }
+  [[nodiscard]] int out_w() const noexcept { return (w - 1) / stride + 1; }
+  /// Columns of the im2col matrix: every output position of every sample.
+  [[nodiscard]] std::size_t columns() const noexcept {
+    return static_cast<std::size_t>(n) * static_cast<std::size_t>(out_h()) * static_cast<std::size_t>(out_w());
+  }
+};
+
+/// BatchNorm over the rows of a c x m matrix (a channel's m values: every
+/// sample's every pixel, the CNN's "CNHW" layout), PyTorch's definitions:
+/// y = gamma * (x - mean) / sqrt(var + eps) + beta with the biased batch
+/// variance; running_var takes the unbiased one; momentum 0.1.
+struct BatchNormArgs {
+  int c = 0;
+  std::size_t m = 0;
+  float eps = 1e-5F, momentum = 0.1F;
+  float count = 0;               ///< samples behind `sums` (m, or m over every worker with SyncBN)
+  bool relu = true;              ///< y = max(0, ...)
+  const float* gamma = nullptr;  ///< c
+  const float* beta = nullptr;   ///< c
+  float* running_mean = nullptr, * running_var = nullptr;  ///< c each
+  float* invstd = nullptr;       ///< c: written by forward (1 / sqrt(var + eps)), read by backward
+};
+
 class DeviceBackend {
  public:
   DeviceBackend() = default;
@@ -216,6 +245,35 @@ class DeviceBackend {
   virtual void softmax_cross_entropy(Stream& s, const float* logits, const std::int32_t* labels, int n, int k,
                                      float scale, float* dlogits, float* stats) = 0;
   virtual void sgd(Stream& s, float* w, float* grad, float* momentum, std::size_t count, const SgdStep& step) = 0;
+
+  // The CNN's layers (cnn.hpp). Activations are "CNHW": channel-major, so
+  // a convolution is one GEMM and BatchNorm reduces contiguous rows.
+  /// The im2col matrix of `x` (ConvShape), element (c, i, y, x) of `x` at
+  /// c * c_stride + i * n_stride + y * w + x: NCHW input or CNHW activations.
+  virtual void im2col(Stream& s, const float* x, std::size_t c_stride, std::size_t n_stride, const ConvShape& shape,
+                      float* col) = 0;
+  /// The adjoint of im2col into CNHW `dx` (overwritten): each element of dx
+  /// is the sum of the col entries that read it, in a fixed order.
+  virtual void col2im(Stream& s, const float* col, const ConvShape& shape, float* dx) = 0;
+  /// Per row of x (c x m): sums[r] = sum, sums[c + r] = sum of squares.
+  virtual void bn_stats(Stream& s, const float* x, int c, std::size_t m, float* sums) = 0;
+  /// Training (`sums` from bn_stats over `a.count` values: updates the
+  /// running statistics) or evaluation (`sums` null: the running ones).
+  /// Writes xhat (unless null), y and a.invstd.
+  virtual void bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat,
+                          float* y) = 0;
+  /// dy (gradient at y) *= (y > 0) when a.relu; red[r] = row sums of dy,
+  /// red[c + r] = row sums of dy * xhat; dgamma += red[c..], dbeta += red[..c].
+  virtual void bn_backward_reduce(Stream& s, float* dy, const float* y, const float* xhat, const BatchNormArgs& a,
+                                  float* red, float* dgamma, float* dbeta) = 0;
+  /// dx = gamma * invstd * (dy - red[r] / count - xhat * red[c + r] / count),
+  /// `red` summed over every worker with SyncBN.
+  virtual void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red, const BatchNormArgs& a,
+                                 float* dx) = 0;
+  /// Global average pooling: x (c x n x hw, CNHW) -> out (n x c).
+  virtual void channel_mean(Stream& s, const float* x, int c, int n, std::size_t hw, float* out) = 0;
+  /// Its adjoint: dx (c x n x hw) = dout (n x c) / hw, broadcast.
+  virtual void channel_mean_backward(Stream& s, const float* dout, int c, int n, std::size_t hw, float* dx) = 0;
   virtual void scale(Stream& s, float* x, std::size_t count, float factor) = 0;
   virtual void fill(Stream& s, float* x, std::size_t count, float value) = 0;
 

@@ -49,6 +49,7 @@ DeviceSpec parse_devices(std::string_view text);
 struct TrainConfig {
   loader::LoaderConfig loader;      ///< training data; batch_size is set from global_batch; threads are shared by the workers
   std::string val_dataset;          ///< optional validation data (center crop, no shuffle)
+  int val_resize = 0;               ///< validation's shorter side before the center crop; 0: size * 256 / 224
   DeviceSpec devices;               ///< where the workers run
   std::size_t global_batch = 256;   ///< samples per optimizer step over all workers
   unsigned accumulation = 1;        ///< micro-batches per optimizer step (no_sync on all but the last)
