@@ -16,10 +16,10 @@ void ModelConfig::validate() const {
   if (classes < 2) throw ConfigError(fmt::format("model classes must be >= 2, got {}", classes));
   if (kind == ModelKind::cnn) {
     if (channels.empty() || channels.size() > 8) {
-      throw ConfigError(fmt::format("cnn needs 1..8 blocks, got {}", channels.size()));
+      throw ConfigError(fmt::format("model {}: a cnn has 1..8 blocks, not {}", spec(), channels.size()));
     }
     for (const int c : channels) {
-      if (c < 1 || c > 4096) throw ConfigError(fmt::format("cnn block width must be 1..4096, got {}", c));
+      if (c < 1 || c > 4096) throw ConfigError(fmt::format("model {}: a block width must be 1..4096, not {}", spec(), c));
     }
     return;
   }
