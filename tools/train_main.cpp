@@ -34,7 +34,7 @@ std::string percent(double x) { return std::isnan(x) ? "-" : fmt::format("{:.1f}
 std::string number(double x) { return std::isnan(x) ? "-" : fmt::format("{:.4f}", x); }
 
 json epoch_json(const pt::EpochSummary& e) {
-  return json{{"epoch", e.epoch},
+  json j = json{{"epoch", e.epoch},
               {"steps", e.steps},
               {"samples", e.samples},
               {"loss", e.loss},
@@ -53,6 +53,13 @@ json epoch_json(const pt::EpochSummary& e) {
               {"pool_transitions", e.pool_transitions},
               {"pressure", e.pressure},
               {"step_loss", e.step_loss}};
+  if (e.profile.measured) {
+    const pt::StepProfile& p = e.profile;
+    j["profile_seconds_per_step"] = {{"wait", p.wait}, {"copy", p.copy}, {"forward", p.forward},
+                                     {"backward", p.backward}, {"allreduce", p.allreduce},
+                                     {"allreduce_exposed", p.allreduce_exposed}, {"optimizer", p.optimizer}};
+  }
+  return j;
 }
 
 /// Progress on stderr: a bar per epoch on a terminal (progress.hpp), nothing
@@ -74,6 +81,14 @@ pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
         e.epoch + 1, epochs, e.loss, percent(e.accuracy), number(e.val_loss), percent(e.val_accuracy),
         e.images_per_second, percent(e.data_wait_fraction), e.lr, e.pinned_batches, e.pageable_batches,
         pinfeed::format_bytes(e.pool_pinned_bytes), pinfeed::format_bytes(e.pool_pageable_bytes), e.pressure);
+    if (e.profile.measured) {
+      const auto ms = [](double s) { return s * 1e3; };
+      const pt::StepProfile& p = e.profile;
+      fmt::print("  step ms: wait {:.2f}  copy {:.2f}  forward {:.2f}  backward {:.2f}  all-reduce {:.2f} (exposed "
+                 "{:.2f})  optimizer {:.2f}\n",
+                 ms(p.wait), ms(p.copy), ms(p.forward), ms(p.backward), ms(p.allreduce), ms(p.allreduce_exposed),
+                 ms(p.optimizer));
+    }
     std::fflush(stdout);
   };
   return cb;
@@ -138,6 +153,13 @@ int run_training(const pt::TrainConfig& config, const pt::TrainCallbacks& cb, bo
   } else {
     fmt::print("trained on {} ({} workers, {}): {} steps in {:.1f} s\n", r.devices, r.world_size, r.communicator,
                r.steps, r.seconds);
+    if (config.devices.kind == pt::BackendKind::cpu) {
+      // The CPU backend computes on one thread per worker (OpenBLAS single
+      // threaded); the loader decodes on its own threads: they share the cores.
+      fmt::print("cores: {} on this machine; {} loader thread(s) decode, {} worker thread(s) compute "
+                 "(--loader-threads to change the split)\n",
+                 std::thread::hardware_concurrency(), r.loader_threads, r.local_workers);
+    }
   }
   return 0;
 }
@@ -186,7 +208,7 @@ int main(int argc, char** argv) {
   // weights; threads are shared by the workers; prefetch is per worker).
   pinfeed::tools::add_loader_flags(app, config.loader,
                                    {"seed", "size", "resize", "crop", "scale_min", "scale_max", "ratio_min", "ratio_max",
-                                    "flip", "flip_p", "interpolation", "threads", "prefetch", "bad_sample",
+                                    "flip", "flip_p", "interpolation", "threads:--loader-threads", "prefetch", "bad_sample",
                                     "max_replaced_share", "max_classes",
                                     "pin", "pinned_fraction"});
   app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
@@ -194,6 +216,9 @@ int main(int argc, char** argv) {
   app.add_option("--compare", compare, "train with 1 and with N workers (same global batch) and plot both loss curves")
       ->check(CLI::Range(2, 64));
   app.add_option("--compare-out", compare_out, "prefix of the --compare CSV and PNG");
+  app.add_flag("--profile", config.profile,
+               "break each step down: wait for the batch, H2D copy, forward, backward, all-reduce (and its exposed "
+               "part), optimizer; per epoch, in ms per step (host callbacks in stream order: a little GPU latency)");
   app.add_flag("--json", as_json, "print a JSON summary at the end (and no per-epoch lines)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
 

@@ -112,6 +112,21 @@ TEST_F(TrainToolTest, TheCnnLearnsTexturesThatTheMlpCannot) {
   EXPECT_LE(final_val_accuracy(mlp), 0.5) << mlp.out;
 }
 
+TEST_F(TrainToolTest, ProfileBreaksTheStepDownAndTheCoreSplitIsReported) {
+  const std::string d = "--data " + data() + " --devices cpu:2 --epochs 1 --batch-size 24 --size 16 --model cnn:4,8 --profile ";
+  Result r = train(d + "--loader-threads 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("step ms: wait"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 loader thread(s) decode, 2 worker thread(s) compute"), std::string::npos) << r.out;
+  r = train(d + "--json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json p = json::parse(r.out)["epochs"].back()["profile_seconds_per_step"];
+  for (const char* part : {"wait", "copy", "forward", "backward", "allreduce", "allreduce_exposed", "optimizer"}) {
+    EXPECT_GE(p.at(part).get<double>(), 0) << part;
+  }
+  EXPECT_GT(p["forward"].get<double>(), 0);
+}
+
 TEST_F(TrainToolTest, CompareWithTheCnnAddsTheSyncBnCurve) {
   pinfeed::testing::TempDir tmp;
   const std::string prefix = (tmp.path() / "cmp").string();

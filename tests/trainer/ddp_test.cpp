@@ -93,6 +93,23 @@ TEST_F(DdpTest, WithSyncBnNCnnWorkersWithBOverNEachReachTheWeightsOfOneWorkerWit
   EXPECT_GT(apart, 1e-2);
 }
 
+TEST_F(DdpTest, TheProfileAccountsForEachStepOnlyWhenAsked) {
+  TrainConfig c = cnn(config(2), true);
+  EXPECT_FALSE(train(c).epochs.back().profile.measured);
+  c.profile = true;
+  const TrainResult r = train(c);
+  for (const EpochSummary& e : r.epochs) {
+    const StepProfile& p = e.profile;
+    ASSERT_TRUE(p.measured);
+    EXPECT_GT(p.forward, 0);
+    EXPECT_GT(p.backward, 0);
+    for (const double part : {p.wait, p.copy, p.allreduce, p.allreduce_exposed, p.optimizer}) EXPECT_GE(part, 0);
+    // The compute stream's parts of a step fit in the step's wall time.
+    const double step = e.seconds / static_cast<double>(e.steps);
+    EXPECT_LE(p.forward + p.backward + p.allreduce_exposed + p.optimizer, 1.2 * step) << "epoch " << e.epoch;
+  }
+}
+
 TEST_F(DdpTest, TheCnnResumesBitForBitWithItsRunningStatistics) {
   testing::TempDir tmp;
   TrainConfig c = cnn(config(2), false);

@@ -182,6 +182,7 @@ void Cnn::train_step(Stream& s, const float* images, const std::int32_t* labels,
   const Block& last = blocks_.back();
   const int k = config_.classes;
   backend_.softmax_cross_entropy(s, logits_.as<float>(), labels, n, k, loss_scale, dlogits_.as<float>(), stats);
+  if (forward_hook_) forward_hook_(s);
   Gemm gw;  // dW_fc += dlogits^T . pooled
   gw.trans_a = true;
   gw.m = k;

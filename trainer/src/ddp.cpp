@@ -74,6 +74,7 @@ void DdpEngine::launch_ready(Stream& compute) {
       Event& ev = *ready_events_[next_launch_];
       backend_.record(ev, compute);
       backend_.stream_wait(*comm_stream_, ev);
+      if (next_launch_ == 0 && first_hook_) first_hook_(*comm_stream_);
       comm_.all_reduce(*comm_stream_, grads_ + b.offset, b.count, ReduceOp::average);
     }
     ++next_launch_;
@@ -90,6 +91,7 @@ void DdpEngine::finish_backward(Stream& compute) {
     }
   }
   if (!sync_) return;
+  if (last_hook_) last_hook_(*comm_stream_);
   backend_.record(*done_, *comm_stream_);
   backend_.stream_wait(compute, *done_);
 }

@@ -160,6 +160,7 @@ void Mlp::train_step(Stream& s, const float* images, const std::int32_t* labels,
   float* dz = dz_.as<float>();
   float* da = da_.as<float>();
   backend_.softmax_cross_entropy(s, a_[layers].as<float>(), labels, n, config_.classes, loss_scale, dz, stats);
+  if (forward_hook_) forward_hook_(s);
   for (std::size_t l = layers; l >= 1; --l) {
     const ParamInfo& w = params_[2 * (l - 1)];
     const ParamInfo& b = params_[2 * (l - 1) + 1];

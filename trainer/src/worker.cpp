@@ -135,6 +135,11 @@ void Worker::make_model(int image_size) {
   model_->set_sync(group_.world, [this](Stream& s, float* data, std::size_t count) {
     ddp_->collective(s, data, count, ReduceOp::sum);
   });
+  if (cfg_.profile) {
+    model_->set_forward_hook([this](Stream& s) { mark(s, &Marks::forward_end); });
+    ddp_->set_comm_hooks([this](Stream& s) { mark(s, &Marks::comm_first); },
+                         [this](Stream& s) { mark(s, &Marks::comm_last); });
+  }
   compute_ = backend_.create_stream();
   copy_ = backend_.create_stream();
   steps_per_epoch_ = loader_->batches_per_epoch() / cfg_.accumulation;
@@ -254,6 +259,10 @@ bool Worker::run_epoch(std::uint64_t epoch, std::uint64_t position) {
   }
   check_equal_work(epoch, steps_per_epoch_ - first_step);
   backend_.fill(*compute_, step_stats_.as<float>(), steps_per_epoch_ * 2, 0.0F);
+  {
+    const std::scoped_lock lock(profile_mutex_);
+    profile_sum_ = StepProfile{};
+  }
   EpochSummary summary;
   summary.epoch = epoch;
   double wait_seconds = 0;
@@ -318,11 +327,17 @@ void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, Ep
   // back once the copy's event completes (Note [Slot lifetime]).
   backend_.stream_wait(*copy_, *compute_done_[b]);
   const std::shared_ptr<Event>& copied = copy_events_->next();
+  if (cfg_.profile) {
+    marks_ = std::make_shared<Marks>();
+    mark(*copy_, &Marks::copy_start);
+  }
   copy_batch(backend_, *copy_, *batch, in_[b].get(), labels_[b].as<std::int32_t>(), copied);
+  if (cfg_.profile) mark(*copy_, &Marks::copy_end);
   batch.reset();
 
   // The compute, after the copy.
   backend_.stream_wait(*compute_, *copied);
+  if (cfg_.profile) mark(*compute_, &Marks::compute_start);
   const float* x = in_[b].as<float>();
   if (cfg_.device_normalize) {
     const int side = model_->config().image_size;
@@ -336,14 +351,52 @@ void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, Ep
   model_->train_step(*compute_, x, labels_[b].as<std::int32_t>(), static_cast<int>(micro_batch_),
                      1.0F / static_cast<float>(cfg_.accumulation), step_stats_.as<float>() + 2 * step,
                      [&](std::size_t p) { ddp_->grad_ready(p, *compute_); });
+  if (cfg_.profile) mark(*compute_, &Marks::backward_end);
   ddp_->finish_backward(*compute_);
+  if (cfg_.profile) mark(*compute_, &Marks::reduced);
   if (sync) model_->sgd(*compute_, SgdStep{lr, static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay)});
+  if (cfg_.profile) {
+    // The step's end: every mark of this micro-step is taken by now (the
+    // compute stream waited for the copy and for the comm stream).
+    backend_.host_callback(*compute_, [this, m = marks_, sync] {
+      const auto d = [](Clock::time_point from, Clock::time_point to) {
+        return to > from ? std::chrono::duration<double>(to - from).count() : 0.0;
+      };
+      const auto end = Clock::now();
+      const std::scoped_lock lock(profile_mutex_);
+      StepProfile& p = profile_sum_;
+      p.copy += d(m->copy_start, m->copy_end);
+      p.forward += d(m->compute_start, m->forward_end);
+      p.backward += d(m->forward_end, m->backward_end);
+      if (sync) p.allreduce += d(m->comm_first, m->comm_last);
+      p.allreduce_exposed += d(m->backward_end, m->reduced);
+      p.optimizer += d(m->reduced, end);
+    });
+  }
   backend_.record(*compute_done_[b], *compute_);
   ++micro_batches_;
 }
 
+void Worker::mark(Stream& s, Clock::time_point Marks::*field) {
+  backend_.host_callback(s, [m = marks_, field] { (*m).*field = Clock::now(); });
+}
+
 void Worker::reduce_epoch(EpochSummary& s, std::uint64_t first_step, std::uint64_t end_step, double wait_seconds) {
   s.steps = end_step - first_step;
+  if (cfg_.profile && s.steps > 0) {
+    StepProfile mine;
+    {
+      const std::scoped_lock lock(profile_mutex_);
+      mine = profile_sum_;
+    }
+    std::array<float, 7> v{static_cast<float>(wait_seconds), static_cast<float>(mine.copy),
+                           static_cast<float>(mine.forward), static_cast<float>(mine.backward),
+                           static_cast<float>(mine.allreduce), static_cast<float>(mine.allreduce_exposed),
+                           static_cast<float>(mine.optimizer)};
+    host_all_reduce(v);
+    const double per = 1.0 / (static_cast<double>(s.steps) * group_.world);  // per step, mean over workers
+    s.profile = StepProfile{true, v[0] * per, v[1] * per, v[2] * per, v[3] * per, v[4] * per, v[5] * per, v[6] * per};
+  }
   s.samples = s.steps * cfg_.global_batch;
   s.images_per_second = s.seconds > 0 ? static_cast<double>(s.samples) / s.seconds : 0;
 
@@ -497,6 +550,8 @@ void Worker::publish_result(double seconds) {
   const std::scoped_lock lock(group_.mutex);
   group_.result.weights = std::move(weights);
   group_.result.steps = global_step_;
+  group_.result.loader_threads = loader_->threads() * static_cast<unsigned>(group_.local_workers);
+  group_.result.local_workers = group_.local_workers;
   group_.result.seconds = seconds;
 }
 

@@ -4,6 +4,7 @@
 // (trainer.cpp) makes the devices and communicators and runs one Worker per
 // device. Not installed.
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -137,6 +138,19 @@ class Worker {
 
   std::size_t micro_batch_ = 0;      // samples per micro-batch on this rank
   std::uint64_t micro_batches_ = 0;  // micro-batches run so far: picks the input buffer
+
+  // TrainConfig::profile: per micro-step marks, taken by host callbacks in
+  // stream order, summed into profile_sum_ by the last one (the step's end).
+  struct Marks {
+    std::chrono::steady_clock::time_point copy_start, copy_end, compute_start, forward_end, backward_end, reduced,
+        comm_first, comm_last;
+    bool synced = false;
+  };
+  /// Enqueues a host callback on `s` that stamps `field` of the current marks.
+  void mark(Stream& s, std::chrono::steady_clock::time_point Marks::*field);
+  std::shared_ptr<Marks> marks_;
+  std::mutex profile_mutex_;  // guards profile_sum_ (written from stream threads)
+  StepProfile profile_sum_;
   std::uint64_t steps_per_epoch_ = 0;
   std::uint64_t global_step_ = 0;
   LrSchedule schedule_;

@@ -19,6 +19,7 @@
 // Every rank issues the same all-reduces in the same order (buckets are
 // launched strictly in bucket order), so the collectives always match.
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -61,6 +62,12 @@ class DdpEngine {
   /// in one order with the buckets on every rank (SyncBN's statistics, the
   /// running statistics before evaluation).
   void collective(Stream& compute, float* data, std::size_t count, ReduceOp op);
+  /// Profiling marks on the comm stream: before the first bucket's
+  /// all-reduce and after the last one, in synchronized backwards.
+  void set_comm_hooks(std::function<void(Stream&)> first, std::function<void(Stream&)> last) {
+    first_hook_ = std::move(first);
+    last_hook_ = std::move(last);
+  }
 
  private:
   void launch_ready(Stream& compute);
@@ -78,6 +85,7 @@ class DdpEngine {
   std::unique_ptr<Stream> comm_stream_;
   std::vector<std::shared_ptr<Event>> ready_events_;  // per bucket, recorded on compute
   std::shared_ptr<Event> done_;                        // recorded on the comm stream after the last bucket
+  std::function<void(Stream&)> first_hook_, last_hook_;
   std::shared_ptr<Event> collective_ready_, collective_done_;  // reused: a wait takes the latest recording
 };
 

@@ -89,6 +89,9 @@ class Model {
   /// SyncBN: statistics summed over `world` workers through `sum` (the
   /// cnn with config().sync_bn; others ignore it).
   virtual void set_sync(int /*world*/, AllReduceSum /*sum*/) {}
+  /// Called on the compute stream's timeline once forward and loss are
+  /// enqueued in train_step (profiling marks).
+  void set_forward_hook(std::function<void(Stream&)> hook) { forward_hook_ = std::move(hook); }
   void zero_grad(Stream& s);
   /// One SGD step over every parameter.
   void sgd(Stream& s, const SgdStep& step);
@@ -108,6 +111,7 @@ class Model {
   std::vector<ParamInfo> params_;
   std::size_t count_ = 0;
   DeviceBuffer weights_, grads_, momentum_;
+  std::function<void(Stream&)> forward_hook_;
 };
 
 /// Average pooling by config.pool, then Linear -> ReLU -> ... -> Linear ->

@@ -49,6 +49,7 @@ DeviceSpec parse_devices(std::string_view text);
 struct TrainConfig {
   loader::LoaderConfig loader;      ///< training data; batch_size is set from global_batch; threads are shared by the workers
   std::string val_dataset;          ///< optional validation data (center crop, no shuffle)
+  bool profile = false;             ///< break steps down into EpochSummary::profile
   int val_resize = 0;               ///< validation's shorter side before the center crop; 0: size * 256 / 224
   DeviceSpec devices;               ///< where the workers run
   std::size_t global_batch = 256;   ///< samples per optimizer step over all workers
@@ -71,6 +72,21 @@ struct TrainConfig {
   void validate() const;            ///< ConfigError naming the field
 };
 
+/// Where a training step's time goes (TrainConfig::profile), in seconds per
+/// optimizer step, mean over the workers. Measured with host callbacks on
+/// the streams, in stream order: on a GPU they add a little latency, so
+/// they are opt-in.
+struct StepProfile {
+  bool measured = false;
+  double wait = 0;               ///< the host waited for the loader's next batch
+  double copy = 0;               ///< host-to-device copy of the batch (copy stream)
+  double forward = 0;            ///< normalization, forward and loss (compute stream)
+  double backward = 0;           ///< backward, launching the buckets' all-reduces as it goes
+  double allreduce = 0;          ///< the gradient all-reduce on the comm stream, first bucket to last
+  double allreduce_exposed = 0;  ///< the part of it the compute stream waited for after backward
+  double optimizer = 0;          ///< the SGD step
+};
+
 struct EpochSummary {
   std::uint64_t epoch = 0;
   std::uint64_t steps = 0;              ///< optimizer steps run in this epoch (this run)
@@ -87,6 +103,7 @@ struct EpochSummary {
   std::uint64_t pool_transitions = 0;   ///< worker 0's pool: slab moves pinned <-> pageable so far
   std::string pressure = "normal";      ///< worker 0's pool's pressure level at the epoch's end
   std::vector<float> step_loss;         ///< mean training loss of each step, over all workers
+  StepProfile profile;                  ///< with TrainConfig::profile
 };
 
 struct TrainResult {
@@ -99,6 +116,8 @@ struct TrainResult {
   std::uint64_t steps = 0;              ///< optimizer steps done in all (including before a resume)
   std::uint64_t steps_per_epoch = 0;
   double seconds = 0;
+  unsigned loader_threads = 0;          ///< decode threads of every loader of this process (each worker has its own)
+  int local_workers = 1;                ///< workers in this process
 };
 
 struct StepProgress {
