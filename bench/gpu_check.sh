@@ -11,6 +11,8 @@
 #     threads in one process, and two processes under mpirun; 2 GPUs);
 #   - a compute-bound run (a wide MLP on small images): the GPU must never
 #     wait for data (data_wait_fraction < 0.1);
+#   - the CNN: accuracy on texture classes, images/s and --profile's step
+#     breakdown on one GPU, and --compare over every GPU (2 or more);
 #   - the Python tests with the machine's own torch, when it has CUDA and
 #     the built module matches its Python: device="cuda" batches against CPU
 #     batches moved by hand, both under a slow consumer stream, and the
@@ -189,7 +191,27 @@ if cb=$("$build/tools/pinfeed-train" --data "$data/train" --devices cuda:0 --epo
 else
   status=1
 fi
-rm -rf "$data"
+
+# --- the CNN on the GPU: kernels against the CPU, images/s, step breakdown --
+# (its forward/backward twins are in device_backend_gpu_test and
+# ddp_gpu_test above: every layer against a definition or finite
+# differences, and CUDA training with SyncBN against one CPU worker)
+echo "== GPU figures: the CNN (conv3x3 + BatchNorm blocks) on texture classes, step breakdown"
+tex=$(mktemp -d)
+"$build/tools/pinfeed-data" -q make --out "$tex" --classes 4 --per-class 250 --val 0.2 --style texture || status=1
+"$build/tools/pinfeed-train" --data "$tex/train" --val "$tex/val" --devices cuda:0 --epochs 6 --batch-size 256 \
+  --size 64 --model cnn:32,64,128 --lr 0.4 --profile || status=1
+"$build/tools/pinfeed-train" --data "$tex/train" --devices cuda:0 --epochs 2 --batch-size 256 --size 224 \
+  --model cnn:64,128,256,512 --profile -q --json | grep -E '"images_per_second"|"data_wait_fraction"|"forward"|"backward"' ||
+  status=1
+if [[ $gpus -ge 2 ]]; then
+  echo "== the CNN on 1 vs $gpus GPUs (NCCL): SyncBN, BN per GPU, and the unscaled mistake"
+  "$build/tools/pinfeed-train" --data "$tex/train" --devices cuda --epochs 6 --batch-size 256 --size 64 \
+    --model cnn:32,64,128 --lr 0.4 -q --compare "$gpus" --compare-out "$tex/compare-gpu" || status=1
+else
+  echo "gpu_check: NOT CHECKED: 1 vs N GPUs with the CNN needs 2 GPUs"
+fi
+rm -rf "$data" "$tex"
 
 # --- Python with the machine's own torch ---------------------------------
 echo "== Python tests with this machine's torch"
