@@ -230,6 +230,9 @@ int main(int argc, char** argv) {
       }
       config.model.parse_spec(model_spec);
     }
+    if (config.model.kind == pt::ModelKind::cnn && (app.count("--hidden") > 0 || app.count("--pool") > 0)) {
+      throw pinfeed::ConfigError("--hidden and --pool are the MLP's: --model cnn:C,C... sets the CNN's widths");
+    }
     if (config.model.sync_bn && config.model.kind != pt::ModelKind::cnn) {
       throw pinfeed::ConfigError("--sync-bn is for --model cnn (the MLP has no BatchNorm)");
     }

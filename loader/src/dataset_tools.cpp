@@ -74,6 +74,11 @@ void SyntheticDatasetConfig::validate() const {
   if (style != "photo" && style != "texture") {
     throw ConfigError(fmt::format("style must be photo or texture, got '{}'", style));
   }
+  if (style == "texture" && classes > kTextureClasses) {
+    throw ConfigError(fmt::format("style texture has {} distinct classes (4 patterns x 5 scales), not {}: ask for at "
+                                  "most {}",
+                                  kTextureClasses, classes, kTextureClasses));
+  }
 }
 
 SyntheticDatasetSummary write_synthetic_dataset(const SyntheticDatasetConfig& c, const Progress& progress) {

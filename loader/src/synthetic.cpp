@@ -56,7 +56,7 @@ std::vector<std::uint8_t> render_texture_rgb(std::uint64_t seed, int klass, std:
   // is ~24 source pixels at the first scale: 3-6 pixels after a 64 px
   // RandomResizedCrop, gone under 4x4 average pooling.
   const int pattern = klass % 4;
-  const double period = 24.0 * std::pow(1.6, (klass / 4) % 5);
+  const double period = 24.0 * std::pow(1.6, (klass / 4) % (kTextureClasses / 4));
   SampleRng rng(seed ^ 0x74657874ULL, static_cast<std::uint64_t>(klass), index);  // "text"
   const double w = 2 * std::numbers::pi / (period * rng.uniform(0.85, 1.15));
   const double px = rng.uniform(0, 2 * std::numbers::pi), py = rng.uniform(0, 2 * std::numbers::pi);

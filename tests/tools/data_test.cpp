@@ -63,6 +63,9 @@ TEST(DataToolTest, TextureStyleWritesTheSameFilesEveryTimeAndRefusesUnknownStyle
   const Result bad = data("-q make --out " + (dir.path() / "c").string() + " --style plaid");
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.err.find("--style"), std::string::npos) << bad.err;
+  const Result many = data("-q make --out " + (dir.path() / "d").string() + " --style texture --classes 21");
+  EXPECT_EQ(many.rc, 2);
+  EXPECT_NE(many.err.find("at most 20"), std::string::npos) << many.err;
 }
 
 TEST(DataToolTest, ScanNamesEveryBadFileAndExitsOne) {

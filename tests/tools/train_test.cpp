@@ -178,6 +178,9 @@ TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
     EXPECT_EQ(r.rc, 2) << "--model " << model;
     EXPECT_NE(r.err.find("model"), std::string::npos) << r.err;
   }
+  r = train(d + "--devices cpu:1 --batch-size 8 --model cnn --hidden 4");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--hidden and --pool are the MLP's"), std::string::npos) << r.err;
   r = train(d + "--devices cpu:1 --batch-size 8 --sync-bn");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("--sync-bn is for --model cnn"), std::string::npos) << r.err;

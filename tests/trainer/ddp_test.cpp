@@ -133,6 +133,21 @@ TEST_F(DdpTest, TheCnnResumesBitForBitWithItsRunningStatistics) {
   EXPECT_THROW(train(c), ConfigError) << "a checkpoint of another CNN is refused";
 }
 
+TEST(ModelConfigTest, EverySpecReadsBackAsTheSameModel) {
+  for (const char* text : {"mlp:256,128", "mlp:", "cnn:32,64,128", "cnn:8"}) {
+    ModelConfig m;
+    m.parse_spec(text);
+    EXPECT_EQ(m.spec(), text);
+    ModelConfig again;
+    again.parse_spec(m.spec());
+    EXPECT_EQ(again.spec(), m.spec());
+  }
+  ModelConfig m;
+  m.parse_spec("cnn");
+  EXPECT_EQ(m.spec(), "cnn:32,64,128") << "the default widths";
+  for (const char* bad : {"cnn:0", "cnn:4,", "resnet", "mlp:x", "cnn:-2"}) EXPECT_THROW(m.parse_spec(bad), ConfigError) << bad;
+}
+
 TEST_F(DdpTest, TheModelLearnsTheSyntheticClasses) {
   TrainConfig c = config(2);
   c.epochs = 6;

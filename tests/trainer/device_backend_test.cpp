@@ -494,6 +494,48 @@ TYPED_TEST(DeviceBackendTest, BatchNormForwardMatchesItsDefinitionInBothModes) {
   EXPECT_EQ(this->download(rm, c), mean);
 }
 
+TYPED_TEST(DeviceBackendTest, BatchNormReducesLongRowsLikeTheHost) {
+  // Rows far longer than a block of threads (a 224 px batch has millions
+  // per channel): the reductions' partial sums must all be combined.
+  const int c = 3;
+  const std::size_t m = 100003;
+  auto x = random_floats(static_cast<std::size_t>(c) * m, 81);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] += static_cast<float>(i / m);  // a mean per channel
+  const auto dyv = random_floats(x.size(), 82);
+  std::vector<double> want(4 * static_cast<std::size_t>(c), 0.0);
+  for (int k = 0; k < c; ++k) {
+    for (std::size_t j = 0; j < m; ++j) {
+      const double v = x[static_cast<std::size_t>(k) * m + j];
+      want[static_cast<std::size_t>(k)] += v;
+      want[static_cast<std::size_t>(c + k)] += v * v;
+    }
+  }
+  DeviceBuffer dx = this->upload(x), sums = this->backend->allocate(2 * c * sizeof(float));
+  this->backend->bn_stats(*this->stream, dx.as<float>(), c, m, sums.as<float>());
+  const auto got = this->download(sums, 2 * c);
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i]) + 1e-2) << i;
+  // Backward's sums, with xhat = x here (any values do) and no ReLU.
+  DeviceBuffer dy = this->upload(dyv), red = this->backend->allocate(2 * c * sizeof(float));
+  DeviceBuffer dg = this->upload({0, 0, 0}), db = this->upload({0, 0, 0});
+  BatchNormArgs a;
+  a.c = c;
+  a.m = m;
+  a.relu = false;
+  this->backend->bn_backward_reduce(*this->stream, dy.as<float>(), dx.as<float>(), dx.as<float>(), a, red.as<float>(),
+                                    dg.as<float>(), db.as<float>());
+  const auto r = this->download(red, 2 * c);
+  for (int k = 0; k < c; ++k) {
+    double sum = 0, dot = 0;
+    for (std::size_t j = 0; j < m; ++j) {
+      const std::size_t i = static_cast<std::size_t>(k) * m + j;
+      sum += dyv[i];
+      dot += static_cast<double>(dyv[i]) * x[i];
+    }
+    EXPECT_NEAR(r[static_cast<std::size_t>(k)], sum, 1e-5 * std::abs(sum) + 1e-2) << "sum dy, channel " << k;
+    EXPECT_NEAR(r[static_cast<std::size_t>(c + k)], dot, 1e-5 * std::abs(dot) + 1e-2) << "sum dy*xhat, channel " << k;
+  }
+}
+
 TYPED_TEST(DeviceBackendTest, BatchNormBackwardMatchesFiniteDifferences) {
   // L = sum(w * y): dL/dy = w. Without ReLU (smooth) for the finite
   // differences of x, gamma and beta; the mask is checked after.

@@ -3,7 +3,7 @@
 // Blocks of conv3x3 (stride 2, padding 1, no bias) -> BatchNorm -> ReLU,
 // then global average pooling and a linear classifier: the smallest model
 // whose accuracy needs more than a colour average (textures), whose compute
-// is real (a 64 px image costs ~10 MFLOP forward with cnn:32,64,128), and
+// is real (a 64 px image costs ~10 M multiply-adds forward with cnn:32,64,128), and
 // whose BatchNorm makes data parallelism differ from one worker unless the
 // statistics are synchronized (SyncBN).
 //
@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
@@ -40,6 +41,13 @@ Cnn::Cnn(DeviceBackend& backend, ModelConfig config, int max_batch) : Model(back
     Block b;
     b.out = config_.channels[k];
     b.shape = ConvShape{max_batch, in, side, side, 2};
+    // The GEMMs take int dimensions: n * oh * ow and in * 9 must fit.
+    if (b.shape.columns() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
+        static_cast<long long>(in) * 9 > std::numeric_limits<int>::max()) {
+      throw ConfigError(fmt::format("model {}: block {} of a batch of {} at {} px is too large for one GEMM; lower "
+                                    "the batch or the image size",
+                                    config_.spec(), k + 1, max_batch, side));
+    }
     b.conv = add_param(fmt::format("conv{}.weight", k + 1), static_cast<std::size_t>(b.out) * static_cast<std::size_t>(in) * 9);
     b.gamma = add_param(fmt::format("bn{}.weight", k + 1), static_cast<std::size_t>(b.out));
     b.beta = add_param(fmt::format("bn{}.bias", k + 1), static_cast<std::size_t>(b.out));

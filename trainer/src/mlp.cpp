@@ -46,7 +46,8 @@ void ModelConfig::parse_spec(const std::string& text) {
     throw ConfigError(fmt::format("--model '{}': expected mlp[:W,W...] or cnn[:C,C...] (e.g. cnn:32,64,128)", text));
   }
   std::vector<int> widths;
-  if (colon != std::string::npos) {
+  const bool given = colon != std::string::npos;
+  if (given && colon + 1 < text.size()) {
     std::string rest = text.substr(colon + 1);
     std::size_t at = 0;
     while (at <= rest.size()) {
@@ -62,7 +63,8 @@ void ModelConfig::parse_spec(const std::string& text) {
     }
   }
   kind = name == "cnn" ? ModelKind::cnn : ModelKind::mlp;
-  if (!widths.empty()) (kind == ModelKind::cnn ? channels : hidden) = widths;
+  // "mlp:" is an MLP without hidden layers (what spec() writes for one).
+  if (given) (kind == ModelKind::cnn ? channels : hidden) = widths;
 }
 
 Model::Model(DeviceBackend& backend, ModelConfig config, int max_batch)

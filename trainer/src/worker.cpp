@@ -175,7 +175,7 @@ Worker::Start Worker::resume_or_initialize() {
   mismatch("seed", ck.seed, cfg_.loader.seed);
   mismatch("parameter count", ck.weights.size(), model_->param_count());
   mismatch("model image_size", ck.model.image_size, mc.image_size);
-  mismatch("model pool", ck.model.pool, mc.pool);
+  if (mc.kind == ModelKind::mlp) mismatch("model pool", ck.model.pool, mc.pool);  // the CNN has no pooling factor
   mismatch("model classes", ck.model.classes, mc.classes);
   // The same parameter count can be another shape (--hidden 4,8 vs 8,4):
   // every field of the shape must match.
@@ -214,6 +214,7 @@ void Worker::allocate_buffers() {
   // Every slot the loader has can be waiting on a copy event at once, plus
   // the two in flight here.
   copy_events_ = std::make_unique<EventRing>(backend_, loader_->config().prefetch + 2);
+  if (cfg_.profile) profile_copied_ = backend_.create_event();
 }
 
 void Worker::allocate_staging(std::size_t floats) {
@@ -332,12 +333,21 @@ void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, Ep
     mark(*copy_, &Marks::copy_start);
   }
   copy_batch(backend_, *copy_, *batch, in_[b].get(), labels_[b].as<std::int32_t>(), copied);
-  if (cfg_.profile) mark(*copy_, &Marks::copy_end);
+  if (cfg_.profile) {
+    // copy_batch recorded `copied` before this mark: the compute stream
+    // also waits for the mark (profile_copied_), so the step's last
+    // callback reads copy_end after it was written.
+    mark(*copy_, &Marks::copy_end);
+    backend_.record(*profile_copied_, *copy_);
+  }
   batch.reset();
 
   // The compute, after the copy.
   backend_.stream_wait(*compute_, *copied);
-  if (cfg_.profile) mark(*compute_, &Marks::compute_start);
+  if (cfg_.profile) {
+    backend_.stream_wait(*compute_, *profile_copied_);
+    mark(*compute_, &Marks::compute_start);
+  }
   const float* x = in_[b].as<float>();
   if (cfg_.device_normalize) {
     const int side = model_->config().image_size;

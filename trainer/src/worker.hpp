@@ -144,11 +144,11 @@ class Worker {
   struct Marks {
     std::chrono::steady_clock::time_point copy_start, copy_end, compute_start, forward_end, backward_end, reduced,
         comm_first, comm_last;
-    bool synced = false;
   };
   /// Enqueues a host callback on `s` that stamps `field` of the current marks.
   void mark(Stream& s, std::chrono::steady_clock::time_point Marks::*field);
   std::shared_ptr<Marks> marks_;
+  std::shared_ptr<Event> profile_copied_;  // recorded after the copy_end mark
   std::mutex profile_mutex_;  // guards profile_sum_ (written from stream threads)
   StepProfile profile_sum_;
   std::uint64_t steps_per_epoch_ = 0;

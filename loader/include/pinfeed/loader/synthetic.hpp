@@ -24,6 +24,8 @@ enum class JpegKind { baseline, progressive, grayscale, cmyk };
 ///            (almost) nothing, a convolution sees it. Every class pattern
 ///            is its own mirror image, so horizontal flips keep the class.
 enum class ImageStyle { photo, texture };
+/// Texture classes that differ: 4 patterns x 5 scales.
+inline constexpr int kTextureClasses = 20;
 
 struct SyntheticImageSpec {
   int width = 500, height = 375;
