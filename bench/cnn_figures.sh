@@ -5,9 +5,12 @@
 #      classes (fine stripes, checks or blobs under random colours), same data,
 #      epochs, batch and learning rate;
 #   2. where a CNN step's time goes (--profile) and the loader/compute split;
-#   3. the four --compare curves with the CNN (docs/compare-cnn.png).
+#   3. the four --compare curves with the CNN (OUT_DIR/compare-cnn.{csv,png};
+#      docs/compare-cnn.* are a copy of one run's).
 #
 #   bench/cnn_figures.sh [OUT_DIR]     (default: build/cnn-figures; ~2 min on 2 cores)
+# Needs the release build (cmake --preset release && cmake --build --preset
+# release) and python3 (it reads pinfeed-train's JSON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build/cnn-figures}

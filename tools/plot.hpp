@@ -37,7 +37,7 @@ inline std::string write_plot(const std::string& prefix, const std::string& csv,
   }
   {
     std::ofstream script(gp);
-    script << "set terminal pngcairo size 900,540\n"
+    script << "set terminal pngcairo size 900,680\n"
            << fmt::format("set output '{}'\n", png) << "set datafile separator ','\nset grid\n"
            << with_data(commands, csv_path);
     if (!script) throw DataError(gp, "cannot write");

@@ -97,7 +97,7 @@ pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
 /// Writes prefix.csv and, with gnuplot, prefix.png. Returns the PNG path or "".
 std::string plot(const std::vector<pt::Curve>& curves, const std::string& prefix) {
   std::string commands =
-      "set key top right\n"
+      "set key below vertical maxcols 1 Left reverse\n"
       "set xlabel 'epoch'\nset ylabel 'training loss (mean over the global batch)'\n"
       "set title 'pinfeed-train --compare: same data, same initial weights'\n"
       "plot ";
