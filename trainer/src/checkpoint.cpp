@@ -147,9 +147,16 @@ Checkpoint parse_checkpoint(std::span<const std::byte> in, const std::filesystem
     c.weights.resize(n);
     c.momentum.resize(n);
     c.buffers.resize(nb);
-    std::memcpy(c.weights.data(), in.data() + 16 + len, n * sizeof(float));
-    std::memcpy(c.momentum.data(), in.data() + 16 + len + n * sizeof(float), n * sizeof(float));
-    std::memcpy(c.buffers.data(), in.data() + 16 + len + 2 * n * sizeof(float), nb * sizeof(float));
+    // memcpy (the floats need not be aligned in the file), but never with an
+    // empty vector's data(), which may be null even for 0 bytes.
+    const std::byte* at = in.data() + 16 + len;
+    const auto take = [&](std::vector<float>& v) {
+      if (!v.empty()) std::memcpy(v.data(), at, v.size() * sizeof(float));
+      at += v.size() * sizeof(float);
+    };
+    take(c.weights);
+    take(c.momentum);
+    take(c.buffers);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(path, fmt::format("bad checkpoint header: {}", e.what()));
   }
