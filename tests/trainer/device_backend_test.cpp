@@ -454,6 +454,22 @@ HostBn host_bn(const std::vector<float>& x, int c, std::size_t m, const std::vec
   return r;
 }
 
+/// One worker's BatchNorm over c rows of m: count m, the given buffers.
+BatchNormArgs bn_args(int c, std::size_t m, bool relu, const DeviceBuffer& gamma, const DeviceBuffer& beta,
+                      const DeviceBuffer& running_mean, const DeviceBuffer& running_var, const DeviceBuffer& invstd) {
+  BatchNormArgs a;
+  a.c = c;
+  a.m = m;
+  a.count = static_cast<float>(m);
+  a.relu = relu;
+  a.gamma = gamma.as<float>();
+  a.beta = beta.as<float>();
+  a.running_mean = running_mean.as<float>();
+  a.running_var = running_var.as<float>();
+  a.invstd = invstd.as<float>();
+  return a;
+}
+
 TYPED_TEST(DeviceBackendTest, BatchNormForwardMatchesItsDefinitionInBothModes) {
   const int c = 3;
   const std::size_t m = 50;
@@ -465,15 +481,7 @@ TYPED_TEST(DeviceBackendTest, BatchNormForwardMatchesItsDefinitionInBothModes) {
   DeviceBuffer rm = this->upload({0, 0, 0}), rv = this->upload({1, 1, 1});
   DeviceBuffer inv = this->backend->allocate(c * sizeof(float)), sums = this->backend->allocate(2 * c * sizeof(float));
   DeviceBuffer xhat = this->backend->allocate(x.size() * sizeof(float)), y = this->backend->allocate(x.size() * sizeof(float));
-  BatchNormArgs a;
-  a.c = c;
-  a.m = m;
-  a.count = static_cast<float>(m);
-  a.gamma = dg.as<float>();
-  a.beta = db.as<float>();
-  a.running_mean = rm.as<float>();
-  a.running_var = rv.as<float>();
-  a.invstd = inv.as<float>();
+  const BatchNormArgs a = bn_args(c, m, true, dg, db, rm, rv, inv);
   this->backend->bn_stats(*this->stream, dx.as<float>(), c, m, sums.as<float>());
   this->backend->bn_forward(*this->stream, dx.as<float>(), sums.as<float>(), a, xhat.as<float>(), y.as<float>());
   const auto got = this->download(y, x.size());
@@ -558,16 +566,7 @@ TYPED_TEST(DeviceBackendTest, BatchNormBackwardMatchesFiniteDifferences) {
     DeviceBuffer xhat = this->backend->allocate(x0.size() * sizeof(float)), y = this->backend->allocate(x0.size() * sizeof(float));
     DeviceBuffer dy = this->upload(w), grad_x = this->backend->allocate(x0.size() * sizeof(float));
     DeviceBuffer grad_g = this->upload({0, 0}), grad_b = this->upload({0, 0});
-    BatchNormArgs a;
-    a.c = c;
-    a.m = m;
-    a.count = static_cast<float>(m);
-    a.relu = relu;
-    a.gamma = dg.as<float>();
-    a.beta = db.as<float>();
-    a.running_mean = rm.as<float>();
-    a.running_var = rv.as<float>();
-    a.invstd = inv.as<float>();
+    const BatchNormArgs a = bn_args(c, m, relu, dg, db, rm, rv, inv);
     this->backend->bn_stats(*this->stream, dx.as<float>(), c, m, sums.as<float>());
     this->backend->bn_forward(*this->stream, dx.as<float>(), sums.as<float>(), a, xhat.as<float>(), y.as<float>());
     this->backend->bn_backward_reduce(*this->stream, dy.as<float>(), y.as<float>(), xhat.as<float>(), a, red.as<float>(),
