@@ -5,6 +5,8 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <libyuv/convert_from_argb.h>
+#include <libyuv/planar_functions.h>
 #include <libyuv/scale_argb.h>
 #include <turbojpeg.h>
 
@@ -96,8 +98,98 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
   return 2.0 * static_cast<double>(files.size()) / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+namespace {
+
+/// One output row of the bare loop: BGRA to three float planes, normalized,
+/// as a plain loop the compiler vectorizes (this file is built with -O3; a
+/// flipped row is mirrored by libyuv first): what a hand-written loader does.
+void bare_planes(const std::uint8_t* px, int n, const float* scale, const float* bias, float* __restrict r,
+                 float* __restrict g, float* __restrict b) {
+  for (int x = 0; x < n; ++x) {
+    r[x] = static_cast<float>(px[4 * x + 2]) * scale[0] + bias[0];
+    g[x] = static_cast<float>(px[4 * x + 1]) * scale[1] + bias[1];
+    b[x] = static_cast<float>(px[4 * x]) * scale[2] + bias[2];
+  }
+}
+
+}  // namespace
+
+double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
+                      unsigned threads, std::size_t batch) {
+  const int n = t.out_width(), rows = t.out_height();
+  const std::size_t sample = t.sample_bytes();
+  // One batch, allocated and touched once, reused by every thread (thread k
+  // writes places k, k + threads, ...), as a loader's batch would be.
+  pinfeed::memory::PageableResource memory;
+  const Block out = allocate_block(memory, batch * sample);
+  std::memset(out.get(), 0, batch * sample);
+  float scale[3], bias[3];
+  for (std::size_t c = 0; c < 3; ++c) {
+    scale[c] = 1.0F / (255.0F * t.std[c]);
+    bias[c] = -t.mean[c] / t.std[c];
+  }
+  const auto work = [&](unsigned k) {
+    pl::JpegDecoder decoder;
+    pl::DecodedImage image;
+    std::vector<std::uint8_t> scaled(static_cast<std::size_t>(n) * static_cast<std::size_t>(rows) * 4);
+    std::vector<std::uint8_t> mirrored(static_cast<std::size_t>(n) * 4);
+    for (std::size_t i = k; i < files.size(); i += threads) {
+      pl::SampleRng rng(0, 0, i);
+      bool flip = false;
+      try {
+        decoder.decode_planned(
+            files[i],
+            [&](const pl::ImageHeader& h) {
+              const pl::CropPlan p = pl::plan_crop(h, t, rng);
+              flip = p.flip;
+              return pl::JpegDecoder::Plan{p.region, p.scale};
+            },
+            image, "bare loop");
+      } catch (const pinfeed::DataError&) {
+        continue;
+      }
+      libyuv::ARGBScale(image.row(0), static_cast<int>(image.stride_bytes()), image.width, image.height, scaled.data(),
+                        n * 4, n, rows, libyuv::kFilterBilinear);
+      std::byte* place = out.get() + (i % batch) * sample;
+      if (t.layout == pl::Layout::nchw_f32) {
+        auto* dst = reinterpret_cast<float*>(place);
+        const auto plane = static_cast<std::size_t>(n) * static_cast<std::size_t>(rows);
+        for (int y = 0; y < rows; ++y) {
+          const auto at = static_cast<std::size_t>(y) * static_cast<std::size_t>(n);
+          const std::uint8_t* r = scaled.data() + at * 4;
+          if (flip) {
+            libyuv::ARGBMirror(r, 0, mirrored.data(), 0, n, 1);
+            r = mirrored.data();
+          }
+          bare_planes(r, n, scale, bias, dst + at, dst + plane + at, dst + 2 * plane + at);
+        }
+      } else {
+        auto* dst = reinterpret_cast<std::uint8_t*>(place);
+        for (int y = 0; y < rows; ++y) {
+          const std::uint8_t* r = scaled.data() + static_cast<std::size_t>(y) * static_cast<std::size_t>(n) * 4;
+          if (flip) {
+            libyuv::ARGBMirror(r, 0, mirrored.data(), 0, n, 1);
+            r = mirrored.data();
+          }
+          libyuv::ARGBToRAW(r, 0, dst + static_cast<std::size_t>(y) * static_cast<std::size_t>(n) * 3, 0, n, 1);
+        }
+      }
+    }
+  };
+  const auto run_all = [&] {
+    std::vector<std::thread> pool;
+    for (unsigned k = 0; k < threads; ++k) pool.emplace_back(work, k);
+    for (auto& th : pool) th.join();
+  };
+  run_all();  // warm caches
+  const auto t0 = Clock::now();
+  for (int rep = 0; rep < 2; ++rep) run_all();
+  return 2.0 * static_cast<double>(files.size()) / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults.
-Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads) {
+Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads,
+                       std::size_t batch) {
   const std::size_t n = std::min(limit, data.size());
   // Spread over the dataset (every k-th file) so all classes are represented.
   // The files go into one mapping that is unmapped afterwards: tens of MB
@@ -155,7 +247,8 @@ Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::Tra
   tjDestroy(h);
   if (files.empty()) throw pinfeed::DataError(data.describe(0), "no file of the dataset could be read for the decode ceiling");
   const auto count = static_cast<double>(files.size());
-  return Ceiling{files.size(), count / s, pixels / count / 1e6, planned_decode_rate(files, transform, threads)};
+  return Ceiling{files.size(), count / s, pixels / count / 1e6, planned_decode_rate(files, transform, threads),
+                 bare_loop_rate(files, transform, threads, batch)};
 }
 
 double median(std::vector<double> v) {

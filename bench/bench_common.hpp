@@ -37,14 +37,25 @@ struct Ceiling {
   double single_thread_images_per_s = 0;
   double megapixels_per_image = 0;
   double planned_images_per_s = 0;  ///< all threads, decoding only what the loader decodes
+  double bare_loop_images_per_s = 0;  ///< all threads, the bare loop (bare_loop_rate)
 };
 /// The loader's own decode work alone (same crop plans, ROI and DCT scale)
 /// on `threads` threads at once, files from memory.
 double planned_decode_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                            unsigned threads);
+/// The bare loop of pinfeed's decode path on `threads` threads, files from
+/// memory, no pipeline: the same planned ROI decode at the same DCT scale
+/// into a reused image, libyuv's bilinear ARGBScale of it to the output
+/// size, then flip + normalize to float32 NCHW (or RGB for uint8 NHWC) with
+/// plain loops into the next place of one reused, pre-faulted batch of
+/// `batch` samples. What a hand-written loop of the same decode does; the
+/// loader's target (issue 16: float32 >= 0.95x of it).
+double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
+                      unsigned threads, std::size_t batch);
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults;
-/// and the planned (matching) decode on `threads` threads.
-Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads);
+/// the planned (matching) decode and the bare loop on `threads` threads.
+Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads,
+                       std::size_t batch);
 
 /// Prints `j` as JSON, or as the command's table (`print`, which reads it);
 /// returns the exit code, 0.

@@ -150,6 +150,10 @@ void print_report(const json& j) {
   fmt::print("  {:<44} {:>8.1f} us\n", "output write to a cold pinned pool", at("output_write"));
   fmt::print("  {:<44} {:>8.1f} us = {:.1f}% of the matching decode's time\n", "sum", at("sum"),
              j["floor_time_vs_matching_decode"].get<double>() * 100);
+  fmt::print("  {:<44} {:>8.1f} us = {:.0f} images/s on {} threads (decode + libyuv bilinear scale + "
+             "flip/normalize loops into one batch)\n",
+             "bare loop of the same decode", at("bare_loop_per_thread"), j["bare_loop_images_per_s"].get<double>(),
+             c["threads"].get<unsigned>());
   fmt::print("  least pipeline overhead vs matching decode      {:+.1f}%   (as pinfeed-bench loader computes it: "
              "1 - rate / matching rate)\n",
              j["floor_overhead_vs_matching_decode"].get<double>() * 100);
@@ -167,9 +171,14 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
   const pl::TransformConfig& t = config.transform;
   const std::size_t n_files = std::min<std::size_t>(dataset->size(), 2000);
 
-  std::vector<double> planned;  // the matching decode: per image, per thread
-  for (std::size_t r = 0; r < repeat; ++r) planned.push_back(decode_ceiling(*dataset, 200, t, threads).planned_images_per_s);
+  std::vector<double> planned, bare;  // the matching decode and the bare loop: images/s, all threads
+  for (std::size_t r = 0; r < repeat; ++r) {
+    const Ceiling c = decode_ceiling(*dataset, 200, t, threads, config.batch_size);
+    planned.push_back(c.planned_images_per_s);
+    bare.push_back(c.bare_loop_images_per_s);
+  }
   const double decode_us = static_cast<double>(threads) / median(planned) * 1e6;
+  const double bare_us = static_cast<double>(threads) / median(bare) * 1e6;
   // An epoch over these files at the matching decode's rate.
   const auto epoch = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(
       static_cast<double>(n_files) * decode_us / static_cast<double>(threads)));
@@ -185,7 +194,8 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
                  {"epoch_ms", std::chrono::duration<double, std::milli>(epoch).count()}};
   j["per_image_us"] = {{"matching_decode_per_thread", decode_us}, {"read_cold", reads.cold_us},
                        {"read_after_an_epoch", reads.after_epoch_us}, {"horizontal_resize", resize_us},
-                       {"output_write", output_us}, {"sum", floor_us}};
+                       {"output_write", output_us}, {"sum", floor_us}, {"bare_loop_per_thread", bare_us}};
+  j["bare_loop_images_per_s"] = median(bare);
   // The loader bench's overhead is 1 - loader rate / matching rate, i.e. the
   // share of the pipeline's time that is not decoding; at the floor that is
   // floor / (decode + floor).

@@ -60,11 +60,22 @@ int main(int argc, char** argv) {
   mk->add_option("--threads", make.threads, "threads (0: every core)");
 
   std::string pack_from, pack_out;
-  std::size_t per_shard = 1000;
+  pl::PackConfig pack;
   auto* pk = app.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards");
   pk->add_option("--from", pack_from, "ImageFolder root")->required()->check(CLI::ExistingDirectory);
   pk->add_option("--out", pack_out, "shard prefix: PREFIX-000000.tar, ...")->required();
-  pk->add_option("--per-shard", per_shard, "samples per shard")->check(CLI::Range(std::size_t{1}, std::size_t{10000000}));
+  pk->add_option("--per-shard", pack.per_shard, "samples per shard")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
+      ->capture_default_str();
+  pk->add_option("--max-side", pack.max_side,
+                 "re-encode images whose longer side exceeds N as JPEGs with that side N (training decodes fewer "
+                 "pixels; smaller images are kept as they are); 0 keeps every file")
+      ->check(CLI::Range(0, pl::kMaxPackSide))
+      ->capture_default_str();
+  pk->add_option("--quality", pack.quality, "JPEG quality of re-encoded images")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  pk->add_option("--threads", pack.threads, "re-encoding threads (0: every core)");
 
   std::string scan_what;
   bool scan_json = false;
@@ -87,8 +98,13 @@ int main(int argc, char** argv) {
                  static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(), seconds());
     } else if (*pk) {
       const pl::ImageFolder folder(pack_from);
-      const std::string pattern = pl::pack_shards(folder, pack_out, per_shard, quiet ? pl::Progress{} : progress_bar("pack"));
-      fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", folder.size(), folder.num_classes(), pattern, seconds());
+      const auto s = pl::pack_shards(folder, pack_out, pack, quiet ? pl::Progress{} : progress_bar("pack"));
+      fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", s.samples, folder.num_classes(), s.pattern, seconds());
+      if (pack.max_side > 0) {
+        fmt::print("  {} of {} re-encoded with the longer side {} at quality {}: {} -> {} of images\n", s.resized,
+                   s.samples, pack.max_side, pack.quality, pinfeed::format_bytes(s.bytes_in),
+                   pinfeed::format_bytes(s.bytes_out));
+      }
     } else if (*sc) {
       const auto dataset = pl::open_dataset(scan_what);
       const auto bad = pl::scan_dataset(*dataset, scan_threads, quiet || scan_json ? pl::Progress{} : progress_bar("scan"));

@@ -1,36 +1,125 @@
 #!/usr/bin/env bash
-# pinfeed (C++ and through its Python module) and PyTorch's DataLoader side
-# by side, same files, same transforms, same run:
+# pinfeed (C++ and through its Python module) against its peers, same files,
+# same transforms, same batch and thread count, in alternating rounds:
 #   bench/peers/compare.sh DATASET_DIR [random|center] [batch]
-# Installs Debian's python3-torch and python3-torchvision if missing (large:
-# a few hundred MB), builds the release preset if needed.
+#       [--peers dali,ffcv,torch] [--rounds N] [--threads N] [--epochs N] [--out PREFIX]
+# Every loader makes float32 NCHW batches (RandomResizedCrop 224 + flip +
+# normalize, or Resize 256 + CenterCrop 224); pinfeed's uint8 NHWC rate is
+# shown beside it. Each round runs every loader once (3 epochs, median
+# epoch); the table gives each loader's per-round rates, their median and
+# pinfeed's ratio to it. Writes PREFIX.csv (one row per loader and round),
+# PREFIX.md (the table) and PREFIX.png (a bar chart); PREFIX defaults to
+# build/peers/compare-<crop>.
+#
+# Peers are installed on first use, each apart from the others:
+#   torch  Debian's python3-torch and python3-torchvision (apt).
+#   dali   NVIDIA DALI from PyPI (nvidia-dali-cuda130, ~200 MB) in
+#          build/peers/dali-venv; its CPU-only pipeline needs no GPU or driver.
+#   ffcv   FFCV 1.0.2 built from PyPI's sdist in build/peers/ffcv-venv
+#          (Debian's torch through --system-site-packages; numba 0.57.1,
+#          opencv-python 4.6), against Debian's libopencv-dev and
+#          libturbojpeg0-dev (apt). Its .beton of the dataset, holding the
+#          original JPEG files, is written once to build/peers/ffcv-data/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-data=${1:?usage: bench/peers/compare.sh DATASET_DIR [random|center] [batch]}
-crop=${2:-random}
-batch=${3:-64}
+usage="usage: bench/peers/compare.sh DATASET_DIR [random|center] [batch] [--peers dali,ffcv,torch] [--rounds N] [--threads N] [--epochs N] [--out PREFIX]"
+positional=() peers="dali,ffcv,torch" rounds=2 threads=$(nproc) epochs=3 out=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --peers) peers=${2:?$usage}; shift 2 ;;
+    --rounds) rounds=${2:?$usage}; shift 2 ;;
+    --threads) threads=${2:?$usage}; shift 2 ;;
+    --epochs) epochs=${2:?$usage}; shift 2 ;;
+    --out) out=${2:?$usage}; shift 2 ;;
+    -h|--help) echo "$usage"; exit 0 ;;
+    -*) echo "compare.sh: unknown option $1" >&2; echo "$usage" >&2; exit 2 ;;
+    *) positional+=("$1"); shift ;;
+  esac
+done
+data=${positional[0]:-}
+crop=${positional[1]:-random}
+batch=${positional[2]:-64}
+[[ -n $data ]] || { echo "$usage" >&2; exit 2; }
+[[ -d $data ]] || { echo "compare.sh: $data is not a directory (an ImageFolder: one folder per class)" >&2; exit 2; }
+[[ $crop == random || $crop == center ]] || { echo "compare.sh: crop must be random or center, got $crop" >&2; exit 2; }
+for n in "$batch" "$rounds" "$threads" "$epochs"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: batch, --rounds, --threads and --epochs must be positive integers, got $n" >&2; exit 2; }
+done
+IFS=, read -r -a peer_list <<< "$peers"
+for p in "${peer_list[@]}"; do
+  [[ $p == dali || $p == ffcv || $p == torch ]] || { echo "compare.sh: unknown peer '$p' (dali, ffcv, torch)" >&2; exit 2; }
+done
+data=$(realpath "$data")
+out=${out:-build/peers/compare-$crop}
+mkdir -p "$(dirname "$out")" build/peers
 
-if ! dpkg-query -W -f='${Status}' python3-torchvision 2>/dev/null | grep -q "install ok installed"; then
-  sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-torch python3-torchvision >/dev/null
-fi
+sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
+apt_need() {  # installs the Debian packages that are missing
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    echo "compare.sh: installing ${missing[*]}" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+apt_need python3-venv python3-torch python3-torchvision python3-matplotlib
 [[ -x build/release/bench/pinfeed-bench && -d build/release/python/pinfeed ]] ||
   { bash scripts/install-deps.sh; cmake --preset release >/dev/null; cmake --build --preset release; }
 
-out=$(mktemp)
-build/release/bench/pinfeed-bench loader --data "$data" --crop "$crop" --batch "$batch" --repeat 3 | tee "$out"
-py_line=$(PYTHONPATH=build/release/python /usr/bin/python3 bench/peers/pinfeed_python.py --data "$data" --crop "$crop" \
-  --batch "$batch" --epochs 3)
-echo "$py_line"
-torch_line=$(/usr/bin/python3 bench/peers/torch_dataloader.py --data "$data" --crop "$crop" --batch "$batch" --epochs 3)
-echo "$torch_line"
-rate() { awk '{for (i = 1; i <= NF; ++i) if ($i == "images/s") print $(i - 1)}'; }
-ours=$(awk '/pinfeed loader/ {print $3}' "$out")
-python=$(echo "$py_line" | rate)
-theirs=$(echo "$torch_line" | rate)
-awk -v a="$ours" -v p="$python" -v b="$theirs" 'BEGIN {
-  printf "  %-34s %10.2fx\n", "pinfeed (C++) / pytorch", a / b
-  printf "  %-34s %10.2fx\n", "pinfeed (Python) / pytorch", p / b
-  printf "  %-34s %10.2fx\n", "pinfeed Python / C++", p / a }'
-rm -f "$out"
+has() { [[ ",$peers," == *",$1,"* ]]; }
+if has dali && [[ ! -f build/peers/dali-venv/.ready ]]; then
+  echo "compare.sh: installing DALI into build/peers/dali-venv (first use)" >&2
+  rm -rf build/peers/dali-venv
+  /usr/bin/python3 -m venv build/peers/dali-venv
+  build/peers/dali-venv/bin/pip install -q nvidia-dali-cuda130 numpy
+  touch build/peers/dali-venv/.ready
+fi
+if has ffcv && [[ ! -f build/peers/ffcv-venv/.ready ]]; then
+  echo "compare.sh: building FFCV 1.0.2 into build/peers/ffcv-venv (first use)" >&2
+  apt_need libopencv-dev libturbojpeg0-dev pkg-config python3-dev g++
+  rm -rf build/peers/ffcv-venv
+  /usr/bin/python3 -m venv --system-site-packages build/peers/ffcv-venv
+  build/peers/ffcv-venv/bin/pip install -q "numba==0.57.1" "opencv-python==4.6.0.66" "pytorch-pfn-extras<0.10" \
+    fastargs terminaltables assertpy tqdm psutil
+  build/peers/ffcv-venv/bin/pip install -q --no-build-isolation "ffcv==1.0.2"
+  touch build/peers/ffcv-venv/.ready
+fi
+
+py_env="PYTHONPATH=build/release/python"
+rate() { awk '{for (i = 1; i <= NF; ++i) if ($i == "images/s") {print $(i - 1); exit}}'; }
+csv="$out.csv"
+echo "round,loader,images_per_s" > "$csv"
+record() { echo "$1,$2,$3" >> "$csv"; }
+beton="build/peers/ffcv-data/$(echo "$data" | md5sum | cut -c1-12).beton"
+for ((r = 1; r <= rounds; ++r)); do
+  echo "== round $r of $rounds"
+  for layout in nchw-f32 nhwc-u8; do
+    line=$(build/release/bench/pinfeed-bench loader --data "$data" --crop "$crop" --batch "$batch" --threads "$threads" \
+      --layout "$layout" --epochs "$epochs" --repeat 1 | grep "pinfeed loader")
+    echo "  [$layout] $line"
+    record "$r" "pinfeed-$layout" "$(echo "$line" | awk '{print $3}')"
+  done
+  line=$(env $py_env /usr/bin/python3 bench/peers/pinfeed_python.py --data "$data" --crop "$crop" --batch "$batch" \
+    --threads "$threads" --epochs "$epochs")
+  echo "$line"; record "$r" pinfeed-python "$(echo "$line" | rate)"
+  if has dali; then
+    line=$(build/peers/dali-venv/bin/python bench/peers/dali_cpu.py --data "$data" --crop "$crop" --batch "$batch" \
+      --threads "$threads" --epochs "$epochs" 2> >(grep -v "^$" | grep -iv warn >&2 || true))
+    echo "$line"; record "$r" dali-cpu "$(echo "$line" | rate)"
+  fi
+  if has ffcv; then
+    line=$(build/peers/ffcv-venv/bin/python bench/peers/ffcv_loader.py --data "$data" --beton "$beton" --crop "$crop" \
+      --batch "$batch" --workers "$threads" --epochs "$epochs")
+    echo "$line"; record "$r" ffcv "$(echo "$line" | rate)"
+  fi
+  if has torch; then
+    line=$(/usr/bin/python3 bench/peers/torch_dataloader.py --data "$data" --crop "$crop" --batch "$batch" \
+      --workers "$threads" --epochs "$epochs")
+    echo "$line"; record "$r" pytorch "$(echo "$line" | rate)"
+  fi
+done
+/usr/bin/python3 bench/peers/compare_table.py --csv "$csv" --out "$out" \
+  --title "$(basename "$data"), $crop crop, batch $batch, $threads threads, $(nproc) cores"

@@ -9,7 +9,13 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 
+#include <libyuv/scale_argb.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 
@@ -112,31 +118,176 @@ SyntheticDatasetSummary write_synthetic_dataset(const SyntheticDatasetConfig& c,
   return s;
 }
 
-std::string pack_shards(const Dataset& dataset, const fs::path& prefix, std::size_t per_shard, const Progress& progress) {
-  if (per_shard == 0) throw ConfigError("pack: samples per shard must be > 0");
+void PackConfig::validate() const {
+  if (per_shard == 0) throw ConfigError("pack: samples per shard must be >= 1");
+  if (max_side != 0 && (max_side < kMinImageSize || max_side > kMaxPackSide)) {
+    throw ConfigError(fmt::format("pack: max side must be 0 (keep every file) or {}..{}, got {}", kMinImageSize,
+                                  kMaxPackSide, max_side));
+  }
+  if (quality < 1 || quality > 100) throw ConfigError(fmt::format("pack: quality must be 1..100, got {}", quality));
+}
+
+namespace {
+
+/// Collects a decoded region's rows into one tightly packed BGRA image.
+class CollectRows final : public RowSink {
+ public:
+  std::vector<std::uint8_t> pixels;
+  int width = 0, height = 0;
+
+  void begin(int w, int h) override {
+    width = w;
+    height = h;
+    pixels.resize(static_cast<std::size_t>(w) * static_cast<std::size_t>(h) * 4);
+    y_ = 0;
+  }
+  void row(const std::uint8_t* bgra) override {
+    if (y_ >= height) return;
+    std::memcpy(pixels.data() + static_cast<std::size_t>(y_) * static_cast<std::size_t>(width) * 4, bgra,
+                static_cast<std::size_t>(width) * 4);
+    ++y_;
+  }
+
+ private:
+  int y_ = 0;
+};
+
+std::vector<std::byte> encode_bgra_jpeg(const std::uint8_t* bgra, int width, int height, int quality) {
+  tjhandle h = tjInitCompress();
+  if (h == nullptr) throw Error("TurboJPEG: tjInitCompress failed");
+  unsigned char* jpeg = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(h, bgra, width, width * 4, height, TJPF_BGRA, &jpeg, &size, TJSAMP_420, quality, 0);
+  if (rc != 0) {
+    const std::string why = tjGetErrorStr2(h);
+    tjFree(jpeg);
+    tjDestroy(h);
+    throw Error(fmt::format("TurboJPEG: encoding {}x{} failed: {}", width, height, why));
+  }
+  std::vector<std::byte> out(reinterpret_cast<std::byte*>(jpeg), reinterpret_cast<std::byte*>(jpeg) + size);
+  tjFree(jpeg);
+  tjDestroy(h);
+  return out;
+}
+
+}  // namespace
+
+bool shrink_image(ImageDecoder& decoder, std::span<const std::byte> data, int max_side, int quality,
+                  std::vector<std::byte>& out, const std::string& name) {
+  const ImageHeader h = decoder.header(data, name);
+  const int longer = std::max(h.width, h.height);
+  if (max_side <= 0 || longer <= max_side) return false;
+  // The target: the longer side exactly max_side, the other in proportion.
+  const double f = static_cast<double>(max_side) / longer;
+  const int out_w = h.width >= h.height ? max_side : std::max(1, static_cast<int>(std::lround(h.width * f)));
+  const int out_h = h.width >= h.height ? std::max(1, static_cast<int>(std::lround(h.height * f))) : max_side;
+  CollectRows image;
+  decoder.decode_planned(
+      data,
+      [&](const ImageHeader& hdr) {
+        int scale = 1;  // JPEG only: the largest DCT scale still covering the target
+        for (const int s : {8, 4, 2}) {
+          if (hdr.width / s >= out_w && hdr.height / s >= out_h) {
+            scale = s;
+            break;
+          }
+        }
+        return JpegDecoder::Plan{Region{0, 0, hdr.width, hdr.height}, scale};
+      },
+      image, name);
+  std::vector<std::uint8_t> half;
+  // Exact 2:1 box averages while the shrink exceeds 2x, then bilinear.
+  while (image.width / 2 >= out_w && image.height / 2 >= out_h && (image.width > out_w || image.height > out_h)) {
+    const int w = image.width / 2, hh = image.height / 2;
+    half.resize(static_cast<std::size_t>(w) * static_cast<std::size_t>(hh) * 4);
+    libyuv::ARGBScale(image.pixels.data(), image.width * 4, image.width & ~1, image.height & ~1, half.data(), w * 4, w,
+                      hh, libyuv::kFilterBox);
+    image.pixels.swap(half);
+    image.width = w;
+    image.height = hh;
+  }
+  const std::uint8_t* pixels = image.pixels.data();
+  if (image.width != out_w || image.height != out_h) {
+    half.resize(static_cast<std::size_t>(out_w) * static_cast<std::size_t>(out_h) * 4);
+    const int rc = libyuv::ARGBScale(image.pixels.data(), image.width * 4, image.width, image.height, half.data(),
+                                     out_w * 4, out_w, out_h, libyuv::kFilterBilinear);
+    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", image.width, image.height, out_w, out_h, rc));
+    pixels = half.data();
+  }
+  out = encode_bgra_jpeg(pixels, out_w, out_h, quality);
+  return true;
+}
+
+PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const PackConfig& config, const Progress& progress) {
+  config.validate();
   if (!prefix.parent_path().empty()) fs::create_directories(prefix.parent_path());
   const std::size_t n = dataset.size();
+  const std::size_t per_shard = config.per_shard;
   const std::size_t shards = (n + per_shard - 1) / per_shard;
   ProgressReporter report(progress, n);
-  std::vector<std::byte> buf;
-  for (std::size_t s = 0; s < shards; ++s) {
-    TarWriter tar(fs::path(prefix.string() + fmt::format("-{:06}.tar", s)));
-    for (std::size_t i = s * per_shard; i < std::min(n, (s + 1) * per_shard); ++i) {
-      dataset.read(i, buf);
-      const std::string key = fmt::format("{:09}", i);
-      const ImageFormat format = sniff_format(buf);
-      if (format == ImageFormat::unknown) {
-        throw DataError(dataset.describe(i), "not a JPEG, PNG or WebP image: pack refuses it (`pinfeed-data scan` lists "
-                                             "such files)");
-      }
-      tar.add(fmt::format("{}.{}", key, extension(format)), buf);
-      const std::string label = std::to_string(dataset.label(i));
-      tar.add(key + ".cls", std::as_bytes(std::span(label)));
-      report.tick();
+  PackSummary summary;
+  summary.samples = n;
+  // One shard's samples are read (and, with max_side, shrunk on every
+  // core) into memory, then written in order.
+  struct Sample {
+    std::vector<std::byte> bytes;
+    ImageFormat format = ImageFormat::unknown;
+    std::size_t read_bytes = 0;
+    bool resized = false;
+  };
+  std::vector<Sample> samples(config.max_side > 0 ? std::min(n, per_shard) : 1);
+  oneapi::tbb::enumerable_thread_specific<std::unique_ptr<ImageDecoder>> decoders;
+  const auto load = [&](std::size_t i, Sample& s) {
+    dataset.read(i, s.bytes);
+    s.read_bytes = s.bytes.size();
+    s.format = sniff_format(s.bytes);
+    s.resized = false;
+    if (s.format == ImageFormat::unknown) {
+      throw DataError(dataset.describe(i), "not a JPEG, PNG or WebP image: pack refuses it (`pinfeed-data scan` lists "
+                                           "such files)");
     }
-    tar.finish();
+    if (config.max_side > 0) {
+      auto& d = decoders.local();
+      if (!d) d = std::make_unique<ImageDecoder>();
+      std::vector<std::byte> shrunk;
+      if (shrink_image(*d, s.bytes, config.max_side, config.quality, shrunk, dataset.describe(i))) {
+        s.bytes.swap(shrunk);
+        s.format = ImageFormat::jpeg;
+        s.resized = true;
+      }
+    }
+    report.tick();
+  };
+  const auto add = [&](TarWriter& tar, std::size_t i, const Sample& s) {
+    const std::string key = fmt::format("{:09}", i);
+    tar.add(fmt::format("{}.{}", key, extension(s.format)), s.bytes);
+    const std::string label = std::to_string(dataset.label(i));
+    tar.add(key + ".cls", std::as_bytes(std::span(label)));
+    summary.bytes_in += s.read_bytes;
+    summary.bytes_out += s.bytes.size();
+    summary.resized += s.resized ? 1U : 0U;
+  };
+  for (std::size_t sh = 0; sh < shards; ++sh) {
+    const std::size_t first = sh * per_shard, count = std::min(n, first + per_shard) - first;
+    if (config.max_side > 0) {
+      // Shrunk on every core first (a shard's shrunk images are small:
+      // none is larger than max_side), then written in order.
+      run_parallel(config.threads, count, [&](std::size_t k) { load(first + k, samples[k]); });
+      TarWriter tar(fs::path(prefix.string() + fmt::format("-{:06}.tar", sh)));
+      for (std::size_t k = 0; k < count; ++k) add(tar, first + k, samples[k]);
+      tar.finish();
+    } else {
+      // The files as they are, one at a time (never a shard in memory).
+      TarWriter tar(fs::path(prefix.string() + fmt::format("-{:06}.tar", sh)));
+      for (std::size_t k = 0; k < count; ++k) {
+        load(first + k, samples[0]);
+        add(tar, first + k, samples[0]);
+      }
+      tar.finish();
+    }
   }
-  return prefix.string() + (shards == 1 ? "-000000.tar" : fmt::format("-{{000000..{:06}}}.tar", shards - 1));
+  summary.pattern = prefix.string() + (shards == 1 ? "-000000.tar" : fmt::format("-{{000000..{:06}}}.tar", shards - 1));
+  return summary;
 }
 
 std::vector<BadSample> scan_dataset(const Dataset& dataset, unsigned threads, const Progress& progress) {

@@ -14,6 +14,9 @@
 #include "image_fixtures.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/dataset_tools.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
+#include "pinfeed/loader/synthetic.hpp"
 #include "pinfeed/loader/tar_writer.hpp"
 
 namespace pinfeed::loader {
@@ -293,6 +296,118 @@ TEST_F(DatasetTest, ImagesInFormatsWeCannotDecodeRefuseTheFolderWhenOpened) {
     EXPECT_EQ(e.path(), data_.folder / "class02" / "scan.BMP");
     EXPECT_NE(e.reason().find("bmp"), std::string::npos) << e.reason();
   }
+}
+
+/// Mean of each BGRA channel over the image (decoded in full).
+std::array<double, 3> mean_colour(ImageDecoder& decoder, std::span<const std::byte> data) {
+  DecodedImage img;
+  decoder.decode_full(data, img, "mean");
+  std::array<double, 3> sum{};
+  for (int y = 0; y < img.height; ++y) {
+    for (int x = 0; x < img.width; ++x) {
+      for (std::size_t c = 0; c < 3; ++c) sum[c] += img.row(y)[4 * x + static_cast<int>(c)];
+    }
+  }
+  for (auto& v : sum) v /= static_cast<double>(img.width) * img.height;
+  return sum;
+}
+
+TEST_F(DatasetTest, PackWithMaxSideShrinksOnlyTheLargerImagesAndKeepsOrderAndLabels) {
+  // The fixture's images are 96..112 wide, 72..78 tall: with max_side 100,
+  // the 104- and 112-wide ones are re-encoded, the 96-wide ones kept.
+  ImageFolder folder(data_.folder);
+  PackConfig config;
+  config.per_shard = 5;
+  config.max_side = 100;
+  config.threads = 2;
+  const PackSummary s = pack_shards(folder, dir_.path() / "packed" / "small", config);
+  EXPECT_EQ(s.samples, 12U);
+  EXPECT_EQ(s.resized, 6U);  // widths 96 + (i % 3) * 8: images 1 and 2 of each class's 0..3
+  TarShards packed(expand_shard_pattern(s.pattern));
+  ASSERT_EQ(packed.size(), folder.size());
+  ImageDecoder decoder;
+  std::vector<std::byte> original, shrunk;
+  std::size_t resized = 0;
+  for (std::size_t i = 0; i < folder.size(); ++i) {
+    EXPECT_EQ(packed.label(i), folder.label(i));
+    folder.read(i, original);
+    packed.read(i, shrunk);
+    const ImageHeader a = decoder.header(original, "original");
+    const ImageHeader b = decoder.header(shrunk, packed.describe(i));
+    if (std::max(a.width, a.height) <= 100) {
+      EXPECT_EQ(original, shrunk) << "an image within the limit keeps its bytes: " << folder.describe(i);
+      continue;
+    }
+    ++resized;
+    EXPECT_EQ(b.width, 100) << folder.describe(i);
+    EXPECT_NEAR(b.height, a.height * 100.0 / a.width, 1.0) << folder.describe(i);
+    const auto ma = mean_colour(decoder, original), mb = mean_colour(decoder, shrunk);
+    for (std::size_t c = 0; c < 3; ++c) EXPECT_NEAR(ma[c], mb[c], 2.0) << folder.describe(i) << " channel " << c;
+  }
+  EXPECT_EQ(resized, s.resized);
+  EXPECT_GT(s.bytes_in, s.bytes_out);
+}
+
+TEST_F(DatasetTest, ShrinkUsesTheDctScaleAndBoxHalvingsForLargeShrinksAndConvertsPngToJpeg) {
+  SyntheticImageSpec spec;
+  spec.width = 1200;
+  spec.height = 900;
+  const auto jpeg = make_synthetic_jpeg(3, 1, 0, spec);
+  ImageDecoder decoder;
+  std::vector<std::byte> out;
+  ASSERT_TRUE(shrink_image(decoder, jpeg, 64, 90, out, "big.jpg"));
+  ImageHeader h = decoder.header(out, "out");
+  EXPECT_EQ(h.width, 64);
+  EXPECT_EQ(h.height, 48);
+  const auto ma = mean_colour(decoder, jpeg), mb = mean_colour(decoder, out);
+  for (std::size_t c = 0; c < 3; ++c) EXPECT_NEAR(ma[c], mb[c], 2.0) << "channel " << c;
+  // A portrait PNG: the height becomes the limit, the output is a JPEG.
+  DecodedImage img;
+  decoder.decode_full(jpeg, img, "big.jpg");
+  std::vector<std::uint8_t> rgb;
+  for (int y = 0; y < 300; ++y) {
+    for (int x = 0; x < 200; ++x) {
+      const std::uint8_t* p = img.row(y) + 4 * x;
+      rgb.insert(rgb.end(), {p[2], p[1], p[0]});
+    }
+  }
+  const auto png = encode_png(rgb.data(), 200, 300);
+  ASSERT_TRUE(shrink_image(decoder, png, 150, 90, out, "tall.png"));
+  EXPECT_EQ(sniff_format(out), ImageFormat::jpeg);
+  h = decoder.header(out, "out");
+  EXPECT_EQ(h.width, 100);
+  EXPECT_EQ(h.height, 150);
+  EXPECT_FALSE(shrink_image(decoder, png, 300, 90, out, "tall.png"));
+}
+
+TEST_F(DatasetTest, PackRefusesAbsurdSettingsAndNamesABadSample) {
+  ImageFolder folder(data_.folder);
+  PackConfig bad;
+  bad.max_side = 4;
+  EXPECT_THROW(pack_shards(folder, dir_.path() / "x", bad), ConfigError);
+  bad.max_side = 100;
+  bad.quality = 101;
+  EXPECT_THROW(pack_shards(folder, dir_.path() / "x", bad), ConfigError);
+  bad.quality = 90;
+  bad.per_shard = 0;
+  EXPECT_THROW(pack_shards(folder, dir_.path() / "x", bad), ConfigError);
+  // A truncated JPEG among the files: a DataError naming it, and no shard.
+  testing::TempDir other;
+  const auto broken = other.path() / "data" / "class00" / "broken.jpg";
+  std::vector<std::byte> bytes;
+  folder.read(5, bytes);
+  bytes.resize(bytes.size() / 3);
+  testing::write_bytes(broken, bytes);
+  ImageFolder with_bad(other.path() / "data");
+  PackConfig config;
+  config.max_side = 50;
+  try {
+    pack_shards(with_bad, other.path() / "out" / "p", config);
+    FAIL() << "a truncated JPEG was packed";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.jpg"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(other.path() / "out" / "p-000000.tar"));
 }
 
 TEST(ShardPatternTest, ExpandsBracesAndLists) {

@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
 
 namespace pinfeed::loader {
 
@@ -36,11 +38,39 @@ struct SyntheticDatasetSummary {
 
 SyntheticDatasetSummary write_synthetic_dataset(const SyntheticDatasetConfig& config, const Progress& progress = {});
 
+struct PackConfig {
+  std::size_t per_shard = 1000;  ///< samples per shard, >= 1
+  /// 0: every file as it is. Otherwise an image whose longer side exceeds
+  /// it is decoded (JPEG at the largest DCT scale that keeps the longer side
+  /// >= max_side), shrunk to a longer side of exactly max_side (exact 2:1
+  /// box averages, then bilinear) and re-encoded as a baseline 4:2:0 JPEG at
+  /// `quality`; smaller images keep their bytes. FFCV's max_resolution:
+  /// training then decodes fewer pixels. kMinImageSize..kMaxPackSide.
+  int max_side = 0;
+  int quality = 90;   ///< 1..100, for re-encoded images
+  unsigned threads = 0;  ///< re-encoding threads (0: every core)
+  void validate() const;  ///< ConfigError naming the field
+};
+inline constexpr int kMaxPackSide = 16384;
+
+struct PackSummary {
+  std::string pattern;        ///< brace pattern naming the shards
+  std::size_t samples = 0, resized = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;  ///< image bytes read and written
+};
+
 /// Writes `dataset` (usually an ImageFolder) as shards prefix-000000.tar, ...
-/// with `per_shard` samples each (key.jpg + key.cls). Returns the brace
-/// pattern naming them. Throws DataError on unreadable samples or write errors.
-std::string pack_shards(const Dataset& dataset, const std::filesystem::path& prefix, std::size_t per_shard,
+/// with `per_shard` samples each (key.jpg + key.cls), in the dataset's
+/// order. Throws DataError (naming the sample) on unreadable or undecodable
+/// samples or write errors; a shard is complete or absent.
+PackSummary pack_shards(const Dataset& dataset, const std::filesystem::path& prefix, const PackConfig& config,
                         const Progress& progress = {});
+
+/// One image shrunk as pack does it: its bytes unchanged (returns false)
+/// when its longer side is at most `max_side`, else `out` receives the
+/// re-encoded JPEG (returns true). DataError(name, reason) for a bad image.
+bool shrink_image(ImageDecoder& decoder, std::span<const std::byte> data, int max_side, int quality,
+                  std::vector<std::byte>& out, const std::string& name);
 
 struct BadSample {
   std::size_t index = 0;
