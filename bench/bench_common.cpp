@@ -11,6 +11,7 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <span>
@@ -69,6 +70,7 @@ Block allocate_block(pinfeed::memory::HostResource& resource, std::size_t bytes)
 /// that the loader's reading, transforms and batching add to.
 double planned_decode_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                            unsigned threads) {
+  std::atomic<std::size_t> decoded{0};
   const auto work = [&](unsigned k) {
     pl::JpegDecoder decoder;
     pl::DecodedImage image;
@@ -83,6 +85,7 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
                                   : pl::JpegDecoder::Plan{pl::Region{0, 0, h.width, h.height}, 1};
             },
             image, "ceiling");
+        decoded.fetch_add(1, std::memory_order_relaxed);
       } catch (const pinfeed::DataError&) {
       }
     }
@@ -93,9 +96,11 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
     for (auto& th : pool) th.join();
   };
   run_all();  // warm caches
+  decoded = 0;
   const auto t0 = Clock::now();
   for (int rep = 0; rep < 2; ++rep) run_all();
-  return 2.0 * static_cast<double>(files.size()) / std::chrono::duration<double>(Clock::now() - t0).count();
+  // Only the files that decoded count (a PNG or a bad file throws at once).
+  return static_cast<double>(decoded.load()) / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 namespace {
@@ -118,11 +123,15 @@ double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, cons
                       unsigned threads, std::size_t batch) {
   const int n = t.out_width(), rows = t.out_height();
   const std::size_t sample = t.sample_bytes();
-  // One batch, allocated and touched once, reused by every thread (thread k
-  // writes places k, k + threads, ...), as a loader's batch would be.
+  // One batch, allocated and touched once, reused: thread k writes only its
+  // own places k, k + threads, ... (at least one each), as a loader's
+  // threads fill the places of a batch.
+  const std::size_t per_thread = std::max<std::size_t>(1, batch / threads);
+  const std::size_t places = per_thread * threads;
   pinfeed::memory::PageableResource memory;
-  const Block out = allocate_block(memory, batch * sample);
-  std::memset(out.get(), 0, batch * sample);
+  const Block out = allocate_block(memory, places * sample);
+  std::memset(out.get(), 0, places * sample);
+  std::atomic<std::size_t> decoded{0};
   float scale[3], bias[3];
   for (std::size_t c = 0; c < 3; ++c) {
     scale[c] = 1.0F / (255.0F * t.std[c]);
@@ -133,6 +142,7 @@ double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, cons
     pl::DecodedImage image;
     std::vector<std::uint8_t> scaled(static_cast<std::size_t>(n) * static_cast<std::size_t>(rows) * 4);
     std::vector<std::uint8_t> mirrored(static_cast<std::size_t>(n) * 4);
+    std::size_t mine = 0;  // samples this thread has written
     for (std::size_t i = k; i < files.size(); i += threads) {
       pl::SampleRng rng(0, 0, i);
       bool flip = false;
@@ -150,7 +160,8 @@ double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, cons
       }
       libyuv::ARGBScale(image.row(0), static_cast<int>(image.stride_bytes()), image.width, image.height, scaled.data(),
                         n * 4, n, rows, libyuv::kFilterBilinear);
-      std::byte* place = out.get() + (i % batch) * sample;
+      std::byte* place = out.get() + (k + threads * (mine++ % per_thread)) * sample;
+      decoded.fetch_add(1, std::memory_order_relaxed);
       if (t.layout == pl::Layout::nchw_f32) {
         auto* dst = reinterpret_cast<float*>(place);
         const auto plane = static_cast<std::size_t>(n) * static_cast<std::size_t>(rows);
@@ -182,9 +193,10 @@ double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, cons
     for (auto& th : pool) th.join();
   };
   run_all();  // warm caches
+  decoded = 0;
   const auto t0 = Clock::now();
   for (int rep = 0; rep < 2; ++rep) run_all();
-  return 2.0 * static_cast<double>(files.size()) / std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(decoded.load()) / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults.

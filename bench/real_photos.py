@@ -59,7 +59,7 @@ def main() -> None:
             area = rng.uniform(0.3, 1.0) * sw * sh
             w = min(sw, int(round((area * ow / oh) ** 0.5)))
             h = min(sh, int(round(w * oh / ow)))
-            w = int(round(h * ow / oh))
+            w = min(sw, int(round(h * ow / oh)))
             x, y = rng.randint(0, sw - w), rng.randint(0, sh - h)
             crop = source.crop((x, y, x + w, y + h)).resize((ow, oh), Image.LANCZOS)
             data = encode(crop, int(a.target_kb * 1000))

@@ -16,6 +16,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/dataset_tools.hpp"
+#include "pinfeed/loader/transform.hpp"
 #include "pinfeed/units.hpp"
 #include "progress.hpp"
 #include "tool_main.hpp"
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
   pk->add_option("--max-side", pack.max_side,
                  "re-encode images whose longer side exceeds N as JPEGs with that side N (training decodes fewer "
                  "pixels; smaller images are kept as they are); 0 keeps every file")
-      ->check(CLI::Range(0, pl::kMaxPackSide))
+      ->check(CLI::Range(0, 0) | CLI::Range(pl::kMinImageSize, pl::kMaxPackSide))
       ->capture_default_str();
   pk->add_option("--quality", pack.quality, "JPEG quality of re-encoded images")
       ->check(CLI::Range(1, 100))

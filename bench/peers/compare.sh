@@ -5,8 +5,9 @@
 #       [--peers dali,ffcv,torch] [--rounds N] [--threads N] [--epochs N] [--out PREFIX]
 # Every loader makes float32 NCHW batches (RandomResizedCrop 224 + flip +
 # normalize, or Resize 256 + CenterCrop 224); pinfeed's uint8 NHWC rate is
-# shown beside it. Each round runs every loader once (3 epochs, median
-# epoch); the table gives each loader's per-round rates, their median and
+# shown beside it. Each round runs every loader once for 3 epochs (the peers
+# report their median epoch, pinfeed-bench the 3 epochs' images over their
+# time); the table gives each loader's per-round rates, their median and
 # pinfeed's ratio to it. Writes PREFIX.csv (one row per loader and round),
 # PREFIX.md (the table) and PREFIX.png (a bar chart); PREFIX defaults to
 # build/peers/compare-<crop>.
@@ -50,6 +51,7 @@ for p in "${peer_list[@]}"; do
   [[ $p == dali || $p == ffcv || $p == torch ]] || { echo "compare.sh: unknown peer '$p' (dali, ffcv, torch)" >&2; exit 2; }
 done
 data=$(realpath "$data")
+name=$(basename "$data"); [[ $name == train || $name == val ]] && name="$(basename "$(dirname "$data")")/$name"
 out=${out:-build/peers/compare-$crop}
 mkdir -p "$(dirname "$out")" build/peers
 
@@ -93,7 +95,8 @@ rate() { awk '{for (i = 1; i <= NF; ++i) if ($i == "images/s") {print $(i - 1); 
 csv="$out.csv"
 echo "round,loader,images_per_s" > "$csv"
 record() { echo "$1,$2,$3" >> "$csv"; }
-beton="build/peers/ffcv-data/$(echo "$data" | md5sum | cut -c1-12).beton"
+# Keyed on every file's path, size and time: a rebuilt dataset gets a new .beton.
+beton="build/peers/ffcv-data/$(find "$data" -type f -printf '%p %s %T@\n' | sort | md5sum | cut -c1-12).beton"
 for ((r = 1; r <= rounds; ++r)); do
   echo "== round $r of $rounds"
   for layout in nchw-f32 nhwc-u8; do
@@ -122,4 +125,4 @@ for ((r = 1; r <= rounds; ++r)); do
   fi
 done
 /usr/bin/python3 bench/peers/compare_table.py --csv "$csv" --out "$out" \
-  --title "$(basename "$data"), $crop crop, batch $batch, $threads threads, $(nproc) cores"
+  --title "$name: $crop crop, float32, batch $batch, $threads threads, $(nproc) cores, $(date -u +%F)"

@@ -52,7 +52,7 @@ def main() -> None:
     ax.barh(y, [medians[n] for n in names], color=colors)
     for i, n in enumerate(names):
         ax.plot(rates[n], [i] * len(rates[n]), "k|", markersize=12)  # each round
-        ax.text(medians[n], i, f"  {medians[n]:.0f}", va="center")
+        ax.text(max(rates[n]), i, f"   {medians[n]:.0f}", va="center")
     ax.set_yticks(list(y), [LABELS.get(n, n) for n in names])
     ax.invert_yaxis()
     ax.set_xlabel("images/s (bar: median of the rounds; ticks: each round)")

@@ -13,6 +13,7 @@ ToTorchImage; on the CPU that order hangs in the Loader's constructor
 Runs in its own venv (compare.sh builds it on first use).
 """
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -60,6 +61,8 @@ class Folder:
     def __getitem__(self, i):
         path, label = self.items[i]
         data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+        if data[:2].tobytes() != b"\xff\xd8":
+            raise SystemExit(f"ffcv_loader: {path} is not a JPEG (the .beton holds the files as they are)")
         with Image.open(path) as im:
             width, height = im.size
         return (data, width, height), label
@@ -94,7 +97,7 @@ def main() -> None:
         decode = [CenterCropRGBImageDecoder((a.size, a.size), ratio=224 / 256)]
     image = decode + [NormalizeImage(MEAN, STD, np.float32), ToTensor(), ToTorchImage(channels_last=False)]
     loader = Loader(str(beton), batch_size=a.batch, num_workers=a.workers, order=OrderOption.RANDOM,
-                    os_cache=True, drop_last=False,
+                    os_cache=True, drop_last=False, custom_fields={"image": OriginalJpegField},
                     pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
 
     for i, _ in enumerate(loader):  # warm-up: numba compiled, page cache filled
@@ -111,8 +114,7 @@ def main() -> None:
         seconds += dt
         rates.append(n / dt)
     rate = statistics.median(rates)
-    import ffcv
-    version = getattr(ffcv, "__version__", "1.0.2")
+    version = importlib.metadata.version("ffcv")  # ffcv.__version__ says 0.0.3rc1 in 1.0.2
     if a.json:
         print(json.dumps({"loader": "ffcv", "ffcv": version, "workers": a.workers, "images": images,
                           "seconds": seconds, "images_per_s": rate, "torch": torch.__version__}))

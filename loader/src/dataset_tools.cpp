@@ -235,7 +235,8 @@ PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const Pa
     std::size_t read_bytes = 0;
     bool resized = false;
   };
-  std::vector<Sample> samples(config.max_side > 0 ? std::min(n, per_shard) : 1);
+  const std::size_t chunk = 8 * static_cast<std::size_t>(default_threads(config.threads));
+  std::vector<Sample> samples(config.max_side > 0 ? std::max<std::size_t>(1, std::min({n, per_shard, chunk})) : 1);
   oneapi::tbb::enumerable_thread_specific<std::unique_ptr<ImageDecoder>> decoders;
   const auto load = [&](std::size_t i, Sample& s) {
     dataset.read(i, s.bytes);
@@ -270,11 +271,14 @@ PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const Pa
   for (std::size_t sh = 0; sh < shards; ++sh) {
     const std::size_t first = sh * per_shard, count = std::min(n, first + per_shard) - first;
     if (config.max_side > 0) {
-      // Shrunk on every core first (a shard's shrunk images are small:
-      // none is larger than max_side), then written in order.
-      run_parallel(config.threads, count, [&](std::size_t k) { load(first + k, samples[k]); });
+      // A chunk of samples at a time is shrunk on every core, then written
+      // in order: memory holds one chunk, whatever the shard size.
       TarWriter tar(fs::path(prefix.string() + fmt::format("-{:06}.tar", sh)));
-      for (std::size_t k = 0; k < count; ++k) add(tar, first + k, samples[k]);
+      for (std::size_t at = 0; at < count; at += samples.size()) {
+        const std::size_t m = std::min(samples.size(), count - at);
+        run_parallel(config.threads, m, [&](std::size_t k) { load(first + at + k, samples[k]); });
+        for (std::size_t k = 0; k < m; ++k) add(tar, first + at + k, samples[k]);
+      }
       tar.finish();
     } else {
       // The files as they are, one at a time (never a shard in memory).

@@ -47,6 +47,10 @@ TEST_F(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
   EXPECT_EQ(j["loader"]["images"], 16);
   EXPECT_GT(j["loader"]["images_per_s"].get<double>(), 0);
   EXPECT_GT(j["ceiling"]["single_thread_images_per_s"].get<double>(), 0);
+  // The bare loop of the same decode, and the loader's rate over it.
+  const double bare = j["ceiling"]["bare_loop_images_per_s"].get<double>();
+  EXPECT_GT(bare, 0);
+  EXPECT_NEAR(j["ratio_to_bare_loop"].get<double>(), j["loader"]["images_per_s"].get<double>() / bare, 1e-9);
   EXPECT_EQ(j["memory"]["pool_slots"], 4);
   EXPECT_GT(j["memory"]["loading_rss_mib_max"].get<double>(), 0);
   // Reading's share, from the loader's read time and the matching decode rate.
@@ -97,6 +101,7 @@ TEST_F(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
   EXPECT_NEAR(j["config"]["epoch_ms"].get<double>(), us["matching_decode_per_thread"].get<double>() * 16 / 2 / 1000, 1e-6);
   const double sum = us["sum"].get<double>(), decode = us["matching_decode_per_thread"].get<double>();
   EXPECT_NEAR(j["floor_time_vs_matching_decode"].get<double>(), sum / decode, 1e-9);
+  EXPECT_NEAR(us["bare_loop_per_thread"].get<double>(), 2.0 / j["bare_loop_images_per_s"].get<double>() * 1e6, 1e-6);
   EXPECT_NEAR(j["floor_overhead_vs_matching_decode"].get<double>(), sum / (decode + sum), 1e-9)
       << "the same definition as the loader bench's overhead";
   EXPECT_EQ(bench("floor --data /nonexistent").rc, 1);

@@ -43,6 +43,19 @@ TEST(DataToolTest, MakeScanPackScanAgain) {
   r = data("scan --json '" + (dir.path() / "shards/train-{000000..000002}.tar").string() + "'");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(json::parse(r.out)["samples"], 24);
+
+  // --max-side: every image (500x375 on average) re-encoded smaller, all
+  // of them still decodable, in the same number.
+  r = data("-q pack --from " + (root / "train").string() + " --out " + (dir.path() / "small/train").string() +
+           " --max-side 64 --quality 80 --threads 2");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("24 of 24 re-encoded with the longer side 64 at quality 80"), std::string::npos) << r.out;
+  r = data("scan --json '" + (dir.path() / "small/train-000000.tar").string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["samples"], 24);
+  EXPECT_LT(std::filesystem::file_size(dir.path() / "small/train-000000.tar"),
+            std::filesystem::file_size(dir.path() / "shards/train-000000.tar") * 24 / 10 / 4)
+      << "a tenth of the pixels, far fewer bytes";
 }
 
 TEST(DataToolTest, TextureStyleWritesTheSameFilesEveryTimeAndRefusesUnknownStyles) {
@@ -137,6 +150,8 @@ TEST(DataToolTest, HostileShardsAndFifosAreNamedErrorsNotHangs) {
 
 TEST(DataToolTest, BadFlagsExitTwo) {
   for (const char* args : {"", "make", "make --out /tmp/x --classes 0", "make --out /tmp/x --quality 101", "pack --from /nonexistent --out x",
+                           "pack --from . --out x --max-side 4", "pack --from . --out x --max-side 100 --quality 0",
+                           "pack --from . --out x --max-side -1",
                            "frobnicate"}) {
     const Result r = data(args);
     EXPECT_EQ(r.rc, 2) << args;

@@ -48,7 +48,7 @@ struct PackConfig {
   /// training then decodes fewer pixels. kMinImageSize..kMaxPackSide.
   int max_side = 0;
   int quality = 90;   ///< 1..100, for re-encoded images
-  unsigned threads = 0;  ///< re-encoding threads (0: every core)
+  unsigned threads = 0;  ///< re-encoding threads (0: every core); 8 images per thread are held at a time
   void validate() const;  ///< ConfigError naming the field
 };
 inline constexpr int kMaxPackSide = 16384;
