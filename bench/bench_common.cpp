@@ -119,6 +119,34 @@ void bare_planes(const std::uint8_t* px, int n, const float* scale, const float*
 
 }  // namespace
 
+void write_bare_sample(const std::uint8_t* bgra, int n, int rows, bool flip, pl::Layout layout, const float* scale,
+                       const float* bias, std::uint8_t* mirrored, std::byte* place) {
+  const auto un = static_cast<std::size_t>(n);
+  if (layout == pl::Layout::nchw_f32) {
+    auto* dst = reinterpret_cast<float*>(place);
+    const auto plane = un * static_cast<std::size_t>(rows);
+    for (int y = 0; y < rows; ++y) {
+      const auto at = static_cast<std::size_t>(y) * un;
+      const std::uint8_t* r = bgra + at * 4;
+      if (flip) {
+        libyuv::ARGBMirror(r, 0, mirrored, 0, n, 1);
+        r = mirrored;
+      }
+      bare_planes(r, n, scale, bias, dst + at, dst + plane + at, dst + 2 * plane + at);
+    }
+  } else {
+    auto* dst = reinterpret_cast<std::uint8_t*>(place);
+    for (int y = 0; y < rows; ++y) {
+      const std::uint8_t* r = bgra + static_cast<std::size_t>(y) * un * 4;
+      if (flip) {
+        libyuv::ARGBMirror(r, 0, mirrored, 0, n, 1);
+        r = mirrored;
+      }
+      libyuv::ARGBToRAW(r, 0, dst + static_cast<std::size_t>(y) * un * 3, 0, n, 1);
+    }
+  }
+}
+
 double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                       unsigned threads, std::size_t batch) {
   const int n = t.out_width(), rows = t.out_height();
@@ -162,29 +190,7 @@ double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, cons
                         n * 4, n, rows, libyuv::kFilterBilinear);
       std::byte* place = out.get() + (k + threads * (mine++ % per_thread)) * sample;
       decoded.fetch_add(1, std::memory_order_relaxed);
-      if (t.layout == pl::Layout::nchw_f32) {
-        auto* dst = reinterpret_cast<float*>(place);
-        const auto plane = static_cast<std::size_t>(n) * static_cast<std::size_t>(rows);
-        for (int y = 0; y < rows; ++y) {
-          const auto at = static_cast<std::size_t>(y) * static_cast<std::size_t>(n);
-          const std::uint8_t* r = scaled.data() + at * 4;
-          if (flip) {
-            libyuv::ARGBMirror(r, 0, mirrored.data(), 0, n, 1);
-            r = mirrored.data();
-          }
-          bare_planes(r, n, scale, bias, dst + at, dst + plane + at, dst + 2 * plane + at);
-        }
-      } else {
-        auto* dst = reinterpret_cast<std::uint8_t*>(place);
-        for (int y = 0; y < rows; ++y) {
-          const std::uint8_t* r = scaled.data() + static_cast<std::size_t>(y) * static_cast<std::size_t>(n) * 4;
-          if (flip) {
-            libyuv::ARGBMirror(r, 0, mirrored.data(), 0, n, 1);
-            r = mirrored.data();
-          }
-          libyuv::ARGBToRAW(r, 0, dst + static_cast<std::size_t>(y) * static_cast<std::size_t>(n) * 3, 0, n, 1);
-        }
-      }
+      write_bare_sample(scaled.data(), n, rows, flip, t.layout, scale, bias, mirrored.data(), place);
     }
   };
   const auto run_all = [&] {
@@ -259,8 +265,10 @@ Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::Tra
   tjDestroy(h);
   if (files.empty()) throw pinfeed::DataError(data.describe(0), "no file of the dataset could be read for the decode ceiling");
   const auto count = static_cast<double>(files.size());
-  return Ceiling{files.size(), count / s, pixels / count / 1e6, planned_decode_rate(files, transform, threads),
-                 bare_loop_rate(files, transform, threads, batch)};
+  Ceiling c{files.size(), count / s, pixels / count / 1e6, planned_decode_rate(files, transform, threads),
+            bare_loop_rate(files, transform, threads, batch)};
+  c.bare_loop_raw_images_per_s = bare_loop_raw_rate(files, transform, threads, batch, &c.raw_eligible_share);
+  return c;
 }
 
 double median(std::vector<double> v) {

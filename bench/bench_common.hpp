@@ -38,6 +38,8 @@ struct Ceiling {
   double megapixels_per_image = 0;
   double planned_images_per_s = 0;  ///< all threads, decoding only what the loader decodes
   double bare_loop_images_per_s = 0;  ///< all threads, the bare loop (bare_loop_rate)
+  double bare_loop_raw_images_per_s = 0;  ///< all threads, the raw-YCbCr bare loop (eligible files only)
+  double raw_eligible_share = 0;          ///< files the raw loop can decode (baseline YCbCr 4:2:0/4:2:2/4:4:4)
 };
 /// The loader's own decode work alone (same crop plans, ROI and DCT scale)
 /// on `threads` threads at once, files from memory.
@@ -55,6 +57,19 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
 /// ignores --interpolation nearest and --no-roi.
 double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                       unsigned threads, std::size_t batch);
+/// The bare loop's output step: BGRA rows (n x rows) flipped when asked and
+/// written as float32 NCHW (normalized) or uint8 RGB NHWC to `place`.
+void write_bare_sample(const std::uint8_t* bgra, int n, int rows, bool flip, pl::Layout layout, const float* scale,
+                       const float* bias, std::uint8_t* mirrored, std::byte* place);
+/// The bare loop decoding raw YCbCr planes instead (libjpeg raw_data_out,
+/// raw_loop.cpp): the same plans and DCT scale, whole rows (libjpeg cannot
+/// crop columns or skip rows in raw mode) down to the region's last row
+/// only; each plane's region box-filtered to the output size (libyuv
+/// ScalePlane), colour converted at the output size (libyuv J4xxToARGB, full
+/// range), then the same output step. Baseline YCbCr 4:2:0, 4:2:2 and 4:4:4
+/// files only (the share in `eligible_share`); images/s of those.
+double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
+                          unsigned threads, std::size_t batch, double* eligible_share);
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults;
 /// the planned (matching) decode and the bare loop on `threads` threads.
 Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads,

@@ -154,6 +154,9 @@ void print_report(const json& j) {
              "flip/normalize loops into one batch)\n",
              "bare loop of the same decode", at("bare_loop_per_thread"), j["bare_loop_images_per_s"].get<double>(),
              c["threads"].get<unsigned>());
+  fmt::print("  {:<44} {:>8.0f} images/s on {} threads ({:.0f}% of the files: baseline YCbCr 4:2:0/4:2:2/4:4:4)\n",
+             "bare loop decoding raw YCbCr planes", j["bare_loop_raw_ycbcr_images_per_s"].get<double>(),
+             c["threads"].get<unsigned>(), j["raw_ycbcr_eligible_share"].get<double>() * 100);
   fmt::print("  least pipeline overhead vs matching decode      {:+.1f}%   (as pinfeed-bench loader computes it: "
              "1 - rate / matching rate)\n",
              j["floor_overhead_vs_matching_decode"].get<double>() * 100);
@@ -171,11 +174,14 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
   const pl::TransformConfig& t = config.transform;
   const std::size_t n_files = std::min<std::size_t>(dataset->size(), 2000);
 
-  std::vector<double> planned, bare;  // the matching decode and the bare loop: images/s, all threads
+  std::vector<double> planned, bare, raw;  // the matching decode and the bare loops: images/s, all threads
+  double raw_share = 0;
   for (std::size_t r = 0; r < repeat; ++r) {
     const Ceiling c = decode_ceiling(*dataset, 200, t, threads, config.batch_size);
     planned.push_back(c.planned_images_per_s);
     bare.push_back(c.bare_loop_images_per_s);
+    raw.push_back(c.bare_loop_raw_images_per_s);
+    raw_share = c.raw_eligible_share;
   }
   const double decode_us = static_cast<double>(threads) / median(planned) * 1e6;
   const double bare_us = static_cast<double>(threads) / median(bare) * 1e6;
@@ -196,6 +202,8 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
                        {"read_after_an_epoch", reads.after_epoch_us}, {"horizontal_resize", resize_us},
                        {"output_write", output_us}, {"sum", floor_us}, {"bare_loop_per_thread", bare_us}};
   j["bare_loop_images_per_s"] = median(bare);
+  j["bare_loop_raw_ycbcr_images_per_s"] = median(raw);
+  j["raw_ycbcr_eligible_share"] = raw_share;
   // The loader bench's overhead is 1 - loader rate / matching rate, i.e. the
   // share of the pipeline's time that is not decoding; at the floor that is
   // floor / (decode + floor).
