@@ -18,7 +18,8 @@ while [[ $# -gt 0 ]]; do
     --sides) sides=${2:?}; shift 2 ;;
     --rounds) rounds=${2:?}; shift 2 ;;
     -h|--help) sed -n 2,13p "$0"; exit 0 ;;
-    *) sets+=("$1"); shift ;;
+    -*) echo "pack_figures.sh: unknown option $1 (--sides, --rounds)" >&2; exit 2 ;;
+    *) [[ -d $1 ]] || { echo "pack_figures.sh: $1 is not a folder" >&2; exit 2; }; sets+=("$1"); shift ;;
   esac
 done
 [[ -x build/release/bench/pinfeed-bench ]] ||

@@ -24,8 +24,14 @@ out=$(realpath "$out")
 for deb in "$out"/debs/*.deb; do dpkg-deb -x "$deb" "$out/debs/root"; done
 sources=()
 for dir in "$out"/debs/root/usr/share/wallpapers/*/contents/images; do
-  largest=$(ls -S "$dir"/*.jpg 2>/dev/null | head -1 || true)  # the highest resolution
+  largest=$(ls -S "$dir"/*.jpg 2>/dev/null | head -1 || true)  # the largest file: its highest resolution
   [[ -n $largest ]] && sources+=("$largest")
 done
 sources+=("$out"/debs/root/usr/share/backgrounds/mate/nature/*.jpg)
-/usr/bin/python3 bench/real_photos.py --sources "${sources[@]}" --out "$out" --per-class "$per_class"
+[[ ${#sources[@]} -gt 0 ]] || { echo "real_photos.sh: no JPEG found in the unpacked packages" >&2; exit 1; }
+# Written under a temporary name: a run that fails half way leaves no train/.
+rm -rf "$out/.partial"
+/usr/bin/python3 bench/real_photos.py --sources "${sources[@]}" --out "$out/.partial" --per-class "$per_class"
+mv "$out/.partial/train" "$out/train"
+rmdir "$out/.partial"
+echo "real_photos.sh: $out/train"

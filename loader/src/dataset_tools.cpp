@@ -152,17 +152,19 @@ class CollectRows final : public RowSink {
   int y_ = 0;
 };
 
-std::vector<std::byte> encode_bgra_jpeg(const std::uint8_t* bgra, int width, int height, int quality) {
+std::vector<std::byte> encode_bgra_jpeg(const std::uint8_t* bgra, int width, int height, int quality, bool gray,
+                                        const std::string& name) {
   tjhandle h = tjInitCompress();
   if (h == nullptr) throw Error("TurboJPEG: tjInitCompress failed");
   unsigned char* jpeg = nullptr;
   unsigned long size = 0;
-  const int rc = tjCompress2(h, bgra, width, width * 4, height, TJPF_BGRA, &jpeg, &size, TJSAMP_420, quality, 0);
+  const int rc = tjCompress2(h, bgra, width, width * 4, height, TJPF_BGRA, &jpeg, &size, gray ? TJSAMP_GRAY : TJSAMP_420,
+                             quality, 0);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(h);
     tjFree(jpeg);
     tjDestroy(h);
-    throw Error(fmt::format("TurboJPEG: encoding {}x{} failed: {}", width, height, why));
+    throw DataError(name, fmt::format("re-encoding at {}x{} failed: TurboJPEG: {}", width, height, why));
   }
   std::vector<std::byte> out(reinterpret_cast<std::byte*>(jpeg), reinterpret_cast<std::byte*>(jpeg) + size);
   tjFree(jpeg);
@@ -211,10 +213,14 @@ bool shrink_image(ImageDecoder& decoder, std::span<const std::byte> data, int ma
     half.resize(static_cast<std::size_t>(out_w) * static_cast<std::size_t>(out_h) * 4);
     const int rc = libyuv::ARGBScale(image.pixels.data(), image.width * 4, image.width, image.height, half.data(),
                                      out_w * 4, out_w, out_h, libyuv::kFilterBilinear);
-    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", image.width, image.height, out_w, out_h, rc));
+    if (rc != 0) {
+      throw DataError(name, fmt::format("shrinking {}x{} to {}x{} failed (libyuv ARGBScale: {})", image.width,
+                                        image.height, out_w, out_h, rc));
+    }
     pixels = half.data();
   }
-  out = encode_bgra_jpeg(pixels, out_w, out_h, quality);
+  // A grayscale JPEG stays one channel (BGRA rows of a gray image have B = G = R).
+  out = encode_bgra_jpeg(pixels, out_w, out_h, quality, h.color_space == "gray", name);
   return true;
 }
 

@@ -378,6 +378,21 @@ TEST_F(DatasetTest, ShrinkUsesTheDctScaleAndBoxHalvingsForLargeShrinksAndConvert
   EXPECT_EQ(h.width, 100);
   EXPECT_EQ(h.height, 150);
   EXPECT_FALSE(shrink_image(decoder, png, 300, 90, out, "tall.png"));
+  // Grayscale stays one channel; CMYK comes out as a colour JPEG of the same picture.
+  for (const JpegKind kind : {JpegKind::grayscale, JpegKind::cmyk, JpegKind::progressive}) {
+    SyntheticImageSpec k;
+    k.width = 301;  // odd sizes: the halvings drop a last column or row
+    k.height = 203;
+    k.kind = kind;
+    const auto src = make_synthetic_jpeg(5, 2, 1, k);
+    ASSERT_TRUE(shrink_image(decoder, src, 75, 90, out, "kind.jpg"));
+    h = decoder.header(out, "out");
+    EXPECT_EQ(h.width, 75);
+    EXPECT_EQ(h.height, 51);  // 203 * 75 / 301 = 50.6
+    EXPECT_EQ(h.components, kind == JpegKind::grayscale ? 1 : 3);
+    const auto a = mean_colour(decoder, src), b = mean_colour(decoder, out);
+    for (std::size_t c = 0; c < 3; ++c) EXPECT_NEAR(a[c], b[c], 3.0) << "kind " << static_cast<int>(kind) << " channel " << c;
+  }
 }
 
 TEST_F(DatasetTest, PackRefusesAbsurdSettingsAndNamesABadSample) {

@@ -43,8 +43,10 @@ struct PackConfig {
   /// 0: every file as it is. Otherwise an image whose longer side exceeds
   /// it is decoded (JPEG at the largest DCT scale that keeps the longer side
   /// >= max_side), shrunk to a longer side of exactly max_side (exact 2:1
-  /// box averages, then bilinear) and re-encoded as a baseline 4:2:0 JPEG at
-  /// `quality`; smaller images keep their bytes. FFCV's max_resolution:
+  /// box averages, then bilinear) and re-encoded as a baseline 4:2:0 JPEG
+  /// (grayscale stays grayscale) at `quality`; metadata (EXIF, ICC) is not
+  /// kept. Smaller images keep their bytes (not decoded: `pinfeed-data scan`
+  /// checks them). FFCV's max_resolution:
   /// training then decodes fewer pixels. kMinImageSize..kMaxPackSide.
   int max_side = 0;
   int quality = 90;   ///< 1..100, for re-encoded images
