@@ -2,7 +2,7 @@
 # What `pinfeed-data pack --max-side N` buys and costs, measured:
 #   bench/pack_figures.sh [DATASET_DIR ...] [--sides 256,320,512] [--rounds N]
 # (default datasets: build/real-photos/train from bench/real_photos.sh and
-# build/synth/train, a `pinfeed-data make` set of 900 500x375 JPEGs).
+# build/synth/train, a `pinfeed-data make` set of 900 JPEGs of 500x375 +-30%).
 # For each dataset: tar shards of the files as they are, and for each N
 # shards re-encoded with the longer side at most N (quality 90). The loader's
 # images/s on each (RandomResizedCrop 224 + flip + normalize, float32, batch
@@ -37,7 +37,10 @@ table=build/packs/pack-figures.md
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 } > "$table"
 for data in "${sets[@]}"; do
+  # Named after the folder above train/ (build/real-photos/train: real-photos),
+  # with the folder's own name added when it is not train.
   name=$(basename "$(dirname "$(realpath "$data")")")
+  [[ $(basename "$data") == train ]] || name="$name-$(basename "$data")"
   declare -A pattern=() mb=() secs=() rates=()
   variants=(0 "${side_list[@]}")
   for n in "${variants[@]}"; do

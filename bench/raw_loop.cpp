@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "pinfeed/loader/jpeg_decoder.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/transform.hpp"
 #include "pinfeed/memory/pageable_resource.hpp"
@@ -44,7 +45,7 @@ struct RawDecoder {
   jpeg_decompress_struct cinfo{};
   RawError err{};
   std::array<std::vector<std::uint8_t>, 3> planes;
-  std::array<int, 3> stride{}, rows{};
+  std::array<int, 3> stride{}, rows{}, sub_x{}, sub_y{};  ///< sub: luma pixels per plane pixel
   std::array<std::vector<JSAMPROW>, 3> pointers;
   std::array<JSAMPARRAY, 3> arrays{};
   RawDecoder() {
@@ -84,6 +85,11 @@ int read_raw_header(RawDecoder& d, std::span<const std::byte> file, int& width, 
   jpeg_read_header(&c, TRUE);
   width = static_cast<int>(c.image_width);
   height = static_cast<int>(c.image_height);
+  // The loader's pixel limit: a header claiming 65000x65000 is skipped here.
+  if (static_cast<std::uint64_t>(width) * static_cast<std::uint64_t>(height) > pl::kDefaultMaxPixels) {
+    jpeg_abort_decompress(&c);
+    return -1;
+  }
   const int s = sampling(c);
   if (s == 0) jpeg_abort_decompress(&c);
   return s;
@@ -105,17 +111,23 @@ bool decode_raw_rows(RawDecoder& d, int scale, const int region_last) {
   const int imcu_rows = c.max_v_samp_factor * block;
   const int last = std::min(region_last, static_cast<int>(c.output_height) - 1);
   const int needed = (last / imcu_rows + 1) * imcu_rows;
+  // Each component's own scaled block size: at 1/4 or 1/8 libjpeg scales
+  // chroma up in its IDCT (DCT_scaled_size 2 or 4 where luma's is 1 or 2),
+  // so its planes can be as large as luma's; `sub` holds the ratios.
   for (std::size_t k = 0; k < 3; ++k) {
     const auto& comp = c.comp_info[k];
-    d.stride[k] = static_cast<int>(comp.width_in_blocks) * block;
-    d.rows[k] = needed * comp.v_samp_factor / c.max_v_samp_factor;
+    const int per = comp.v_samp_factor * comp.DCT_scaled_size;  // rows per iMCU row
+    d.stride[k] = static_cast<int>(comp.width_in_blocks) * comp.DCT_scaled_size;
+    d.rows[k] = needed / imcu_rows * per;
+    d.sub_x[k] = c.max_h_samp_factor * block / (comp.h_samp_factor * comp.DCT_scaled_size);
+    d.sub_y[k] = imcu_rows / per;
     d.planes[k].resize(static_cast<std::size_t>(d.stride[k]) * static_cast<std::size_t>(d.rows[k]) + 64);
-    d.pointers[k].resize(static_cast<std::size_t>(comp.v_samp_factor * block));
+    d.pointers[k].resize(static_cast<std::size_t>(per));
   }
   for (int y = 0; y < needed; y += imcu_rows) {
     for (std::size_t k = 0; k < 3; ++k) {
-      const int per = c.comp_info[k].v_samp_factor * block;
-      const int y0 = y * c.comp_info[k].v_samp_factor / c.max_v_samp_factor;
+      const int per = c.comp_info[k].v_samp_factor * c.comp_info[k].DCT_scaled_size;
+      const int y0 = y / imcu_rows * per;
       for (int r = 0; r < per; ++r) {
         d.pointers[k][static_cast<std::size_t>(r)] =
             d.planes[k].data() + static_cast<std::size_t>(y0 + r) * static_cast<std::size_t>(d.stride[k]);
@@ -163,8 +175,12 @@ double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, 
       const int sc = plan.scale;
       const int x0 = plan.region.x / sc, y0 = plan.region.y / sc;
       const int w = std::max(1, plan.region.width / sc), h = std::max(1, plan.region.height / sc);
-      const int cx = s == 444 ? 1 : 2, cy = s == 420 ? 2 : 1;
-      const int cw = s == 444 ? n : (n + 1) / 2, ch = s == 420 ? (rows + 1) / 2 : rows;
+      // The decoded chroma planes' subsampling (at 1/4 and 1/8 often none:
+      // see decode_raw_rows); both chroma planes share it.
+      const int cx = d.sub_x[1], cy = d.sub_y[1];
+      if (cx != d.sub_x[2] || cy != d.sub_y[2] || cx > 2 || cy > 2 || cx < cy) continue;
+      const int kind = cx == 1 ? 444 : (cy == 2 ? 420 : 422);
+      const int cw = cx == 1 ? n : (n + 1) / 2, ch = cy == 1 ? rows : (rows + 1) / 2;
       libyuv::ScalePlane(d.planes[0].data() + static_cast<std::size_t>(y0) * static_cast<std::size_t>(d.stride[0]) +
                              static_cast<std::size_t>(x0),
                          d.stride[0], w, h, y_out.data(), n, n, rows, libyuv::kFilterBox);
@@ -177,9 +193,9 @@ double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, 
       }
       // libyuv's J (full-range JFIF) conversion at the output size; its
       // "ARGB" is B, G, R, A in memory, as the loader's BGRA rows.
-      if (s == 420) {
+      if (kind == 420) {
         libyuv::J420ToARGB(y_out.data(), n, u_out.data(), cw, v_out.data(), cw, argb.data(), n * 4, n, rows);
-      } else if (s == 422) {
+      } else if (kind == 422) {
         libyuv::J422ToARGB(y_out.data(), n, u_out.data(), cw, v_out.data(), cw, argb.data(), n * 4, n, rows);
       } else {
         libyuv::J444ToARGB(y_out.data(), n, u_out.data(), cw, v_out.data(), cw, argb.data(), n * 4, n, rows);

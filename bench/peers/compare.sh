@@ -95,6 +95,16 @@ rate() { awk '{for (i = 1; i <= NF; ++i) if ($i == "images/s") {print $(i - 1); 
 csv="$out.csv"
 echo "round,loader,images_per_s" > "$csv"
 record() { echo "$1,$2,$3" >> "$csv"; }
+peer() {  # peer NAME COMMAND...: runs one peer, records its rate
+  local name=$1 out
+  shift
+  if out=$("$@") && [[ -n $(echo "$out" | rate) ]]; then
+    echo "$out"
+    record "$r" "$name" "$(echo "$out" | rate)"
+  else
+    echo "compare.sh: $name failed in round $r (its output is above); left out" >&2
+  fi
+}
 # Keyed on every file's path, size and time: a rebuilt dataset gets a new .beton.
 beton="build/peers/ffcv-data/$(find "$data" -type f -printf '%p %s %T@\n' | sort | md5sum | cut -c1-12).beton"
 for ((r = 1; r <= rounds; ++r)); do
@@ -108,20 +118,18 @@ for ((r = 1; r <= rounds; ++r)); do
   line=$(env $py_env /usr/bin/python3 bench/peers/pinfeed_python.py --data "$data" --crop "$crop" --batch "$batch" \
     --threads "$threads" --epochs "$epochs")
   echo "$line"; record "$r" pinfeed-python "$(echo "$line" | rate)"
+  # A peer that fails is named and left out of this round; the others go on.
   if has dali; then
-    line=$(build/peers/dali-venv/bin/python bench/peers/dali_cpu.py --data "$data" --crop "$crop" --batch "$batch" \
-      --threads "$threads" --epochs "$epochs" 2> >(grep -v "^$" | grep -iv warn >&2 || true))
-    echo "$line"; record "$r" dali-cpu "$(echo "$line" | rate)"
+    peer dali-cpu build/peers/dali-venv/bin/python bench/peers/dali_cpu.py --data "$data" --crop "$crop" \
+      --batch "$batch" --threads "$threads" --epochs "$epochs"
   fi
   if has ffcv; then
-    line=$(build/peers/ffcv-venv/bin/python bench/peers/ffcv_loader.py --data "$data" --beton "$beton" --crop "$crop" \
-      --batch "$batch" --workers "$threads" --epochs "$epochs")
-    echo "$line"; record "$r" ffcv "$(echo "$line" | rate)"
+    peer ffcv build/peers/ffcv-venv/bin/python bench/peers/ffcv_loader.py --data "$data" --beton "$beton" \
+      --crop "$crop" --batch "$batch" --workers "$threads" --epochs "$epochs"
   fi
   if has torch; then
-    line=$(/usr/bin/python3 bench/peers/torch_dataloader.py --data "$data" --crop "$crop" --batch "$batch" \
-      --workers "$threads" --epochs "$epochs")
-    echo "$line"; record "$r" pytorch "$(echo "$line" | rate)"
+    peer pytorch /usr/bin/python3 bench/peers/torch_dataloader.py --data "$data" --crop "$crop" --batch "$batch" \
+      --workers "$threads" --epochs "$epochs"
   fi
 done
 /usr/bin/python3 bench/peers/compare_table.py --csv "$csv" --out "$out" \

@@ -61,18 +61,22 @@ class Folder:
     def __getitem__(self, i):
         path, label = self.items[i]
         data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-        if data[:2].tobytes() != b"\xff\xd8":
-            raise SystemExit(f"ffcv_loader: {path} is not a JPEG (the .beton holds the files as they are)")
         with Image.open(path) as im:
             width, height = im.size
         return (data, width, height), label
 
 
 def write_beton(root: str, beton: Path) -> None:
+    folder = Folder(root)
+    for path, _ in folder.items:  # checked here: an error in the writer's workers would hang it
+        with open(path, "rb") as f:
+            if f.read(2) != b"\xff\xd8":
+                raise SystemExit(f"ffcv_loader: {path} is not a JPEG: FFCV decodes only JPEG and the .beton holds "
+                                 "the files as they are (compare.sh --peers dali,torch for other formats)")
     beton.parent.mkdir(parents=True, exist_ok=True)
     tmp = beton.with_suffix(".part")
     DatasetWriter(str(tmp), {"image": OriginalJpegField(write_mode="jpg"), "label": IntField()},
-                  num_workers=1).from_indexed_dataset(Folder(root))
+                  num_workers=1).from_indexed_dataset(folder)
     tmp.rename(beton)
 
 
