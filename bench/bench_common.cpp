@@ -90,17 +90,9 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
       }
     }
   };
-  const auto run_all = [&] {
-    std::vector<std::thread> pool;
-    for (unsigned k = 0; k < threads; ++k) pool.emplace_back(work, k);
-    for (auto& th : pool) th.join();
-  };
-  run_all();  // warm caches
-  decoded = 0;
-  const auto t0 = Clock::now();
-  for (int rep = 0; rep < 2; ++rep) run_all();
+  const double seconds = timed_passes(threads, work, [&] { decoded = 0; });
   // Only the files that decoded count (a PNG or a bad file throws at once).
-  return static_cast<double>(decoded.load()) / std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(decoded.load()) / seconds;
 }
 
 namespace {
@@ -119,30 +111,54 @@ void bare_planes(const std::uint8_t* px, int n, const float* scale, const float*
 
 }  // namespace
 
-void write_bare_sample(const std::uint8_t* bgra, int n, int rows, bool flip, pl::Layout layout, const float* scale,
-                       const float* bias, std::uint8_t* mirrored, std::byte* place) {
+double timed_passes(unsigned threads, const std::function<void(unsigned)>& work, const std::function<void()>& reset) {
+  const auto run_all = [&] {
+    std::vector<std::thread> pool;
+    for (unsigned k = 0; k < threads; ++k) pool.emplace_back(work, k);
+    for (auto& th : pool) th.join();
+  };
+  run_all();  // warm caches
+  reset();
+  const auto t0 = Clock::now();
+  for (int rep = 0; rep < 2; ++rep) run_all();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+BareBatch::BareBatch(const pl::TransformConfig& t, unsigned threads, std::size_t batch)
+    : n_(t.out_width()),
+      rows_(t.out_height()),
+      layout_(t.layout),
+      threads_(threads),
+      sample_(t.sample_bytes()),
+      per_thread_(std::max<std::size_t>(1, batch / threads)),
+      out_(allocate_block(memory_, per_thread_ * threads * sample_)) {
+  std::memset(out_.get(), 0, per_thread_ * threads * sample_);
+  for (std::size_t c = 0; c < 3; ++c) {
+    scale_[c] = 1.0F / (255.0F * t.std[c]);
+    bias_[c] = -t.mean[c] / t.std[c];
+  }
+}
+
+std::byte* BareBatch::next_place(unsigned k, std::size_t& mine) const {
+  return out_.get() + (k + threads_ * (mine++ % per_thread_)) * sample_;
+}
+
+void BareBatch::write(const std::uint8_t* bgra, bool flip, std::uint8_t* mirrored, std::byte* place) const {
+  const int n = n_, rows = rows_;
   const auto un = static_cast<std::size_t>(n);
-  if (layout == pl::Layout::nchw_f32) {
-    auto* dst = reinterpret_cast<float*>(place);
-    const auto plane = un * static_cast<std::size_t>(rows);
-    for (int y = 0; y < rows; ++y) {
-      const auto at = static_cast<std::size_t>(y) * un;
-      const std::uint8_t* r = bgra + at * 4;
-      if (flip) {
-        libyuv::ARGBMirror(r, 0, mirrored, 0, n, 1);
-        r = mirrored;
-      }
-      bare_planes(r, n, scale, bias, dst + at, dst + plane + at, dst + 2 * plane + at);
+  for (int y = 0; y < rows; ++y) {
+    const auto at = static_cast<std::size_t>(y) * un;
+    const std::uint8_t* r = bgra + at * 4;
+    if (flip) {
+      libyuv::ARGBMirror(r, 0, mirrored, 0, n, 1);
+      r = mirrored;
     }
-  } else {
-    auto* dst = reinterpret_cast<std::uint8_t*>(place);
-    for (int y = 0; y < rows; ++y) {
-      const std::uint8_t* r = bgra + static_cast<std::size_t>(y) * un * 4;
-      if (flip) {
-        libyuv::ARGBMirror(r, 0, mirrored, 0, n, 1);
-        r = mirrored;
-      }
-      libyuv::ARGBToRAW(r, 0, dst + static_cast<std::size_t>(y) * un * 3, 0, n, 1);
+    if (layout_ == pl::Layout::nchw_f32) {
+      auto* dst = reinterpret_cast<float*>(place);
+      const auto plane = un * static_cast<std::size_t>(rows);
+      bare_planes(r, n, scale_, bias_, dst + at, dst + plane + at, dst + 2 * plane + at);
+    } else {
+      libyuv::ARGBToRAW(r, 0, reinterpret_cast<std::uint8_t*>(place) + at * 3, 0, n, 1);
     }
   }
 }
@@ -150,21 +166,8 @@ void write_bare_sample(const std::uint8_t* bgra, int n, int rows, bool flip, pl:
 double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                       unsigned threads, std::size_t batch) {
   const int n = t.out_width(), rows = t.out_height();
-  const std::size_t sample = t.sample_bytes();
-  // One batch, allocated and touched once, reused: thread k writes only its
-  // own places k, k + threads, ... (at least one each), as a loader's
-  // threads fill the places of a batch.
-  const std::size_t per_thread = std::max<std::size_t>(1, batch / threads);
-  const std::size_t places = per_thread * threads;
-  pinfeed::memory::PageableResource memory;
-  const Block out = allocate_block(memory, places * sample);
-  std::memset(out.get(), 0, places * sample);
+  const BareBatch out(t, threads, batch);
   std::atomic<std::size_t> decoded{0};
-  float scale[3], bias[3];
-  for (std::size_t c = 0; c < 3; ++c) {
-    scale[c] = 1.0F / (255.0F * t.std[c]);
-    bias[c] = -t.mean[c] / t.std[c];
-  }
   const auto work = [&](unsigned k) {
     pl::JpegDecoder decoder;
     pl::DecodedImage image;
@@ -188,21 +191,12 @@ double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, cons
       }
       libyuv::ARGBScale(image.row(0), static_cast<int>(image.stride_bytes()), image.width, image.height, scaled.data(),
                         n * 4, n, rows, libyuv::kFilterBilinear);
-      std::byte* place = out.get() + (k + threads * (mine++ % per_thread)) * sample;
+      out.write(scaled.data(), flip, mirrored.data(), out.next_place(k, mine));
       decoded.fetch_add(1, std::memory_order_relaxed);
-      write_bare_sample(scaled.data(), n, rows, flip, t.layout, scale, bias, mirrored.data(), place);
     }
   };
-  const auto run_all = [&] {
-    std::vector<std::thread> pool;
-    for (unsigned k = 0; k < threads; ++k) pool.emplace_back(work, k);
-    for (auto& th : pool) th.join();
-  };
-  run_all();  // warm caches
-  decoded = 0;
-  const auto t0 = Clock::now();
-  for (int rep = 0; rep < 2; ++rep) run_all();
-  return static_cast<double>(decoded.load()) / std::chrono::duration<double>(Clock::now() - t0).count();
+  const double seconds = timed_passes(threads, work, [&] { decoded = 0; });
+  return static_cast<double>(decoded.load()) / seconds;
 }
 
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults.

@@ -15,6 +15,7 @@
 #include "pinfeed/loader/loader.hpp"
 #include "pinfeed/loader/transform.hpp"
 #include "pinfeed/memory/host_resource.hpp"
+#include "pinfeed/memory/pageable_resource.hpp"
 
 namespace pinfeed::bench {
 
@@ -57,10 +58,32 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
 /// ignores --interpolation nearest and --no-roi.
 double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                       unsigned threads, std::size_t batch);
-/// The bare loop's output step: BGRA rows (n x rows) flipped when asked and
-/// written as float32 NCHW (normalized) or uint8 RGB NHWC to `place`.
-void write_bare_sample(const std::uint8_t* bgra, int n, int rows, bool flip, pl::Layout layout, const float* scale,
-                       const float* bias, std::uint8_t* mirrored, std::byte* place);
+/// Runs `work(k)` on threads k = 0..threads-1 once to warm the caches, then
+/// `reset()`, then twice more, timed; returns those two passes' seconds.
+double timed_passes(unsigned threads, const std::function<void(unsigned)>& work, const std::function<void()>& reset);
+
+/// The bare loops' batch: allocated and touched once, reused; thread k
+/// writes only its own places k, k + threads, ... (at least one each), as a
+/// loader's threads fill the places of a batch.
+class BareBatch {
+ public:
+  BareBatch(const pl::TransformConfig& t, unsigned threads, std::size_t batch);
+  /// Thread k's next place (`mine` counts its samples so far).
+  std::byte* next_place(unsigned k, std::size_t& mine) const;
+  /// The output step: BGRA rows (out_width x out_height) flipped when asked
+  /// and written as float32 NCHW (normalized) or uint8 RGB NHWC to `place`;
+  /// `mirrored` holds one row.
+  void write(const std::uint8_t* bgra, bool flip, std::uint8_t* mirrored, std::byte* place) const;
+
+ private:
+  int n_, rows_;
+  pl::Layout layout_;
+  unsigned threads_;
+  std::size_t sample_, per_thread_;
+  float scale_[3], bias_[3];
+  pinfeed::memory::PageableResource memory_;
+  Block out_;
+};
 /// The bare loop decoding raw YCbCr planes instead (libjpeg raw_data_out,
 /// raw_loop.cpp): the same plans and DCT scale, whole rows (libjpeg cannot
 /// crop columns or skip rows in raw mode) down to the region's last row

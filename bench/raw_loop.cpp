@@ -21,7 +21,6 @@
 #include "pinfeed/loader/jpeg_decoder.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/transform.hpp"
-#include "pinfeed/memory/pageable_resource.hpp"
 
 #include "bench_common.hpp"
 
@@ -145,17 +144,7 @@ bool decode_raw_rows(RawDecoder& d, int scale, const int region_last) {
 double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, const pl::TransformConfig& t,
                           unsigned threads, std::size_t batch, double* eligible_share) {
   const int n = t.out_width(), rows = t.out_height();
-  const std::size_t sample = t.sample_bytes();
-  const std::size_t per_thread = std::max<std::size_t>(1, batch / threads);
-  const std::size_t places = per_thread * threads;
-  pinfeed::memory::PageableResource memory;
-  const Block out = allocate_block(memory, places * sample);
-  std::memset(out.get(), 0, places * sample);
-  float scale[3], bias[3];
-  for (std::size_t c = 0; c < 3; ++c) {
-    scale[c] = 1.0F / (255.0F * t.std[c]);
-    bias[c] = -t.mean[c] / t.std[c];
-  }
+  const BareBatch out(t, threads, batch);
   std::atomic<std::size_t> decoded{0}, eligible{0};
   const auto work = [&](unsigned k) {
     RawDecoder d;
@@ -200,22 +189,14 @@ double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, 
       } else {
         libyuv::J444ToARGB(y_out.data(), n, u_out.data(), cw, v_out.data(), cw, argb.data(), n * 4, n, rows);
       }
-      std::byte* place = out.get() + (k + threads * (mine++ % per_thread)) * sample;
-      write_bare_sample(argb.data(), n, rows, plan.flip, t.layout, scale, bias, mirrored.data(), place);
+      out.write(argb.data(), plan.flip, mirrored.data(), out.next_place(k, mine));
       decoded.fetch_add(1, std::memory_order_relaxed);
     }
   };
-  const auto run_all = [&] {
-    std::vector<std::thread> pool;
-    for (unsigned k = 0; k < threads; ++k) pool.emplace_back(work, k);
-    for (auto& th : pool) th.join();
-  };
-  run_all();  // warm caches
-  decoded = 0;
-  eligible = 0;
-  const auto t0 = Clock::now();
-  for (int rep = 0; rep < 2; ++rep) run_all();
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double seconds = timed_passes(threads, work, [&] {
+    decoded = 0;
+    eligible = 0;
+  });
   if (eligible_share != nullptr) *eligible_share = files.empty() ? 0 : static_cast<double>(eligible.load()) / 2.0 / static_cast<double>(files.size());
   return static_cast<double>(decoded.load()) / seconds;
 }

@@ -16,8 +16,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,8 @@ from ffcv.loader import Loader, OrderOption
 from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, ToTensor, ToTorchImage
 from ffcv.writer import DatasetWriter
 from PIL import Image
+
+from epoch_timer import time_epochs
 
 MEAN = np.array([0.485, 0.456, 0.406]) * 255
 STD = np.array([0.229, 0.224, 0.225]) * 255
@@ -104,20 +104,7 @@ def main() -> None:
                     os_cache=True, drop_last=False, custom_fields={"image": OriginalJpegField},
                     pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
 
-    for i, _ in enumerate(loader):  # warm-up: numba compiled, page cache filled
-        if i == 2:
-            break
-    images, seconds, rates = 0, 0.0, []
-    for _ in range(a.epochs):
-        t0 = time.perf_counter()
-        n = 0
-        for x, _ in loader:
-            n += x.shape[0]
-        dt = time.perf_counter() - t0
-        images += n
-        seconds += dt
-        rates.append(n / dt)
-    rate = statistics.median(rates)
+    images, seconds, rate = time_epochs(loader, a.epochs)  # warm-up included: numba compiles there
     version = importlib.metadata.version("ffcv")  # ffcv.__version__ says 0.0.3rc1 in 1.0.2
     if a.json:
         print(json.dumps({"loader": "ffcv", "ffcv": version, "workers": a.workers, "images": images,
