@@ -174,7 +174,7 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
 
   if (!o.json) {
     fmt::print("{:>8} {:>12} {:>6} {:>8} {:>8} {:>7} {:>7} {:>9}{}\n", "time_s", "available", "avail%", "swpin/s",
-               "swpout/s", "some%", "full%", "level", pool ? "  pool pinned/pageable" : "");
+               "swpout/s", "some%", "full%", "level", pool ? "  pool pinned/pageable/released  given back" : "");
   }
   const auto t0 = std::chrono::steady_clock::now();
   for (unsigned i = 0; (o.count == 0 || i < o.count) && !g_interrupted.load(); ++i) {
@@ -201,7 +201,8 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
       std::string pool_col;
       if (pool) {
         const auto st = pool->stats();
-        pool_col = fmt::format("  {:>6}/{:<7}", st.pinned_slots, st.pageable_slots);
+        pool_col = fmt::format("  {:>11}/{}/{:<10} {}", st.pinned_slots, st.pageable_slots, st.released_slots,
+                               format_bytes(st.given_back_bytes));
       }
       fmt::print("{:>8.2f} {:>12} {:>5.1f}% {:>8.0f} {:>8.0f} {:>7.2f} {:>7.2f} {:>9}{}\n", t, format_bytes(r.available_bytes),
                  r.available_fraction * 100, r.swap_in_rate, r.swap_out_rate, r.psi_some, r.psi_full,

@@ -51,6 +51,10 @@ json epoch_json(const pt::EpochSummary& e) {
               {"pool_pinned_bytes", e.pool_pinned_bytes},
               {"pool_pageable_bytes", e.pool_pageable_bytes},
               {"pool_transitions", e.pool_transitions},
+              {"pool_slots", e.pool_slots},
+              {"pool_released_slots", e.pool_released_slots},
+              {"pool_given_back_bytes", e.pool_given_back_bytes},
+              {"pool_release_seconds", e.pool_release_seconds},
               {"pressure", e.pressure},
               {"step_loss", e.step_loss}};
   if (e.profile.measured) {
@@ -77,10 +81,18 @@ pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
   cb.on_epoch = [epochs](const pt::EpochSummary& e) {
     fmt::print(
         "epoch {}/{}  loss {:.4f}  acc {}  val_loss {}  val_acc {}  {:.0f} img/s  data wait {}  lr {:.4g}  batches "
-        "{} pinned / {} pageable  pool {} pinned, {} pageable  pressure {}\n",
+        "{} pinned / {} pageable  pool {} pinned, {} pageable, {}/{} slots live{}  pressure {}\n",
         e.epoch + 1, epochs, e.loss, percent(e.accuracy), number(e.val_loss), percent(e.val_accuracy),
         e.images_per_second, percent(e.data_wait_fraction), e.lr, e.pinned_batches, e.pageable_batches,
-        pinfeed::format_bytes(e.pool_pinned_bytes), pinfeed::format_bytes(e.pool_pageable_bytes), e.pressure);
+        pinfeed::format_bytes(e.pool_pinned_bytes), pinfeed::format_bytes(e.pool_pageable_bytes),
+        e.pool_slots - e.pool_released_slots, e.pool_slots,
+        e.pool_given_back_bytes == 0
+            ? std::string{}
+            : fmt::format(" ({} given back{})", pinfeed::format_bytes(e.pool_given_back_bytes),
+                          e.pool_release_seconds < 0 ? std::string{}
+                                                     : fmt::format(", {:.0f} ms after critical",
+                                                                   e.pool_release_seconds * 1e3)),
+        e.pressure);
     if (e.profile.measured) {
       const auto ms = [](double s) { return s * 1e3; };
       const pt::StepProfile& p = e.profile;

@@ -515,6 +515,7 @@ Loader::Loader(LoaderConfig config)
   // pressure can move its memory only slot by slot.
   pc.slab_bytes = pc.slot_bytes;
   pc.pin = config_.pin;
+  pc.min_live_slots = config_.pressure_floor;
   const auto snapshot = memory::MemorySnapshot::read(config_.watch_pressure ? config_.pressure.root : "/");
   // Pinned or pageable, a pool larger than the host's memory is refused
   // before a byte is mapped (Note [Pool fit] in pool_plan.hpp).

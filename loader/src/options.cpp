@@ -124,7 +124,11 @@ std::vector<LoaderOption> make_options() {
           "pin_method", enum_choices(memory::kPinMethodWords), "auto (cuda with a device, else mlock), mlock or cuda"),
       real<&L::pinned_fraction>("pinned_fraction", 0, true, 1, "share of available memory the pool may pin"),
       integer<&L::local_ranks>("local_ranks", 0, 4096, "processes sharing this host's memory (0: from the launcher)"),
-      boolean<&L::watch_pressure>("watch_pressure", "follow memory pressure: pageable under pressure, pinned after"),
+      boolean<&L::watch_pressure>("watch_pressure",
+                                  "follow memory pressure: give idle slots back to the kernel under critical "
+                                  "pressure, touch and pin them again after"),
+      integer<&L::pressure_floor>("pressure_floor", 1, static_cast<double>(kMaxPrefetch),
+                                  "slots kept under critical pressure: the batches you hold at once + 1"),
   };
 }
 

@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cassert>
+#include <cerrno>
+#include <cstring>
 
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
@@ -61,9 +65,6 @@ void BufferPool::Config::validate() const {
   }
   if (slots == 0 || slots > 65536) throw ConfigError(fmt::format("buffer pool slots must be 1..65536, got {}", slots));
   if (slab_bytes == 0) throw ConfigError("buffer pool slab_bytes must be > 0");
-  if (min_pinned_slots > slots) {
-    throw ConfigError(fmt::format("buffer pool min_pinned_slots {} exceeds slots {}", min_pinned_slots, slots));
-  }
   if (retry_pin_after.count() < 0) throw ConfigError("buffer pool retry_pin_after must be >= 0");
   const std::size_t cap = round_up_to_page(slot_bytes);
   if (cap > SIZE_MAX / slots) throw ConfigError("buffer pool slots x slot_bytes overflows");
@@ -91,6 +92,8 @@ ProcessPoolStats process_pool_stats() {
     ++total.pools;
     total.slots += st.slots;
     total.pinned_slots += st.pinned_slots;
+    total.released_slots += st.released_slots;
+    total.given_back_bytes += st.given_back_bytes;
     total.pinned_bytes += st.pinned_bytes;
     total.pageable_bytes += st.pageable_bytes;
   }
@@ -101,6 +104,7 @@ BufferPool::BufferPool(Config config, HostResource& pinned, HostResource& pageab
     : config_(std::move(config)), pinned_resource_(pinned), pageable_resource_(pageable) {
   config_.validate();
   slot_capacity_ = round_up_to_page(config_.slot_bytes);
+  min_live_slots_ = std::min(config_.min_live_slots, config_.slots);
   const std::size_t slab_limit = std::min(std::max(config_.slab_bytes, slot_capacity_), kMaxRegistrationBytes);
   const std::size_t per_slab = std::max<std::size_t>(1, slab_limit / slot_capacity_);
   for (std::size_t first = 0; first < config_.slots; first += per_slab) {
@@ -141,10 +145,10 @@ void BufferPool::allocate_initial() {
       if (refused.empty()) {
         try {
           slab.data = static_cast<std::byte*>(pinned_resource_.allocate(slab.bytes, page_size()));
-          slab.pinned = pinned_resource_.is_pinned();
+          slab.memory = pinned_resource_.is_pinned() ? SlabMemory::pinned : SlabMemory::pageable;
           slab.owner = &pinned_resource_;
           pinned_bytes += slab.bytes;
-          record_locked(i, true, "initial");
+          record_locked(i, slab.memory, "initial");
           continue;
         } catch (const OutOfMemory& e) {
           refused = e.reason();
@@ -155,9 +159,9 @@ void BufferPool::allocate_initial() {
         }
       }
       slab.data = static_cast<std::byte*>(pageable_resource_.allocate(slab.bytes, page_size()));
-      slab.pinned = pageable_resource_.is_pinned();
+      slab.memory = pageable_resource_.is_pinned() ? SlabMemory::pinned : SlabMemory::pageable;
       slab.owner = &pageable_resource_;
-      record_locked(i, false, fmt::format("initial: {}", refused));
+      record_locked(i, slab.memory, fmt::format("initial: {}", refused));
     }
   } catch (...) {
     free_all_slabs();
@@ -208,21 +212,20 @@ BufferPool::~BufferPool() {
     lock.lock();
     state_[f.slot] = SlotState::free;
   }
-  if (prepared_) {
-    retired_.push_back(Retired{prepared_->data, slabs_[prepared_->job.slab].bytes, prepared_->owner});
-    prepared_.reset();
-  }
-  free_retired(lock);
   const auto leased = static_cast<std::size_t>(std::count(state_.begin(), state_.end(), SlotState::leased));
   if (leased > 0) {
     pinfeed::detail::log().critical("buffer pool destroyed with {} slot(s) still leased", leased);
     assert(leased == 0 && "BufferPool destroyed while leases are alive");
   }
-  free_all_slabs();
+  lock.unlock();
+  for (const Slab& slab : slabs_) {
+    if (slab.data != nullptr) unmap_slab(slab.data, slab.bytes, slab.owner);
+  }
+  for (Slab& slab : slabs_) slab.data = nullptr;
 }
 
-void BufferPool::record_locked(std::size_t slab, bool to_pinned, std::string reason, bool ok) {
-  transitions_.push_back(PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, to_pinned, ok,
+void BufferPool::record_locked(std::size_t slab, SlabMemory memory, std::string reason, bool ok) {
+  transitions_.push_back(PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, memory, ok,
                                         std::move(reason)});
 }
 
@@ -236,8 +239,24 @@ void BufferPool::back_off_pinning_locked() {
 SlotLease BufferPool::lease_locked(std::size_t slot) {
   state_[slot] = SlotState::leased;
   const Slab& slab = slabs_[slab_of_[slot]];
+  assert(slab.data != nullptr && !slab.moving && !slab.draining);
   std::byte* data = slab.data + (slot - slab.first_slot) * slot_capacity_;
-  return SlotLease(this, slot, data, config_.slot_bytes, slab.pinned);
+  return SlotLease(this, slot, data, config_.slot_bytes, slab.memory == SlabMemory::pinned);
+}
+
+bool BufferPool::return_slot_locked(std::size_t slot, bool front) {
+  const Slab& slab = slabs_[slab_of_[slot]];
+  if (slab.draining) {  // Note [Pool policy]: released on return under critical pressure
+    state_[slot] = SlotState::parked;
+    return slab_idle_locked(slab);
+  }
+  state_[slot] = SlotState::free;
+  if (front) {
+    free_.push_front(slot);
+  } else {
+    free_.push_back(slot);
+  }
+  return maintenance_wanted_locked();
 }
 
 bool BufferPool::reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chrono::microseconds wait) {
@@ -262,9 +281,7 @@ bool BufferPool::reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chr
     slot_cv_.notify_all();
     return false;
   }
-  state_[f.slot] = SlotState::free;
-  free_.push_front(f.slot);
-  try_swap_locked();
+  return_slot_locked(f.slot, /*front=*/true);
   ++work_generation_;
   slot_cv_.notify_all();
   work_cv_.notify_one();
@@ -336,33 +353,28 @@ void BufferPool::release_slot(std::size_t slot) noexcept {
   {
     const std::scoped_lock lock(mutex_);
     assert(state_[slot] == SlotState::leased);
-    state_[slot] = SlotState::free;
-    free_.push_back(slot);
-    const bool swapped = prepared_ && prepared_->job.slab == slab_of_[slot] && try_swap_locked();
-    wake_maintainer = swapped || maintenance_wanted_locked();
+    wake_maintainer = return_slot_locked(slot, /*front=*/false);
     if (wake_maintainer) ++work_generation_;
   }
   slot_cv_.notify_one();
   if (wake_maintainer) work_cv_.notify_one();
 }
 
-PolicyInput BufferPool::policy_locked(bool without_prepared) const {
+PolicyInput BufferPool::policy_locked() const {
   PolicyInput in;
   in.level = level_;
   in.pin = config_.pin;
-  in.min_pinned_slots = config_.min_pinned_slots;
+  in.min_live_slots = min_live_slots_;
   in.pinned_budget_bytes = config_.pinned_budget_bytes;
-  in.pin_backed_off = no_pin_before_ != Clock::time_point{} && Clock::now() < no_pin_before_;
-  if (prepared_ && !without_prepared) {
-    in.prepared = prepared_->job.slab;
-    in.prepared_to_pinned = prepared_->job.to_pinned;
-  }
+  const auto now = Clock::now();
+  in.pin_backed_off = no_pin_before_ != Clock::time_point{} && now < no_pin_before_;
+  in.grow_backed_off = no_grow_before_ != Clock::time_point{} && now < no_grow_before_;
   return in;
 }
 
 bool BufferPool::maintenance_wanted_locked() const {
   // Asked on every release: the answer is kept until the policy's inputs
-  // change (level, pinning, a prepared move, a back-off) or a back-off it
+  // change (level, a slab's memory, a drain, a back-off) or a back-off it
   // depended on ends, so a settled pool answers with two compares.
   if (wanted_version_ == policy_version_ &&
       (wanted_until_ == Clock::time_point::max() || Clock::now() < wanted_until_)) {
@@ -371,7 +383,9 @@ bool BufferPool::maintenance_wanted_locked() const {
   const PolicyInput in = policy_locked();
   wanted_ = next_pool_move(in, slabs_, [](std::size_t) { return true; }).has_value();
   wanted_version_ = policy_version_;
-  wanted_until_ = in.pin_backed_off ? no_pin_before_ : Clock::time_point::max();
+  wanted_until_ = Clock::time_point::max();
+  if (in.pin_backed_off) wanted_until_ = no_pin_before_;
+  if (in.grow_backed_off) wanted_until_ = std::min(wanted_until_, no_grow_before_);
   return wanted_;
 }
 
@@ -407,9 +421,19 @@ void BufferPool::on_pressure(PressureLevel level) {
     pinfeed::detail::log().info("buffer pool: pressure {} -> {}", to_string(level_), to_string(level));
     level_ = level;
     ++policy_version_;
+    const auto now = Clock::now();
     if (level == PressureLevel::normal) {  // a fresh "normal" may retry at once
       no_pin_before_ = {};
+      no_grow_before_ = {};
       pin_refusals_in_a_row_ = 0;
+      normal_since_ = now;
+    } else {
+      normal_since_.reset();
+      cold_pending_ = true;
+    }
+    if (level == PressureLevel::critical) {
+      critical_since_ = now;
+      shrink_reported_ = false;
     }
     ++work_generation_;
   }
@@ -425,7 +449,8 @@ void BufferPool::follow(PressureMonitor& monitor) {
 
 bool BufferPool::slab_idle_locked(const Slab& slab) const {
   for (std::size_t k = 0; k < slab.slot_count; ++k) {
-    if (state_[slab.first_slot + k] != SlotState::free) return false;
+    const SlotState s = state_[slab.first_slot + k];
+    if (s == SlotState::leased || s == SlotState::fenced) return false;
   }
   return true;
 }
@@ -434,133 +459,232 @@ std::optional<PoolMove> BufferPool::next_job_locked(bool idle_only) const {
   return next_pool_move(policy_locked(), slabs_, [this](std::size_t i) { return slab_idle_locked(slabs_[i]); }, idle_only);
 }
 
-bool BufferPool::still_wanted_locked(const PoolMove& job) const {
-  // Asked about the prepared move itself (or one being prepared): its own
-  // move is not counted as done, and a pin that succeeded ignores back-off.
-  return pool_move_wanted(policy_locked(/*without_prepared=*/true), slabs_, job.slab, job.to_pinned);
-}
-
-bool BufferPool::try_swap_locked() {
-  if (!prepared_ || !slab_idle_locked(slabs_[prepared_->job.slab])) return false;
-  // Note [Slot lifetime]: every slot of the slab is free and we hold the
-  // lock, so no lease sees the memory change under it.
-  Prepared p = std::move(*prepared_);
-  prepared_.reset();
-  ++policy_version_;  // the slab's pinning changes below
-  Slab& slab = slabs_[p.job.slab];
-  retired_.push_back(Retired{slab.data, slab.bytes, slab.owner});
-  slab.data = p.data;
-  slab.owner = p.owner;
-  slab.pinned = p.owner->is_pinned();
-  (p.job.to_pinned ? to_pinned_ : to_pageable_) += 1;
-  if (p.job.to_pinned) pin_refusals_in_a_row_ = 0;
-  record_locked(p.job.slab, slab.pinned, p.job.reason);
-  ++work_generation_;  // the maintenance thread frees the old memory
-  return true;
-}
-
-void BufferPool::free_retired(std::unique_lock<std::mutex>& lock) {
-  if (retired_.empty()) return;
-  std::vector<Retired> batch;
-  batch.swap(retired_);
-  // wait_idle() must not see an empty retired_ while this memory is still
-  // held: callers compare resource statistics right after it returns.
-  freeing_ = true;
-  lock.unlock();
-  for (const Retired& r : batch) {
-    if (r.owner == &pinned_resource_) {
-      // Unregistering: never while a device collective is in flight (Note
-      // [Registration outside collectives] in collective_gate.hpp).
-      CollectiveGate::process().exclusive([&] { r.owner->deallocate(r.data, r.bytes, page_size()); });
-    } else {
-      r.owner->deallocate(r.data, r.bytes, page_size());
+bool BufferPool::park_free_slots_locked(std::size_t i) {
+  const Slab& slab = slabs_[i];
+  bool all = true;
+  for (std::size_t k = 0; k < slab.slot_count; ++k) {
+    const std::size_t slot = slab.first_slot + k;
+    if (state_[slot] == SlotState::free) {
+      state_[slot] = SlotState::parked;
+      std::erase(free_, slot);
+    } else if (state_[slot] != SlotState::parked) {
+      all = false;
     }
   }
-  lock.lock();
-  freeing_ = false;
+  return all;
 }
 
-void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job) {
-  moving_ = true;
-  HostResource& target = job.to_pinned ? pinned_resource_ : pageable_resource_;
-  const std::size_t bytes = slabs_[job.slab].bytes;
-  lock.unlock();
+void BufferPool::unpark_slots_locked(std::size_t i) {
+  const Slab& slab = slabs_[i];
+  for (std::size_t k = 0; k < slab.slot_count; ++k) {
+    const std::size_t slot = slab.first_slot + k;
+    if (state_[slot] != SlotState::parked) continue;
+    state_[slot] = SlotState::free;
+    free_.push_back(slot);
+  }
+  slot_cv_.notify_all();
+}
 
-  // The slow part (mmap, faulting, pinning at 1-2 GB/s) runs with no lock
-  // held and no slot taken: the slab stays in use meanwhile.
-  std::byte* fresh = nullptr;
-  std::string failure;
+std::byte* BufferPool::map_slab(HostResource& resource, std::size_t bytes, std::string& failure) {
+  std::byte* data = nullptr;
   try {
-    if (job.to_pinned) {
+    if (&resource == &pinned_resource_) {
       // Registering: outside device collectives (Note [Registration outside
       // collectives] in collective_gate.hpp).
-      CollectiveGate::process().exclusive([&] { fresh = static_cast<std::byte*>(target.allocate(bytes, page_size())); });
+      CollectiveGate::process().exclusive([&] { data = static_cast<std::byte*>(resource.allocate(bytes, page_size())); });
     } else {
-      fresh = static_cast<std::byte*>(target.allocate(bytes, page_size()));
+      data = static_cast<std::byte*>(resource.allocate(bytes, page_size()));
     }
   } catch (const OutOfMemory& e) {
     failure = e.reason();
-    pinfeed::detail::log().warn("buffer pool: preparing {} memory for slab {} failed: {}",
-                                job.to_pinned ? "pinned" : "pageable", job.slab, e.what());
+    pinfeed::detail::log().warn("buffer pool: mapping {} of {} memory failed: {}", format_bytes(bytes), resource.name(),
+                                e.what());
+  }
+  return data;
+}
+
+void BufferPool::unmap_slab(std::byte* data, std::size_t bytes, HostResource* owner) noexcept {
+  if (owner == &pinned_resource_) {
+    // Unregistering: never while a device collective is in flight.
+    CollectiveGate::process().exclusive([&] { owner->deallocate(data, bytes, page_size()); });
+  } else {
+    owner->deallocate(data, bytes, page_size());
+  }
+}
+
+void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job) {
+  // Note [Slot lifetime]: every slot of the slab is back; parked, none can
+  // be leased while its memory changes off the lock.
+  Slab& slab = slabs_[job.slab];
+  const bool idle = park_free_slots_locked(job.slab);
+  assert(idle);
+  (void)idle;
+  slab.moving = true;
+  slab.draining = false;
+  moving_ = true;
+  std::byte* const old = slab.data;
+  HostResource* const old_owner = slab.owner;
+  const SlabMemory from = slab.memory;
+  const std::size_t bytes = slab.bytes;
+  lock.unlock();
+
+  // Free first, then map: no move needs more memory than it frees. Unmapping
+  // (after munlock / cudaHostUnregister) is what makes RSS fall.
+  if (old != nullptr) unmap_slab(old, bytes, old_owner);
+  std::byte* fresh = nullptr;
+  HostResource* owner = nullptr;
+  std::string failure;
+  bool pin_refused = false;
+  if (job.to == SlabMemory::pinned) {
+    fresh = map_slab(pinned_resource_, bytes, failure);
+    owner = &pinned_resource_;
+    pin_refused = fresh == nullptr;
+  }
+  if (job.to != SlabMemory::released && fresh == nullptr) {
+    std::string pageable_failure;
+    fresh = map_slab(pageable_resource_, bytes, pageable_failure);
+    owner = &pageable_resource_;
+    if (fresh == nullptr) failure += (failure.empty() ? "" : "; ") + pageable_failure;
   }
 
   lock.lock();
+  const auto now = Clock::now();
+  slab.moving = false;
   moving_ = false;
-  if (fresh == nullptr) {
-    if (job.to_pinned) {
-      ++failed_pins_;
-      back_off_pinning_locked();  // a refusing resource is not hammered; a new "normal" resets it
-    }
-    record_locked(job.slab, slabs_[job.slab].pinned, fmt::format("{} failed: {}", job.reason, failure), false);
-    return;
-  }
-  if (!still_wanted_locked(job)) {  // the level changed while we prepared
-    retired_.push_back(Retired{fresh, bytes, &target});
-    return;
-  }
-  prepared_ = Prepared{job, fresh, &target};
+  slab.data = fresh;
+  slab.owner = fresh != nullptr ? owner : nullptr;
+  slab.memory = fresh == nullptr ? SlabMemory::released
+                : owner->is_pinned() ? SlabMemory::pinned
+                                     : SlabMemory::pageable;
   ++policy_version_;
-  if (try_swap_locked()) {
-    lock.unlock();
-    slot_cv_.notify_all();
-    lock.lock();
+  if (pin_refused) {
+    ++failed_pins_;
+    back_off_pinning_locked();  // a refusing resource is not hammered; a new "normal" resets it
+  } else if (slab.memory == SlabMemory::pinned) {
+    pin_refusals_in_a_row_ = 0;
   }
-  pinfeed::detail::log().info("buffer pool: slab {} ({}) {} {} memory ({})", job.slab, format_bytes(bytes),
-                              prepared_ ? "will move, once idle, to" : "moved to", job.to_pinned ? "pinned" : "pageable",
-                              job.reason);
+  if (job.to != SlabMemory::released && fresh == nullptr) {
+    no_grow_before_ = now + std::chrono::seconds(1);  // mapping itself failed: try again in a while
+  }
+  if (slab.memory != from) {
+    switch (slab.memory) {
+      case SlabMemory::pinned: ++to_pinned_; break;
+      case SlabMemory::pageable: ++to_pageable_; break;
+      case SlabMemory::released:
+        ++releases_;
+        given_back_bytes_ += bytes;
+        episode_released_slots_ += slab.slot_count;
+        episode_released_bytes_ += bytes;
+        break;
+    }
+  }
+  const bool ok = slab.memory == job.to;
+  record_locked(job.slab, slab.memory, ok ? job.reason : fmt::format("{} failed: {}", job.reason, failure), ok);
+  if (slab.memory != SlabMemory::released) unpark_slots_locked(job.slab);
+  pinfeed::detail::log().info("buffer pool: slab {} ({}) {} -> {} ({}{})", job.slab, format_bytes(bytes), to_string(from),
+                              to_string(slab.memory), job.reason, ok ? "" : fmt::format(", wanted {}: {}", to_string(job.to), failure));
+}
+
+void BufferPool::settle_locked(std::unique_lock<std::mutex>& lock) {
+  if (level_ != PressureLevel::critical) {  // drains that the level no longer wants
+    for (std::size_t i = 0; i < slabs_.size(); ++i) {
+      if (!drain_wanted(policy_locked(), slabs_, i) && slabs_[i].draining) {
+        slabs_[i].draining = false;
+        unpark_slots_locked(i);
+        ++policy_version_;
+      }
+    }
+  }
+  if (!cold_pending_ || level_ == PressureLevel::normal) return;
+  cold_pending_ = false;
+  // With swap, idle pageable slabs should go out before the trainer's own
+  // memory: MADV_COLD moves them to the inactive list (no data is lost; a
+  // later touch brings them back). Only this thread frees slab memory, so
+  // the ranges stay mapped while the lock is released for the syscalls.
+  std::vector<std::pair<std::byte*, std::size_t>> cold;
+  for (const Slab& slab : slabs_) {
+    if (slab.memory == SlabMemory::pageable && slab.data != nullptr && slab_idle_locked(slab)) {
+      cold.emplace_back(slab.data, slab.bytes);
+    }
+  }
+  if (cold.empty()) return;
+  lock.unlock();
+  std::uint64_t hinted = 0;
+#ifdef MADV_COLD
+  for (const auto& [data, bytes] : cold) {
+    if (::madvise(data, bytes, MADV_COLD) == 0) {
+      ++hinted;
+    } else {
+      pinfeed::detail::log().debug("buffer pool: madvise(MADV_COLD) on {} failed: {}", format_bytes(bytes),
+                                   std::strerror(errno));
+    }
+  }
+#endif
+  lock.lock();
+  cold_hints_ += hinted;
+}
+
+void BufferPool::note_episode_locked() {
+  // Called when the maintenance thread has nothing left to do at this level.
+  const auto now = Clock::now();
+  const auto seconds = [&](Clock::time_point since) { return std::chrono::duration<double>(now - since).count(); };
+  std::size_t live = 0, pinned = 0, draining = 0;
+  for (const Slab& s : slabs_) {
+    if (s.memory != SlabMemory::released) live += s.slot_count;
+    if (s.memory == SlabMemory::pinned) pinned += s.slot_count;
+    if (s.draining) draining += s.slot_count;
+  }
+  if (level_ == PressureLevel::critical && critical_since_ && !shrink_reported_ && draining == 0 &&
+      episode_released_slots_ > 0) {
+    shrink_reported_ = true;
+    last_release_seconds_ = seconds(*critical_since_);
+    pinfeed::detail::log().warn(
+        "buffer pool: critical memory pressure: gave {} slot(s) ({}) back to the kernel in {:.0f} ms; {} of {} slots "
+        "live (floor {})",
+        episode_released_slots_, format_bytes(episode_released_bytes_), last_release_seconds_ * 1000, live,
+        config_.slots, min_live_slots_);
+  }
+  if (level_ == PressureLevel::normal && normal_since_ && live == config_.slots && episode_released_slots_ > 0) {
+    last_regrow_seconds_ = seconds(*normal_since_);
+    pinfeed::detail::log().warn("buffer pool: pressure gone: {} slot(s) ({}) back in {:.0f} ms; {} of {} slots pinned",
+                                episode_released_slots_, format_bytes(episode_released_bytes_),
+                                last_regrow_seconds_ * 1000, pinned, config_.slots);
+    episode_released_slots_ = 0;
+    episode_released_bytes_ = 0;
+    critical_since_.reset();
+  }
 }
 
 void BufferPool::maintain(const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
     ++maintenance_rounds_;
-    free_retired(lock);
-    if (prepared_ && !still_wanted_locked(prepared_->job)) {
-      retired_.push_back(Retired{prepared_->data, slabs_[prepared_->job.slab].bytes, prepared_->owner});
-      prepared_.reset();
-      ++policy_version_;
+    settle_locked(lock);
+    if (const auto job = next_job_locked()) {
+      if (job->idle) {
+        run_job(lock, *job);
+      } else {  // a busy slab under critical pressure: park its slots as they come back
+        slabs_[job->slab].draining = true;
+        park_free_slots_locked(job->slab);
+        ++policy_version_;
+      }
       continue;
     }
-    if (!prepared_) {
-      if (const auto job = next_job_locked()) {
-        run_job(lock, *job);
-        continue;
-      }
-    }
+    note_episode_locked();
     if (!fenced_.empty()) reclaim_one_fenced(lock, std::chrono::microseconds(0));
     idle_cv_.notify_all();
     const std::uint64_t seen = work_generation_;
     const auto pred = [&] { return work_generation_ != seen; };
-    // Fences are polled; a pin back-off ends at a known time; everything
-    // else (pressure changes, releases that matter, swaps) bumps the generation.
+    // Fences are polled; back-offs end at known times; everything else
+    // (pressure changes, releases that matter) bumps the generation.
     std::optional<Clock::time_point> wake;
     if (!fenced_.empty()) wake = Clock::now() + std::chrono::milliseconds(5);
-    if (no_pin_before_ > Clock::now()) {  // a back-off runs: wake when it ends, if the policy would pin then
+    for (const Clock::time_point until : {no_pin_before_, no_grow_before_}) {
+      if (until <= Clock::now()) continue;
+      // A back-off runs: wake when it ends, if the policy would move then.
       PolicyInput later = policy_locked();
-      later.pin_backed_off = false;
-      if (next_pool_move(later, slabs_, [](std::size_t) { return true; })) {
-        wake = wake ? std::min(*wake, no_pin_before_) : no_pin_before_;
-      }
+      later.pin_backed_off = later.grow_backed_off = false;
+      if (next_pool_move(later, slabs_, [](std::size_t) { return true; })) wake = wake ? std::min(*wake, until) : until;
     }
     if (wake) {
       work_cv_.wait_until(lock, stop, *wake, pred);
@@ -568,15 +692,22 @@ void BufferPool::maintain(const std::stop_token& stop) {
       work_cv_.wait(lock, stop, pred);
     }
   }
-  free_retired(lock);
+}
+
+bool BufferPool::settled_locked() const {
+  if (moving_ || next_job_locked(/*idle_only=*/true)) return false;
+  if (cold_pending_ && level_ != PressureLevel::normal) return false;
+  if (level_ != PressureLevel::critical) {
+    for (const Slab& s : slabs_) {
+      if (s.draining) return false;
+    }
+  }
+  return true;
 }
 
 bool BufferPool::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  return idle_cv_.wait_for(lock, timeout, [this] {
-    return !moving_ && !freeing_ && retired_.empty() && (!prepared_ || !slab_idle_locked(slabs_[prepared_->job.slab])) &&
-           !next_job_locked(/*idle_only=*/true);
-  });
+  return idle_cv_.wait_for(lock, timeout, [this] { return settled_locked(); });
 }
 
 PoolStats BufferPool::stats() const {
@@ -585,15 +716,22 @@ PoolStats BufferPool::stats() const {
   st.slots = config_.slots;
   st.slot_bytes = slot_capacity_;
   st.slabs = slabs_.size();
+  st.min_live_slots = min_live_slots_;
   for (const Slab& s : slabs_) {
-    (s.pinned ? st.pinned_slots : st.pageable_slots) += s.slot_count;
-    (s.pinned ? st.pinned_bytes : st.pageable_bytes) += s.bytes;
+    switch (s.memory) {
+      case SlabMemory::pinned: st.pinned_slots += s.slot_count; st.pinned_bytes += s.bytes; break;
+      case SlabMemory::pageable: st.pageable_slots += s.slot_count; st.pageable_bytes += s.bytes; break;
+      case SlabMemory::released: st.released_slots += s.slot_count; st.released_bytes += s.bytes; break;
+    }
+    if (s.draining) st.draining_slots += s.slot_count;
   }
+  st.live_slots = st.slots - st.released_slots;
   for (const SlotState s : state_) {
     switch (s) {
       case SlotState::free: ++st.free_slots; break;
       case SlotState::leased: ++st.leased_slots; break;
       case SlotState::fenced: ++st.fenced_slots; break;
+      case SlotState::parked: break;
     }
   }
   st.acquires = acquires_;
@@ -601,9 +739,13 @@ PoolStats BufferPool::stats() const {
   st.acquire_wait_seconds = acquire_wait_seconds_;
   st.to_pageable = to_pageable_;
   st.to_pinned = to_pinned_;
+  st.releases = releases_;
+  st.given_back_bytes = given_back_bytes_;
+  st.cold_hints = cold_hints_;
+  st.last_release_seconds = last_release_seconds_;
+  st.last_regrow_seconds = last_regrow_seconds_;
   st.failed_pins = failed_pins_;
   st.level = level_;
-  st.pending_slots = prepared_ ? slabs_[prepared_->job.slab].slot_count : 0;
   st.maintenance_rounds = maintenance_rounds_;
   return st;
 }

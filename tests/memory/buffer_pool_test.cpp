@@ -273,10 +273,10 @@ TEST(BufferPoolTest, ARefusedPinFallsBackToPageableWithTheReason) {
   EXPECT_FALSE(lease.pinned());
 }
 
-TEST(BufferPoolTest, CriticalUnpinsIdleSlabsDownToTheFloorAndNeverTouchesALease) {
+TEST(BufferPoolTest, CriticalReleasesIdleSlabsDownToTheFloorAndNeverTouchesALease) {
   Resources r;
   auto c = pool_config(4, 256_KiB, 256_KiB);  // one slot per slab
-  c.min_pinned_slots = 2;
+  c.min_live_slots = 2;
   BufferPool pool(c, r.pinned, r.pageable);
   auto held = pool.acquire();
   std::byte* const where = held.data();
@@ -285,54 +285,129 @@ TEST(BufferPoolTest, CriticalUnpinsIdleSlabsDownToTheFloorAndNeverTouchesALease)
   pool.on_pressure(PressureLevel::critical);
   ASSERT_TRUE(pool.wait_idle(5s));
   PoolStats s = pool.stats();
-  EXPECT_EQ(s.pinned_slots, 2U) << "floor of 2 pinned slots";
-  EXPECT_EQ(s.pageable_slots, 2U);
-  EXPECT_EQ(s.to_pageable, 2U);
+  EXPECT_EQ(s.live_slots, 2U) << "floor of 2 live slots";
+  EXPECT_EQ(s.released_slots, 2U);
+  EXPECT_EQ(s.pinned_slots, 2U) << "the floor keeps its memory as it was";
+  EXPECT_EQ(s.releases, 2U);
+  EXPECT_EQ(s.given_back_bytes, 2 * 256_KiB);
+  EXPECT_GE(s.last_release_seconds, 0.0);
+  EXPECT_EQ(r.pinned.stats().current_bytes, 2 * 256_KiB) << "released memory went back, not to a pageable copy";
+  EXPECT_EQ(r.pageable.stats().current_bytes, 0U) << "nothing was mapped to replace it";
   EXPECT_EQ(held.data(), where) << "a leased slot is never moved";
   EXPECT_TRUE(held.pinned());
   EXPECT_TRUE(std::all_of(held.bytes().begin(), held.bytes().end(), [](std::byte b) { return b == std::byte{0x77}; }));
+  // Acquirers share the live slots: the held one and one more.
+  auto second = pool.acquire(100ms);
+  ASSERT_TRUE(second);
+  EXPECT_FALSE(pool.acquire(50ms)) << "released slots are not handed out";
+  second.reset();
 
   pool.on_pressure(PressureLevel::normal);
   ASSERT_TRUE(pool.wait_idle(5s));
   s = pool.stats();
   EXPECT_EQ(s.pinned_slots, 4U);
+  EXPECT_EQ(s.live_slots, 4U);
   EXPECT_EQ(s.to_pinned, 2U);
+  EXPECT_GE(s.last_regrow_seconds, 0.0);
   EXPECT_EQ(r.pinned.stats().current_bytes, 4 * 256_KiB);
-  EXPECT_EQ(r.pageable.stats().current_bytes, 0U) << "pageable slabs were freed after re-pinning";
+  EXPECT_EQ(r.pageable.stats().current_bytes, 0U);
 }
 
-TEST(BufferPoolTest, WaitIdleWaitsUntilSwappedOutMemoryIsFreed) {
+TEST(BufferPoolTest, ASlotThatComesBackUnderCriticalPressureIsReleased) {
   Resources r;
-  BufferPool pool(pool_config(1, 64_KiB, 64_KiB), r.pinned, r.pageable);
-  r.pinned_checked.hold_frees();  // the maintenance thread stalls returning the old pinned slab
+  auto c = pool_config(3, 64_KiB, 64_KiB);
+  c.min_live_slots = 1;
+  BufferPool pool(c, r.pinned, r.pageable);
+  auto a = pool.acquire();
+  auto b = pool.acquire();
+  auto d = pool.acquire();
   pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().released_slots, 0U) << "every slot is out: nothing moved under a lease";
+  EXPECT_EQ(pool.stats().draining_slots, 2U) << "two of them drain, down to the floor of 1";
+  b.release();
+  d.release();
   const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (pool.stats().pinned_slots != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
-  EXPECT_EQ(pool.stats().pinned_slots, 0U) << "the slab moved to pageable memory";
-  EXPECT_FALSE(pool.wait_idle(100ms)) << "idle while the old pinned memory is still held";
-  EXPECT_EQ(r.pinned.stats().current_bytes, 64_KiB) << "still held";
-  r.pinned_checked.release_frees();  // no ASSERT above: the pool's destructor would wait forever
+  while (pool.stats().released_slots < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(pool.stats().released_slots, 2U) << "released on return";
+  EXPECT_EQ(r.pinned.stats().current_bytes, 64_KiB);
+  EXPECT_FALSE(pool.acquire(20ms)) << "the returned slots did not go back into service";
+  a.release();
+  auto again = pool.acquire(1s);
+  ASSERT_TRUE(again) << "the floor slot serves";
+  again->release();
+  pool.on_pressure(PressureLevel::normal);
   ASSERT_TRUE(pool.wait_idle(5s));
-  EXPECT_EQ(r.pinned.stats().current_bytes, 0U) << "idle means the swapped-out memory is back";
+  EXPECT_EQ(pool.stats().live_slots, 3U);
 }
 
-TEST(BufferPoolTest, ElevatedPressurePinsNothingNew) {
+TEST(BufferPoolTest, ADrainEndsWhenPressureFallsBeforeTheSlotComesBack) {
   Resources r;
-  BufferPool pool(pool_config(2, 64_KiB, 64_KiB), r.pinned, r.pageable);
+  auto c = pool_config(2, 64_KiB, 64_KiB);
+  c.min_live_slots = 1;
+  BufferPool pool(c, r.pinned, r.pageable);
+  auto a = pool.acquire();
+  auto b = pool.acquire();
   pool.on_pressure(PressureLevel::critical);
   ASSERT_TRUE(pool.wait_idle(5s));
-  EXPECT_EQ(pool.stats().pinned_slots, 0U);
+  EXPECT_EQ(pool.stats().draining_slots, 1U);
   pool.on_pressure(PressureLevel::elevated);
   ASSERT_TRUE(pool.wait_idle(5s));
-  EXPECT_EQ(pool.stats().pinned_slots, 0U) << "elevated: slabs stay pageable";
+  EXPECT_EQ(pool.stats().draining_slots, 0U);
+  a.release();
+  b.release();
+  ASSERT_TRUE(pool.wait_idle(5s));
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.released_slots, 0U);
+  EXPECT_EQ(s.free_slots, 2U) << "both back in service";
+}
+
+TEST(BufferPoolTest, AMultiSlotSlabIsReleasedWhole) {
+  Resources r;
+  auto c = pool_config(4, 64_KiB, 128_KiB);  // two slabs of two
+  c.min_live_slots = 2;
+  BufferPool pool(c, r.pinned, r.pageable);
+  pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.released_slots, 2U);
+  EXPECT_EQ(s.releases, 1U) << "one slab";
+  EXPECT_EQ(r.pinned.stats().current_bytes, 128_KiB);
+}
+
+TEST(BufferPoolTest, ElevatedPressureGrowsNothingAndNormalBringsSlabsBack) {
+  Resources r;
+  auto c = pool_config(2, 64_KiB, 64_KiB);
+  c.min_live_slots = 0;
+  BufferPool pool(c, r.pinned, r.pageable);
+  pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().released_slots, 2U) << "a floor of 0 lets every idle slab go";
+  pool.on_pressure(PressureLevel::elevated);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().released_slots, 2U) << "elevated: nothing is touched again";
+  EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, 0U);
   pool.on_pressure(PressureLevel::normal);
   ASSERT_TRUE(pool.wait_idle(5s));
   EXPECT_EQ(pool.stats().pinned_slots, 2U);
 }
 
-TEST(BufferPoolTest, ARefusedRepinIsCountedAndRetriedLater) {
+TEST(BufferPoolTest, ElevatedPressureHintsIdlePageableSlabsCold) {
+  Resources r;
+  auto c = pool_config(2, 64_KiB, 64_KiB);
+  c.pin = false;
+  BufferPool pool(c, r.pinned, r.pageable);
+  auto held = pool.acquire();
+  pool.on_pressure(PressureLevel::elevated);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().cold_hints, 1U) << "the idle slab, not the leased one";
+  EXPECT_EQ(pool.stats().pageable_slots, 2U);
+}
+
+TEST(BufferPoolTest, ARefusedRepinFallsBackToPageableAndIsRetriedLater) {
   Resources r;
   auto c = pool_config(1, 64_KiB, 64_KiB);
+  c.min_live_slots = 0;
   c.retry_pin_after = 50ms;
   BufferPool pool(c, r.pinned, r.pageable);
   pool.on_pressure(PressureLevel::critical);
@@ -343,9 +418,12 @@ TEST(BufferPoolTest, ARefusedRepinIsCountedAndRetriedLater) {
   while (pool.stats().pinned_slots == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
   const PoolStats s = pool.stats();
   EXPECT_EQ(s.failed_pins, 1U);
-  EXPECT_EQ(s.pinned_slots, 1U) << "retried after the back-off";
+  EXPECT_EQ(s.to_pageable, 1U) << "came back pageable first";
+  EXPECT_EQ(s.pinned_slots, 1U) << "pinned after the back-off";
   bool saw_failure = false;
-  for (const auto& t : pool.transitions()) saw_failure = saw_failure || t.reason == "pressure normal failed: memlock limit";
+  for (const auto& t : pool.transitions()) {
+    saw_failure = saw_failure || (t.reason == "pressure normal failed: memlock limit" && t.memory == SlabMemory::pageable);
+  }
   EXPECT_TRUE(saw_failure);
 }
 
@@ -355,8 +433,9 @@ TEST(BufferPoolTest, RejectsBadConfig) {
   EXPECT_THROW(BufferPool(pool_config(4, 0, 1_MiB), r.pinned, r.pageable), ConfigError);
   EXPECT_THROW(BufferPool(pool_config(4, 65_GiB, 1_MiB), r.pinned, r.pageable), ConfigError);
   auto c = pool_config(4, 1_KiB, 1_MiB);
-  c.min_pinned_slots = 5;
-  EXPECT_THROW(BufferPool(c, r.pinned, r.pageable), ConfigError);
+  c.min_live_slots = 5;
+  BufferPool clamped(c, r.pinned, r.pageable);
+  EXPECT_EQ(clamped.stats().min_live_slots, 4U) << "a floor above the pool is the whole pool";
 }
 
 // A real denial: in a child without CAP_IPC_LOCK and with RLIMIT_MEMLOCK at

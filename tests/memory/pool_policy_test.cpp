@@ -21,58 +21,87 @@ using namespace std::chrono_literals;
 
 const auto all_idle = [](std::size_t) { return true; };
 
-std::vector<PolicySlab> slabs(std::initializer_list<std::pair<std::size_t, bool>> shape, std::uint64_t slot_bytes = 64_KiB) {
+std::vector<PolicySlab> slabs(std::initializer_list<std::pair<std::size_t, SlabMemory>> shape,
+                              std::uint64_t slot_bytes = 64_KiB) {
   std::vector<PolicySlab> out;
-  for (const auto& [slots, pinned] : shape) out.push_back(PolicySlab{slots, slots * slot_bytes, pinned});
+  for (const auto& [slots, memory] : shape) out.push_back(PolicySlab{slots, slots * slot_bytes, memory, false});
   return out;
 }
+constexpr SlabMemory P = SlabMemory::pinned, G = SlabMemory::pageable, R = SlabMemory::released;
 
-TEST(PoolPolicyTest, CriticalUnpinsFromTheBackDownToTheFloorInWholeSlabs) {
+TEST(PoolPolicyTest, CriticalReleasesFromTheBackDownToTheFloorInWholeSlabs) {
   PolicyInput in;
   in.level = PressureLevel::critical;
-  in.min_pinned_slots = 2;
-  auto s = slabs({{1, true}, {1, true}, {1, true}, {1, true}});
+  in.min_live_slots = 2;
+  auto s = slabs({{1, P}, {1, P}, {1, G}, {1, P}});
   auto m = next_pool_move(in, s, all_idle);
   ASSERT_TRUE(m);
   EXPECT_EQ(m->slab, 3U);
-  EXPECT_FALSE(m->to_pinned);
-  // A slab of 3 with 3 pinned and a floor of 2: moving it would go below.
-  s = slabs({{3, true}, {1, false}});
-  EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "the floor counts whole slabs";
-  EXPECT_FALSE(pool_move_wanted(in, s, 0, false));
-  // A prepared unpin counts as done: the next one stops at the floor.
-  s = slabs({{1, true}, {1, true}, {1, true}});
-  in.prepared = 2;
-  in.prepared_to_pinned = false;
+  EXPECT_EQ(m->to, SlabMemory::released);
+  s[3].memory = R;
   m = next_pool_move(in, s, all_idle);
-  EXPECT_FALSE(m) << "3 pinned, one leaving, floor 2";
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->slab, 2U) << "pageable slabs are released too: without swap they are as resident";
+  s[2].memory = R;
+  EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "2 live slots: the floor";
+  // A slab of 3 with 4 live and a floor of 2: releasing it would go below.
+  s = slabs({{3, P}, {1, G}});
+  m = next_pool_move(in, s, all_idle);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->slab, 1U);
+  s[1].memory = R;
+  EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "the floor counts whole slabs";
+  // A draining slab counts as released already.
+  s = slabs({{1, P}, {1, P}, {1, P}});
+  s[2].draining = true;
+  EXPECT_FALSE(next_pool_move(in, s, [](std::size_t i) { return i != 2; })) << "3 live, one draining, floor 2";
+  m = next_pool_move(in, s, all_idle);
+  ASSERT_TRUE(m) << "the drained slab, once idle, is released";
+  EXPECT_EQ(m->slab, 2U);
+  EXPECT_TRUE(drain_wanted(in, s, 2));
+  in.level = PressureLevel::elevated;
+  EXPECT_FALSE(drain_wanted(in, s, 2)) << "pressure fell: back into service";
 }
 
-TEST(PoolPolicyTest, NormalPinsFromTheFrontWithinTheBudgetInWholeSlabs) {
+TEST(PoolPolicyTest, NormalBringsReleasedSlabsBackThenPinsWithinTheBudget) {
   PolicyInput in;
   in.pinned_budget_bytes = 192_KiB;
-  auto s = slabs({{2, true}, {2, false}});  // 128 KiB pinned; the next slab would make 256
+  auto s = slabs({{2, P}, {2, G}});  // 128 KiB pinned; the next slab would make 256
   EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "a slab of 128 KiB does not fit the 64 KiB left";
   in.pinned_budget_bytes = 256_KiB;
   auto m = next_pool_move(in, s, all_idle);
   ASSERT_TRUE(m);
   EXPECT_EQ(m->slab, 1U);
-  EXPECT_TRUE(m->to_pinned);
+  EXPECT_EQ(m->to, SlabMemory::pinned);
+  EXPECT_FALSE(next_pool_move(in, s, [](std::size_t) { return false; })) << "pinning waits for an idle slab";
   in.pin_backed_off = true;
   EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "no new pinning during a back-off";
-  EXPECT_TRUE(pool_move_wanted(in, s, 1, true)) << "a prepared pin that succeeded stays wanted";
+  // A released slab comes back even when it may not be pinned: pageable.
+  s = slabs({{2, P}, {2, R}});
+  m = next_pool_move(in, s, all_idle);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->to, SlabMemory::pageable);
   in.pin_backed_off = false;
+  in.pinned_budget_bytes = 128_KiB;
+  m = next_pool_move(in, s, all_idle);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->to, SlabMemory::pageable) << "past the budget";
+  in.pinned_budget_bytes = 256_KiB;
+  EXPECT_EQ(next_pool_move(in, s, all_idle)->to, SlabMemory::pinned);
+  in.grow_backed_off = true;
+  EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "mapping failed lately: wait";
+  in.grow_backed_off = false;
   in.pin = false;
-  EXPECT_FALSE(next_pool_move(in, s, all_idle));
+  EXPECT_EQ(next_pool_move(in, s, all_idle)->to, SlabMemory::pageable);
   in.pin = true;
   in.level = PressureLevel::elevated;
-  EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "elevated: pin nothing new";
+  EXPECT_FALSE(next_pool_move(in, s, all_idle)) << "elevated: nothing is touched or pinned";
 }
 
 TEST(PoolPolicyTest, IdleSlabsFirstABusyOneOnlyWhenAllowed) {
   PolicyInput in;
   in.level = PressureLevel::critical;
-  const auto s = slabs({{1, true}, {1, true}, {1, true}});
+  const auto s = slabs({{1, P}, {1, P}, {1, P}});
   const auto busy_last = [](std::size_t i) { return i != 2; };
   auto m = next_pool_move(in, s, busy_last);
   ASSERT_TRUE(m);
@@ -97,19 +126,19 @@ TEST(PoolPolicyTest, ASettledPoolIsNotWokenByReleasesInTheCasesThatUsedToDisagre
   PinnedResource pinned_raw{PinnedResource::Config{PinMethod::mlock, std::nullopt}};
   PageableResource pageable_raw;
   testing::CheckingResource pinned{pinned_raw}, pageable{pageable_raw};
-  // 1. Critical with a floor of 2 and a slab of 3: the old wake test said
-  //    "3 pinned > 2, move something", the chooser "a slab of 3 would go
-  //    below 2": every release woke the thread for nothing.
+  // 1. Critical with a floor of 2 and a slab of 3: a wake test that counted
+  //    slots would say "3 live > 2, release something", the chooser "a slab
+  //    of 3 would go below 2": every release would wake the thread for nothing.
   {
     BufferPool::Config c;
     c.slots = 4;
     c.slot_bytes = 64_KiB;
     c.slab_bytes = 3 * 64_KiB;  // slabs of 3 and 1
-    c.min_pinned_slots = 2;
+    c.min_live_slots = 2;
     BufferPool pool(c, pinned, pageable);
     pool.on_pressure(PressureLevel::critical);
     ASSERT_TRUE(pool.wait_idle(5s));
-    EXPECT_EQ(pool.stats().pinned_slots, 3U) << "the slab of 1 went, the slab of 3 stays";
+    EXPECT_EQ(pool.stats().live_slots, 3U) << "the slab of 1 went, the slab of 3 stays";
     EXPECT_EQ(rounds_during_releases(pool, 100), 0U);
   }
   // 2. A budget of 192 KiB with slabs of 128 KiB: the old wake test counted

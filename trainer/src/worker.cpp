@@ -444,7 +444,11 @@ void Worker::reduce_epoch(EpochSummary& s, std::uint64_t first_step, std::uint64
   const memory::ProcessPoolStats process = memory::process_pool_stats();
   s.pool_pinned_bytes = process.pinned_bytes;
   s.pool_pageable_bytes = process.pageable_bytes;
-  s.pool_transitions = pool.to_pageable + pool.to_pinned;
+  s.pool_transitions = pool.to_pageable + pool.to_pinned + pool.releases;
+  s.pool_slots = process.slots;
+  s.pool_released_slots = process.released_slots;
+  s.pool_given_back_bytes = process.given_back_bytes;
+  s.pool_release_seconds = pool.last_release_seconds;
   s.pressure = std::string(memory::to_string(pool.level));
 }
 

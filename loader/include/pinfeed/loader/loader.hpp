@@ -85,6 +85,10 @@ struct LoaderConfig {
   double pinned_fraction = 0.5;              ///< share of really available memory the pool may pin
   unsigned local_ranks = 0;                  ///< processes on this host sharing its memory; 0: from the launcher's variables
   bool watch_pressure = true;                ///< run a PressureMonitor the pool follows
+  /// Pool slots kept under critical pressure (the rest give their memory
+  /// back): at least the batches the consumer holds at once plus one being
+  /// filled, or the loader waits on a slot the consumer never returns.
+  std::size_t pressure_floor = 2;
   memory::PressureMonitor::Config pressure;  ///< its root, period, thresholds
   void validate() const;                     ///< ConfigError naming the field
 

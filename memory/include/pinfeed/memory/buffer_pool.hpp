@@ -10,24 +10,32 @@
 // - Slots live in slabs (several slots per mapping, one mapping never above
 //   kMaxRegistrationBytes) so that pinning takes few registrations. Each slot
 //   is exactly round_up_to_page(slot_bytes): no power-of-two rounding.
-// - Pressure (on_pressure, usually from a PressureMonitor subscription):
-//     elevated -> nothing is pinned any more; slabs that are (re)made come
-//                 from pageable memory;
-//     critical -> idle pinned slabs are replaced by pageable ones, down to
-//                 min_pinned_slots;
-//     normal   -> idle pageable slabs are pinned again, within the budget.
-//   The monitor owns the hold time before "normal" is announced. The pool's
-//   maintenance thread prepares the replacement memory (allocates, faults in
-//   and pins or not) off the lock; the swap itself is a pointer exchange made
-//   under the lock at the moment the slab is idle: at once if it is, or by the
-//   release that frees its last slot. So a busy loader, whose slots are never
-//   all idle at once, still moves slab by slab, and nothing on the acquire or
-//   release path allocates, pins or frees. Each transition is counted and logged.
+// - Pressure (on_pressure, usually from a PressureMonitor subscription),
+//   decided by Note [Pool policy] (pool_policy.hpp):
+//     critical -> idle slabs beyond the floor (min_live_slots) give their
+//                 memory back to the kernel: unpinned and unmapped, so RSS
+//                 really falls (without swap, pageable memory is as resident
+//                 as pinned memory: unpinning alone frees nothing). A busy
+//                 slab is drained: its slots are parked as they come back,
+//                 and it is released once idle. Acquirers share the live
+//                 slots meanwhile.
+//     elevated -> nothing is pinned, touched or grown; idle pageable slabs
+//                 are hinted cold (MADV_COLD) so that, with swap, the kernel
+//                 takes them before the training process's own memory.
+//     normal   -> released slabs are touched and pinned again (pageable past
+//                 the budget), then idle pageable slabs are pinned.
+//   The monitor owns the hold time before "normal" is announced. Every move
+//   runs on the pool's maintenance thread with the slab out of service (all
+//   of its slots free, none in the free list): the old memory is freed
+//   first, then the new memory is mapped, touched and pinned, so no move
+//   needs more memory than it frees, and nothing on the acquire or release
+//   path maps, pins or frees. Each move is counted and logged; one warning
+//   when the pool shrinks, one when it has grown back.
 //
 // Note [Slot lifetime]: a slot handed out in a lease is never moved, unpinned
 // or freed until the lease is dropped and, if release_after() was used, its
-// fence is ready. A slab's memory is swapped only under the pool lock while
-// every one of its slots is free, so no lease can see the change.
+// fence is ready. A slab's memory changes only while every one of its slots
+// is back and parked, so no lease can see the change.
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -88,13 +96,13 @@ class SlotLease {
   bool pinned_ = false;
 };
 
-/// One change of a slab between pinned and pageable memory.
+/// One change of a slab's memory: pinned, pageable or released.
 struct PoolTransition {
   std::chrono::system_clock::time_point at;
   std::size_t slab = 0;
   std::size_t slots = 0;
-  bool to_pinned = false;  ///< the slab's memory after this event
-  bool ok = true;          ///< false: an attempt that failed; the slab kept its memory
+  SlabMemory memory = SlabMemory::pageable;  ///< the slab's memory after this event
+  bool ok = true;          ///< false: an attempt that fell short (a refused pin); `memory` is what it got
   std::string reason;      ///< "initial: memlock limit", "pressure critical", "pressure normal failed: ...", ...
 };
 
@@ -104,12 +112,24 @@ struct PoolStats {
   std::size_t slabs = 0;
   std::size_t pinned_slots = 0, pageable_slots = 0;
   std::uint64_t pinned_bytes = 0, pageable_bytes = 0;
+  /// Slots whose memory is given back to the kernel (critical pressure), and
+  /// their bytes; live_slots = slots - released_slots.
+  std::size_t released_slots = 0, live_slots = 0;
+  std::uint64_t released_bytes = 0;
+  std::size_t min_live_slots = 0;           ///< the floor critical pressure never goes below
   std::size_t free_slots = 0, leased_slots = 0, fenced_slots = 0;
-  std::size_t pending_slots = 0;            ///< slots of a slab whose replacement is ready, waiting for it to go idle
+  std::size_t draining_slots = 0;           ///< slots of slabs waiting to go idle to be released
   std::uint64_t acquires = 0;
   std::uint64_t acquire_waits = 0;          ///< acquires that found no free slot
   double acquire_wait_seconds = 0;          ///< total time spent waiting
-  std::uint64_t to_pageable = 0, to_pinned = 0;  ///< transitions after construction, in slabs
+  /// Moves after construction, in slabs: into pinned, into pageable memory
+  /// (a regrowth past the budget, a refused pin), released to the kernel.
+  std::uint64_t to_pageable = 0, to_pinned = 0, releases = 0;
+  std::uint64_t given_back_bytes = 0;       ///< bytes released to the kernel, all episodes added up
+  std::uint64_t cold_hints = 0;             ///< slabs hinted cold (MADV_COLD) under pressure
+  /// The last shrink: seconds from "critical" to the last slab released
+  /// (negative: none yet); the last regrowth: from "normal" to every slab live.
+  double last_release_seconds = -1, last_regrow_seconds = -1;
   std::uint64_t failed_pins = 0;            ///< pin attempts the pinned resource refused
   PressureLevel level = PressureLevel::normal;
   /// Rounds of the maintenance thread: a release wakes it only when the
@@ -129,15 +149,24 @@ void to_json(Json& j, const PoolStats& s) {
                      {"pageable_slots", s.pageable_slots},
                      {"pinned_bytes", s.pinned_bytes},
                      {"pageable_bytes", s.pageable_bytes},
+                     {"live_slots", s.live_slots},
+                     {"released_slots", s.released_slots},
+                     {"released_bytes", s.released_bytes},
+                     {"min_live_slots", s.min_live_slots},
                      {"free_slots", s.free_slots},
                      {"leased_slots", s.leased_slots},
                      {"fenced_slots", s.fenced_slots},
-                     {"pending_slots", s.pending_slots},
+                     {"draining_slots", s.draining_slots},
                      {"acquires", s.acquires},
                      {"acquire_waits", s.acquire_waits},
                      {"acquire_wait_seconds", s.acquire_wait_seconds},
                      {"to_pageable", s.to_pageable},
                      {"to_pinned", s.to_pinned},
+                     {"releases", s.releases},
+                     {"given_back_bytes", s.given_back_bytes},
+                     {"cold_hints", s.cold_hints},
+                     {"last_release_seconds", s.last_release_seconds},
+                     {"last_regrow_seconds", s.last_regrow_seconds},
                      {"failed_pins", s.failed_pins},
                      {"maintenance_rounds", s.maintenance_rounds},
                      {"pressure", std::string(to_string(s.level))}};
@@ -148,8 +177,9 @@ void to_json(Json& j, const PoolStats& s) {
 /// pinned and pageable for batches (every loader, training and validation,
 /// every worker). Compare with VmLck in /proc/self/status. Thread-safe.
 struct ProcessPoolStats {
-  std::size_t pools = 0, slots = 0, pinned_slots = 0;
+  std::size_t pools = 0, slots = 0, pinned_slots = 0, released_slots = 0;
   std::uint64_t pinned_bytes = 0, pageable_bytes = 0;
+  std::uint64_t given_back_bytes = 0;  ///< released to the kernel under critical pressure, all episodes
 };
 ProcessPoolStats process_pool_stats();
 
@@ -160,7 +190,10 @@ class BufferPool {
     std::size_t slots = 4;                   ///< number of slots; > 0
     std::size_t slab_bytes = 256_MiB;        ///< target size of one slab (>= one slot); capped at kMaxRegistrationBytes
     std::uint64_t pinned_budget_bytes = UINT64_MAX;  ///< never pin more than this (see PinnedBudget)
-    std::size_t min_pinned_slots = 0;        ///< floor kept pinned under critical pressure
+    /// Floor of live slots under critical pressure: at least the batches the
+    /// consumer holds at once plus one being filled (fewer would stall the
+    /// loader on a slot the consumer waits for). Clamped to `slots`.
+    std::size_t min_live_slots = 2;
     bool pin = true;                         ///< false: every slot pageable from the start
     /// After a refused pin, wait this long before trying again; the wait
     /// doubles with each refusal (up to 64x) and resets when pressure
@@ -207,26 +240,18 @@ class BufferPool {
 
  private:
   friend class SlotLease;
-  enum class SlotState : std::uint8_t { free, leased, fenced };
-  struct Slab : PolicySlab {  // slot_count, bytes, pinned: what the policy sees
-    std::byte* data = nullptr;
+  // parked: a slot of a slab that is draining, moving or released; it is in
+  // no list and cannot be leased.
+  enum class SlotState : std::uint8_t { free, leased, fenced, parked };
+  struct Slab : PolicySlab {  // slot_count, bytes, memory, draining: what the policy sees
+    std::byte* data = nullptr;  // nullptr while released
     std::size_t first_slot = 0;
     HostResource* owner = nullptr;  // resource that allocated data
+    bool moving = false;            // the maintenance thread works on it, off the lock
   };
   struct Fenced {
     std::size_t slot;
     std::shared_ptr<Fence> fence;
-  };
-
-  struct Prepared {  // replacement memory waiting for its slab to go idle
-    PoolMove job;
-    std::byte* data;
-    HostResource* owner;
-  };
-  struct Retired {  // memory swapped out, freed by the maintenance thread
-    std::byte* data;
-    std::size_t bytes;
-    HostResource* owner;
   };
   using Clock = std::chrono::steady_clock;
 
@@ -235,30 +260,43 @@ class BufferPool {
   void release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept;
   SlotLease lease_locked(std::size_t slot);
   bool reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chrono::microseconds wait);
+  /// A slot comes back: into the free list, or parked when its slab drains.
+  /// True when the maintenance thread should look (a drained slab went idle,
+  /// or the policy wants a move).
+  bool return_slot_locked(std::size_t slot, bool front);
   void allocate_initial();
+  /// Maps (and pins, for the pinned resource) `bytes`; nullptr with the
+  /// reason in `failure` when the resource refuses. Never under the lock.
+  std::byte* map_slab(HostResource& resource, std::size_t bytes, std::string& failure);
+  void unmap_slab(std::byte* data, std::size_t bytes, HostResource* owner) noexcept;
   void free_all_slabs() noexcept;
   void maintain(const std::stop_token& stop);
   void run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job);
-  bool try_swap_locked();
-  void free_retired(std::unique_lock<std::mutex>& lock);
+  /// Parks the free slots of slab `i` (true: all of them were free).
+  bool park_free_slots_locked(std::size_t i);
+  /// Puts the parked slots of slab `i` back in service.
+  void unpark_slots_locked(std::size_t i);
+  /// Slabs drained for a release that the level no longer wants back in
+  /// service; hints idle pageable slabs cold once per pressure episode.
+  void settle_locked(std::unique_lock<std::mutex>& lock);
+  [[nodiscard]] bool settled_locked() const;
+  void note_episode_locked();
   // Note [Pool policy] (pool_policy.hpp) decides; these only ask it.
-  /// The policy's view of the pool; the prepared move counted as done unless
-  /// `without_prepared`.
-  [[nodiscard]] PolicyInput policy_locked(bool without_prepared = false) const;
-  [[nodiscard]] bool still_wanted_locked(const PoolMove& job) const;
+  [[nodiscard]] PolicyInput policy_locked() const;
   /// The next slab to move; idle slabs first; with idle_only, only those.
   [[nodiscard]] std::optional<PoolMove> next_job_locked(bool idle_only = false) const;
   [[nodiscard]] bool slab_idle_locked(const Slab& slab) const;
   /// Whether the policy wants any slab moved, so a plain release does not
   /// wake the maintenance thread.
   [[nodiscard]] bool maintenance_wanted_locked() const;
-  void record_locked(std::size_t slab, bool to_pinned, std::string reason, bool ok = true);
+  void record_locked(std::size_t slab, SlabMemory memory, std::string reason, bool ok = true);
   void back_off_pinning_locked();
 
   const Config config_;
   HostResource& pinned_resource_;
   HostResource& pageable_resource_;
   std::size_t slot_capacity_ = 0;  // slot_bytes page-rounded; immutable after construction
+  std::size_t min_live_slots_ = 0;  // config_.min_live_slots clamped to slots
 
   mutable std::mutex mutex_;  // guards everything below
   std::condition_variable_any slot_cv_;   // a slot became free, or cancel
@@ -271,15 +309,22 @@ class BufferPool {
   std::deque<Fenced> fenced_;
   bool cancelled_ = false;
   PressureLevel level_ = PressureLevel::normal;
-  bool moving_ = false;                   // replacement memory is being prepared
-  std::optional<Prepared> prepared_;      // ready, waiting for its slab to be idle
-  std::vector<Retired> retired_;          // swapped out, to be freed off the lock
-  bool freeing_ = false;                  // retired memory taken off retired_, not yet returned
+  bool moving_ = false;                   // a slab's memory is being changed off the lock
+  bool cold_pending_ = false;             // hint idle pageable slabs cold on the next round
   std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
   Clock::time_point no_pin_before_{};
+  Clock::time_point no_grow_before_{};  // regrowth failed to map: wait before the next try
   unsigned pin_refusals_in_a_row_ = 0;
   std::vector<PoolTransition> transitions_;
   std::uint64_t acquires_ = 0, acquire_waits_ = 0, to_pageable_ = 0, to_pinned_ = 0, failed_pins_ = 0;
+  std::uint64_t releases_ = 0, given_back_bytes_ = 0, cold_hints_ = 0;
+  // The current pressure episode, for the shrink and regrowth warnings and
+  // their timings: when critical / normal began, and what it released.
+  std::optional<Clock::time_point> critical_since_, normal_since_;
+  std::size_t episode_released_slots_ = 0;
+  std::uint64_t episode_released_bytes_ = 0;
+  bool shrink_reported_ = false;
+  double last_release_seconds_ = -1, last_regrow_seconds_ = -1;
   std::uint64_t maintenance_rounds_ = 0;
   std::uint64_t policy_version_ = 0;  // bumped whenever an input of Note [Pool policy] changes
   // maintenance_wanted_locked()'s last answer, valid for policy_version_ and

@@ -1,81 +1,87 @@
 #pragma once
-// Note [Pool policy]: which slab the BufferPool moves next between pinned and
-// pageable memory, written once as a pure function of the pressure level,
-// the slabs and the budget. The pool asks it whether to wake its
-// maintenance thread (on every release), which move to make, whether a
-// prepared move is still wanted, and when a back-off ends; the initial
-// allocation follows the same budget rule (whole slabs, front to back).
+// Note [Pool policy]: what the BufferPool does with a slab next, written once
+// as a pure function of the pressure level, the slabs and the budget. The
+// pool asks it whether to wake its maintenance thread (on every release),
+// which move to make next, and whether a slab it drains is still wanted;
+// the initial allocation follows the same budget rule (whole slabs, front to
+// back).
 //
-//   critical  unpin slabs from the back (the low slots, acquired first, stay
-//             pinned longest) while the pinned slots stay >= min_pinned_slots
-//   elevated  nothing: keep what is pinned, pin nothing new
-//   normal    (pinning on, not backing off after a refusal) pin slabs from
-//             the front while the pinned bytes stay within the budget
+//   critical  release slabs (give their pages back to the kernel) while the
+//             live slots stay >= min_live_slots: idle slabs first, from the
+//             back (the low slots, acquired first, stay longest); a busy one
+//             is drained (its slots are parked as they come back) and
+//             released once idle. Live slabs within the floor keep their
+//             memory as it is: without swap unpinning them frees nothing,
+//             and they are in use.
+//   elevated  nothing: nothing is pinned, touched or grown
+//   normal    released slabs come back (touched, pinned within the budget,
+//             pageable past it), from the front; then idle pageable slabs
+//             are pinned within the budget
 //
-// Counts are whole slabs: a slab moves as one registration. A prepared move
-// (memory ready, waiting for its slab to go idle) counts as done, and its
-// slab is never chosen again. Idle slabs first; a busy one only when no idle
-// one is wanted (it moves once its slots come back).
+// Counts are whole slabs: a slab is one mapping and one registration. A slab
+// being drained counts as released already, so the floor is never crossed
+// by slabs draining at once.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
+#include "pinfeed/enum_words.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
 
 namespace pinfeed::memory {
+
+/// Where a slab's memory is: page-locked, pageable (resident), or given back
+/// to the kernel (no pages, no slot of it can be leased).
+enum class SlabMemory : std::uint8_t { pinned, pageable, released };
+inline constexpr std::array<EnumWord<SlabMemory>, 3> kSlabMemoryWords{
+    {{SlabMemory::pinned, "pinned"}, {SlabMemory::pageable, "pageable"}, {SlabMemory::released, "released"}}};
+inline std::string_view to_string(SlabMemory m) noexcept { return enum_word(kSlabMemoryWords, m); }
 
 /// What the policy sees of a slab. BufferPool's slabs derive from it.
 struct PolicySlab {
   std::size_t slot_count = 0;
   std::uint64_t bytes = 0;
-  bool pinned = false;
+  SlabMemory memory = SlabMemory::pageable;
+  bool draining = false;  ///< chosen for release, waiting for its slots to come back
 };
 
 struct PolicyInput {
   PressureLevel level = PressureLevel::normal;
   bool pin = true;                      ///< pinning wanted at all (Config::pin)
-  std::size_t min_pinned_slots = 0;     ///< critical never unpins below this
+  std::size_t min_live_slots = 0;       ///< critical never releases below this
   std::uint64_t pinned_budget_bytes = 0;
   bool pin_backed_off = false;          ///< a refusal's back-off is running: start no pinning
-  std::optional<std::size_t> prepared;  ///< slab of a prepared move, counted as done
-  bool prepared_to_pinned = false;
+  bool grow_backed_off = false;         ///< mapping a released slab failed lately: wait before the next try
 };
 
 struct PoolMove {
   std::size_t slab = 0;
-  bool to_pinned = false;
+  SlabMemory to = SlabMemory::released;
   const char* reason = "";  ///< "pressure critical", "pressure normal"
-  bool idle = true;         ///< the slab had no slot out when chosen
+  bool idle = true;         ///< the slab had no slot out when chosen (false: drain it first)
 };
 
-/// Pinned slots and bytes over `slabs`, the prepared move counted as done.
+struct PolicyTotals {
+  std::size_t live_slots = 0;       ///< slots of slabs neither released nor draining
+  std::uint64_t pinned_bytes = 0;
+};
+
 template <class Slabs>
-void pinned_totals(const PolicyInput& in, const Slabs& slabs, std::size_t& slots, std::uint64_t& bytes) {
-  slots = 0;
-  bytes = 0;
-  for (std::size_t i = 0; i < slabs.size(); ++i) {
-    const PolicySlab& s = slabs[i];
-    const bool pinned = in.prepared == i ? in.prepared_to_pinned : s.pinned;
-    if (pinned) {
-      slots += s.slot_count;
-      bytes += s.bytes;
-    }
+[[nodiscard]] PolicyTotals policy_totals(const Slabs& slabs) {
+  PolicyTotals t;
+  for (const PolicySlab& s : slabs) {
+    if (s.memory != SlabMemory::released && !s.draining) t.live_slots += s.slot_count;
+    if (s.memory == SlabMemory::pinned) t.pinned_bytes += s.bytes;
   }
+  return t;
 }
 
-/// Whether moving `slab` (to pinned or to pageable) is wanted at this level,
-/// the back-off aside (a prepared pin has already succeeded). Counts leave
-/// the slab's own move out: ask it about a move not yet counted as done.
+/// Whether slab `slab`, draining, should still be released (false: put its
+/// slots back in service).
 template <class Slabs>
-[[nodiscard]] bool pool_move_wanted(const PolicyInput& in, const Slabs& slabs, std::size_t slab, bool to_pinned) {
-  std::size_t slots = 0;
-  std::uint64_t bytes = 0;
-  pinned_totals(in, slabs, slots, bytes);
-  const PolicySlab& s = slabs[slab];
-  if (to_pinned) {
-    return in.level == PressureLevel::normal && in.pin && !s.pinned && bytes + s.bytes <= in.pinned_budget_bytes;
-  }
-  return in.level == PressureLevel::critical && s.pinned && slots >= in.min_pinned_slots + s.slot_count;
+[[nodiscard]] bool drain_wanted(const PolicyInput& in, const Slabs& slabs, std::size_t slab) {
+  return in.level == PressureLevel::critical && slabs[slab].draining;
 }
 
 /// The next move, or none. `idle(i)`: slab i has no slot out. With
@@ -83,30 +89,36 @@ template <class Slabs>
 template <class Slabs, class IsIdle>
 [[nodiscard]] std::optional<PoolMove> next_pool_move(const PolicyInput& in, const Slabs& slabs, IsIdle&& idle,
                                                      bool idle_only = false) {
-  std::size_t slots = 0;
-  std::uint64_t bytes = 0;
-  pinned_totals(in, slabs, slots, bytes);
-  std::optional<PoolMove> busy;
-  const auto offer = [&](std::size_t i, bool to_pinned, const char* reason) -> std::optional<PoolMove> {
-    if (idle(i)) return PoolMove{i, to_pinned, reason, true};
-    if (!idle_only && !busy) busy = PoolMove{i, to_pinned, reason, false};
-    return std::nullopt;
-  };
+  const PolicyTotals totals = policy_totals(slabs);
   if (in.level == PressureLevel::critical) {
+    // A drained slab whose slots are all back goes first.
+    for (std::size_t i = slabs.size(); i-- > 0;) {
+      if (slabs[i].draining && idle(i)) return PoolMove{i, SlabMemory::released, "pressure critical", true};
+    }
+    std::optional<PoolMove> busy;
     for (std::size_t i = slabs.size(); i-- > 0;) {
       const PolicySlab& s = slabs[i];
-      if (in.prepared == i || !s.pinned || slots < in.min_pinned_slots + s.slot_count) continue;
-      if (auto m = offer(i, false, "pressure critical")) return m;
+      if (s.memory == SlabMemory::released || s.draining || totals.live_slots < in.min_live_slots + s.slot_count) {
+        continue;
+      }
+      if (idle(i)) return PoolMove{i, SlabMemory::released, "pressure critical", true};
+      if (!idle_only && !busy) busy = PoolMove{i, SlabMemory::released, "pressure critical", false};
     }
     return busy;
   }
-  if (in.level == PressureLevel::normal && in.pin && !in.pin_backed_off) {
-    for (std::size_t i = 0; i < slabs.size(); ++i) {
-      const PolicySlab& s = slabs[i];
-      if (in.prepared == i || s.pinned || bytes + s.bytes > in.pinned_budget_bytes) continue;
-      if (auto m = offer(i, true, "pressure normal")) return m;
+  if (in.level != PressureLevel::normal || in.grow_backed_off) return std::nullopt;
+  const bool may_pin = in.pin && !in.pin_backed_off;
+  const auto fits = [&](const PolicySlab& s) { return totals.pinned_bytes + s.bytes <= in.pinned_budget_bytes; };
+  for (std::size_t i = 0; i < slabs.size(); ++i) {  // released slabs always come back, pinned if they may
+    const PolicySlab& s = slabs[i];
+    if (s.memory == SlabMemory::released) {
+      return PoolMove{i, may_pin && fits(s) ? SlabMemory::pinned : SlabMemory::pageable, "pressure normal", true};
     }
-    return busy;
+  }
+  if (!may_pin) return std::nullopt;
+  for (std::size_t i = 0; i < slabs.size(); ++i) {  // then idle pageable ones are pinned, within the budget
+    const PolicySlab& s = slabs[i];
+    if (s.memory == SlabMemory::pageable && fits(s) && idle(i)) return PoolMove{i, SlabMemory::pinned, "pressure normal", true};
   }
   return std::nullopt;
 }

@@ -100,7 +100,13 @@ struct EpochSummary {
   double lr = 0;                        ///< at the epoch's last step
   std::uint64_t pinned_batches = 0, pageable_batches = 0, replaced = 0;
   std::size_t pool_pinned_bytes = 0, pool_pageable_bytes = 0;  ///< every pool of the process at the epoch's end (memory::process_pool_stats)
-  std::uint64_t pool_transitions = 0;   ///< worker 0's pool: slab moves pinned <-> pageable so far
+  std::uint64_t pool_transitions = 0;   ///< worker 0's pool: slab moves (pinned, pageable, released) so far
+  /// Every pool of the process: slots, slots whose memory is given back to
+  /// the kernel now (critical pressure), bytes given back so far; worker 0's
+  /// pool: seconds from "critical" to its last slab released (-1: never).
+  std::size_t pool_slots = 0, pool_released_slots = 0;
+  std::uint64_t pool_given_back_bytes = 0;
+  double pool_release_seconds = -1;
   std::string pressure = "normal";      ///< worker 0's pool's pressure level at the epoch's end
   std::vector<float> step_loss;         ///< mean training loss of each step, over all workers
   StepProfile profile;                  ///< with TrainConfig::profile
