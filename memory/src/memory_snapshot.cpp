@@ -160,6 +160,11 @@ void read_cgroup_v1(const fs::path& dir, CgroupMemory& cg) {
   cg.limit_bytes = read_limit(dir / "memory.limit_in_bytes", nullptr);
   cg.usage_bytes = read_limit(dir / "memory.usage_in_bytes", nullptr).value_or(0);
   if (const auto v = slurp(dir / "memory.failcnt")) cg.failcnt = to_u64(*v);
+  if (const auto memsw = read_limit(dir / "memory.memsw.limit_in_bytes", nullptr)) {
+    cg.memsw_limit_bytes = memsw;
+    cg.memsw_usage_bytes = read_limit(dir / "memory.memsw.usage_in_bytes", nullptr).value_or(0);
+  }
+  if (const auto oc = slurp(dir / "memory.oom_control")) cg.oom_kills = field(*oc, "oom_kill", false);
   if (const auto stat = slurp(dir / "memory.stat")) {
     // hierarchical_memory_limit: the lowest limit up the tree.
     if (const auto h = field(*stat, "hierarchical_memory_limit", false); h && *h < kUnlimitedFloor) {
@@ -190,15 +195,30 @@ void read_cgroup_v2(const fs::path& mount, const fs::path& dir, CgroupMemory& cg
   if (const auto ev = slurp(dir / "memory.events")) {
     cg.oom_kills = field(*ev, "oom_kill", false);
     cg.max_events = field(*ev, "max", false);
+    cg.high_events = field(*ev, "high", false);
   }
 }
 
 }  // namespace
 
+std::optional<std::uint64_t> CgroupMemory::limit_hits() const noexcept {
+  if (failcnt) return failcnt;
+  if (!max_events && !high_events) return std::nullopt;
+  return max_events.value_or(0) + high_events.value_or(0);
+}
+
 std::optional<std::uint64_t> CgroupMemory::room_bytes() const noexcept {
-  if (!limit_bytes) return std::nullopt;
-  const std::uint64_t net_usage = usage_bytes - std::min(inactive_file_bytes, usage_bytes);
-  return *limit_bytes > net_usage ? *limit_bytes - net_usage : 0;
+  const auto room = [this](std::optional<std::uint64_t> limit, std::uint64_t usage) -> std::optional<std::uint64_t> {
+    if (!limit) return std::nullopt;
+    const std::uint64_t net = usage - std::min(inactive_file_bytes, usage);
+    return *limit > net ? *limit - net : 0;
+  };
+  std::optional<std::uint64_t> best;
+  for (const auto r : {room(limit_bytes, usage_bytes), room(high_bytes, usage_bytes),
+                       room(memsw_limit_bytes, memsw_usage_bytes)}) {
+    if (r) best = best ? std::min(*best, *r) : *r;
+  }
+  return best;
 }
 
 MemorySnapshot MemorySnapshot::read(const fs::path& root) {

@@ -38,6 +38,18 @@ PressureMonitor::~PressureMonitor() { stop(); }
 
 PressureLevel PressureMonitor::classify(const PressureReading& r, double relax, std::string* reason) const {
   // relax < 1 lowers the bar (used to decide whether a level has cleared).
+  if (r.cgroup_oom_kills > 0) {
+    if (reason) *reason = fmt::format("cgroup OOM kill (+{})", r.cgroup_oom_kills);
+    return PressureLevel::critical;
+  }
+  if (r.cgroup_limit_hits > 0 && config_.elevated.available_fraction > 0 &&
+      r.available_fraction <= config_.elevated.available_fraction / relax) {
+    if (reason) {
+      *reason = fmt::format("cgroup limit hit {} time(s), available {:.1f}% <= {:.1f}%", r.cgroup_limit_hits,
+                            r.available_fraction * 100, config_.elevated.available_fraction / relax * 100);
+    }
+    return PressureLevel::critical;
+  }
   const auto hits = [&](const PressureThresholds& t, std::string* why) {
     if (t.psi_some_avg10 > 0 && r.psi_some >= t.psi_some_avg10 * relax) {
       if (why) *why = fmt::format("PSI some {:.1f}% >= {:.1f}%", r.psi_some, t.psi_some_avg10 * relax);
@@ -89,6 +101,14 @@ PressureReading PressureMonitor::step(const MemorySnapshot& s) {
       };
       r.swap_out_rate = rate(s.pswpout, previous_->pswpout);
       r.swap_in_rate = rate(s.pswpin, previous_->pswpin);
+      const auto delta = [](std::optional<std::uint64_t> now, std::optional<std::uint64_t> before) -> std::uint64_t {
+        return now && before && *now > *before ? *now - *before : 0;
+      };
+      // The same cgroup read twice (a process moved between cgroups starts over).
+      if (s.cgroup.dir == previous_->cgroup.dir) {
+        r.cgroup_limit_hits = delta(s.cgroup.limit_hits(), previous_->cgroup.limit_hits());
+        r.cgroup_oom_kills = delta(s.cgroup.oom_kills, previous_->cgroup.oom_kills);
+      }
     }
     previous_ = s;
 

@@ -92,6 +92,7 @@ TEST(CollectiveGateTest, ThePoolPinsAndUnpinsOnlyWhenNoCollectiveIsInFlight) {
   c.slots = 2;
   c.slot_bytes = 64_KiB;
   c.slab_bytes = 64_KiB;
+  c.min_live_slots = 0;  // critical releases both
   BufferPool pool(c, pinned, pageable);
   ASSERT_EQ(pool.stats().pinned_slots, 2U);
 
@@ -100,14 +101,15 @@ TEST(CollectiveGateTest, ThePoolPinsAndUnpinsOnlyWhenNoCollectiveIsInFlight) {
   gate.enter().track(collective);
   const std::uint64_t waited_before = gate.waited();
   pool.on_pressure(PressureLevel::critical);
-  // A slab can move to pageable memory (no registration in that), but its
-  // pinned memory is unregistered only once the collective has finished.
+  // A slab's pinned memory is unregistered (and given back) only once the
+  // collective has finished.
   std::this_thread::sleep_for(150ms);
   EXPECT_EQ(pinned.live_blocks(), 2U) << "unregistered while a collective was in flight";
   EXPECT_FALSE(pool.wait_idle(1ms));
   collective->signal();
   ASSERT_TRUE(pool.wait_idle(5s));
   EXPECT_EQ(pool.stats().pinned_slots, 0U);
+  EXPECT_EQ(pool.stats().released_slots, 2U);
   EXPECT_EQ(pinned.live_blocks(), 0U);
   EXPECT_EQ(gate.gave_up(), 0U);
 

@@ -100,6 +100,59 @@ TEST(PressureMonitorTest, TheCgroupsOwnPressureCounts) {
   EXPECT_EQ(m.step(s).level, PressureLevel::critical);
 }
 
+/// `snap` inside a cgroup v1 of `limit` bytes using `usage`, whose failcnt is `failcnt`.
+MemorySnapshot in_cgroup(MemorySnapshot s, std::uint64_t limit, std::uint64_t usage, std::uint64_t failcnt) {
+  s.cgroup.version = CgroupVersion::v1;
+  s.cgroup.dir = "/sys/fs/cgroup/memory/job";
+  s.cgroup.limit_bytes = limit;
+  s.cgroup.usage_bytes = usage;
+  s.cgroup.failcnt = failcnt;
+  return s;
+}
+
+TEST(PressureMonitorTest, TheCgroupHittingItsLimitIsCriticalOnlyWhenLittleIsLeft) {
+  PressureMonitor m(config(0ms));
+  EXPECT_EQ(m.step(in_cgroup(snap(0, 0, 0, 12_GiB, 0), 2_GiB, 1_GiB, 10)).level, PressureLevel::normal);
+  // Page cache filling the cgroup: the limit is hit, but most of it is reclaimable.
+  auto cached = in_cgroup(snap(0, 0, 0, 12_GiB, 100), 2_GiB, 2_GiB, 500);
+  cached.cgroup.inactive_file_bytes = 1_GiB;
+  EXPECT_EQ(m.step(cached).level, PressureLevel::normal) << "50% available: the kernel drops the cache";
+  // Anonymous memory at the limit: 8% left and the limit hit again.
+  const auto r = m.step(in_cgroup(snap(0, 0, 0, 12_GiB, 200), 2_GiB, 1884_MiB, 520));
+  EXPECT_EQ(r.cgroup_limit_hits, 20U);
+  EXPECT_EQ(r.level, PressureLevel::critical);
+  EXPECT_NE(r.reason.find("cgroup limit hit 20 time(s)"), std::string::npos) << r.reason;
+  // The same 8% with no new hit: only elevated (available <= 10%).
+  EXPECT_EQ(m.step(in_cgroup(snap(0, 0, 0, 12_GiB, 300), 2_GiB, 1884_MiB, 520)).raw, PressureLevel::elevated);
+}
+
+TEST(PressureMonitorTest, AnOomKillInTheCgroupIsCriticalAtOnce) {
+  PressureMonitor m(config(0ms));
+  auto a = in_cgroup(snap(0, 0, 0, 12_GiB, 0), 8_GiB, 1_GiB, 0);
+  a.cgroup.oom_kills = 0;
+  EXPECT_EQ(m.step(a).level, PressureLevel::normal);
+  auto b = in_cgroup(snap(0, 0, 0, 12_GiB, 100), 8_GiB, 1_GiB, 0);
+  b.cgroup.oom_kills = 1;
+  const auto r = m.step(b);
+  EXPECT_EQ(r.level, PressureLevel::critical);
+  EXPECT_NE(r.reason.find("OOM kill"), std::string::npos) << r.reason;
+}
+
+TEST(PressureMonitorTest, MemoryHighAndTheSwapLimitBoundTheRoom) {
+  CgroupMemory cg;
+  cg.limit_bytes = 4_GiB;
+  cg.usage_bytes = 1_GiB;
+  EXPECT_EQ(cg.room_bytes(), 3_GiB);
+  cg.high_bytes = 2_GiB;
+  EXPECT_EQ(cg.room_bytes(), 1_GiB) << "memory.high throttles before memory.max";
+  cg.memsw_limit_bytes = 1536_MiB;
+  cg.memsw_usage_bytes = 1280_MiB;
+  EXPECT_EQ(cg.room_bytes(), 256_MiB) << "v1: memory + swap";
+  cg.max_events = 3;
+  cg.high_events = 4;
+  EXPECT_EQ(cg.limit_hits(), 7U);
+}
+
 TEST(PressureMonitorTest, SubscribersSeeEveryChangeInOrder) {
   PressureMonitor m(config(0ms));
   std::vector<std::pair<PressureLevel, PressureLevel>> seen;

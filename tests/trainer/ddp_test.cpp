@@ -208,7 +208,7 @@ TEST_F(DdpTest, PageableSlotsTrainExactlyLikePinnedOnes) {
   EXPECT_EQ(pinned.epochs[0].pinned_batches, 8U);
 }
 
-TEST_F(DdpTest, PressureMidTrainingMovesSlotsToPageableAndBackWithoutChangingTheResult) {
+TEST_F(DdpTest, PressureMidTrainingShrinksThePoolAndGrowsItBackWithoutChangingTheResult) {
   // Each worker's loader watches a procfs copy whose PSI the test rewrites
   // while training runs: critical, then calm again.
   using namespace std::chrono_literals;
@@ -256,9 +256,9 @@ TEST_F(DdpTest, PressureMidTrainingMovesSlotsToPageableAndBackWithoutChangingThe
     pageable += e.pageable_batches;
   }
   EXPECT_EQ(pinned + pageable, 20U * 8U) << "every batch delivered";
-  EXPECT_GT(pageable, 0U) << "slots fell back to pageable memory under pressure";
   EXPECT_GT(pinned, 0U);
-  EXPECT_GT(stormy.epochs.back().pool_transitions, 0U);
+  EXPECT_GT(stormy.epochs.back().pool_transitions, 0U) << "3 slots, floor 2: one was given back";
+  EXPECT_GT(stormy.epochs.back().pool_given_back_bytes, 0U);
   EXPECT_EQ(stormy.weights, calm.weights) << "nothing lost, nothing repeated";
 }
 

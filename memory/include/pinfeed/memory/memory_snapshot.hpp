@@ -42,11 +42,18 @@ struct CgroupMemory {
   std::uint64_t usage_bytes = 0;              ///< v1 usage_in_bytes, v2 memory.current
   std::uint64_t inactive_file_bytes = 0;      ///< reclaimable page cache inside the usage
   std::optional<Psi> pressure;                ///< v2 memory.pressure
-  std::optional<std::uint64_t> oom_kills;     ///< v2 memory.events oom_kill
+  std::optional<std::uint64_t> oom_kills;     ///< v2 memory.events oom_kill; v1 memory.oom_control oom_kill
   std::optional<std::uint64_t> max_events;    ///< v2 memory.events max (times the limit was hit)
+  std::optional<std::uint64_t> high_events;   ///< v2 memory.events high (times reclaim was forced over memory.high)
   std::optional<std::uint64_t> failcnt;       ///< v1 memory.failcnt
+  std::optional<std::uint64_t> memsw_limit_bytes;  ///< v1 memory.memsw.limit_in_bytes (memory + swap); nullopt: none
+  std::uint64_t memsw_usage_bytes = 0;        ///< v1 memory.memsw.usage_in_bytes
 
-  /// limit minus usage net of inactive file cache; nullopt when unlimited.
+  /// Times the cgroup ran into its limit: v1 failcnt, v2 memory.events max +
+  /// high; nullopt when the cgroup does not count them.
+  [[nodiscard]] std::optional<std::uint64_t> limit_hits() const noexcept;
+  /// The least of the limits (memory.max, memory.high, memory + swap) minus
+  /// usage net of inactive file cache; nullopt when unlimited.
   [[nodiscard]] std::optional<std::uint64_t> room_bytes() const noexcept;
 };
 

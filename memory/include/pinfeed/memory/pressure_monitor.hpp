@@ -2,9 +2,15 @@
 // PressureMonitor: turns memory snapshots into a level (normal / elevated /
 // critical) and tells subscribers when it changes.
 //
-// Signals: PSI memory some/full avg10 (the system's, or the cgroup's when it
-// is higher), swap-out rate (pages/s from pswpout deltas), and the available
-// fraction (effective available / effective total, so cgroup room counts).
+// Signals: PSI memory some/full avg10 (the system's, or the cgroup's v2
+// memory.pressure when it is higher), swap-out rate (pages/s from pswpout
+// deltas), the available fraction (effective available / effective total:
+// the cgroup's room under memory.max, memory.high and v1's memory + swap
+// limit counts), and the cgroup's own events between two readings: an OOM
+// kill in the cgroup is critical at once; the limit hit (v1 memory.failcnt,
+// v2 memory.events max/high) is critical when the available fraction is also
+// at or below the elevated threshold (a cgroup full of page cache hits its
+// limit all the time, harmlessly: the kernel drops the cache).
 // The level rises at once when any signal crosses a threshold. It falls only
 // after every signal has been below the lower level's thresholds, relaxed by
 // the hysteresis factor, for the whole hold time, so a level does not flap.
@@ -47,6 +53,8 @@ struct PressureReading {
   double swap_in_rate = 0, swap_out_rate = 0;   ///< pages/s since the previous reading
   double available_fraction = 1;
   std::uint64_t available_bytes = 0;
+  std::uint64_t cgroup_limit_hits = 0;  ///< since the previous reading (failcnt, memory.events max + high)
+  std::uint64_t cgroup_oom_kills = 0;   ///< since the previous reading
   std::string reason;  ///< which signal decided, e.g. "swap-out 5120 pages/s >= 4096"
   std::chrono::steady_clock::time_point at{};
 };
