@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
                                    {"seed", "size", "resize", "crop", "scale_min", "scale_max", "ratio_min", "ratio_max",
                                     "flip", "flip_p", "interpolation", "threads:--loader-threads", "prefetch", "bad_sample",
                                     "max_replaced_share", "max_classes",
-                                    "pin", "pinned_fraction"});
+                                    "pin", "pinned_fraction", "pressure_floor"});
   app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
   app.add_flag("--host-normalize", host_normalize, "normalize on the host (float32 batches) instead of on the device");
   app.add_option("--compare", compare, "train with 1 and with N workers (same global batch) and plot both loss curves")

@@ -516,6 +516,21 @@ Loader::Loader(LoaderConfig config)
   pc.slab_bytes = pc.slot_bytes;
   pc.pin = config_.pin;
   pc.min_live_slots = config_.pressure_floor;
+  if (config_.watch_pressure) {
+    // A released slot comes back only while the host (or cgroup) keeps room
+    // above the level at which "elevated" would clear, after it: growing
+    // back must not bring the pressure back (Note [Pool policy]).
+    pc.may_grow = [p = config_.pressure](std::uint64_t bytes) -> std::optional<std::string> {
+      const auto s = memory::MemorySnapshot::read(p.root);
+      const std::uint64_t total = s.effective_total(), available = s.effective_available();
+      const double keep = p.elevated.available_fraction / p.hysteresis;
+      const double after = total == 0 || available < bytes ? 0.0
+                                                            : static_cast<double>(available - bytes) / static_cast<double>(total);
+      if (after > keep) return std::nullopt;
+      return fmt::format("{} available of {}: {:.1f}% after {} more, not above {:.1f}%", format_bytes(available),
+                         format_bytes(total), after * 100, format_bytes(bytes), keep * 100);
+    };
+  }
   const auto snapshot = memory::MemorySnapshot::read(config_.watch_pressure ? config_.pressure.root : "/");
   // Pinned or pageable, a pool larger than the host's memory is refused
   // before a byte is mapped (Note [Pool fit] in pool_plan.hpp).
@@ -534,12 +549,9 @@ Loader::Loader(LoaderConfig config)
   class_good_ = std::make_unique<std::atomic<std::uint32_t>[]>(std::max<std::size_t>(1, dataset_->num_classes()));
   class_total_.assign(std::max<std::size_t>(1, dataset_->num_classes()), 0);
   for (std::size_t i = 0; i < dataset_->size(); ++i) ++class_total_[static_cast<std::size_t>(dataset_->label(i))];
-  if (config_.watch_pressure) monitor_ = std::make_unique<memory::PressureMonitor>(config_.pressure);
+  if (config_.watch_pressure) monitor_ = memory::PressureMonitor::shared(config_.pressure);
   pool_ = std::make_unique<memory::BufferPool>(pc, pinned_, pageable_);
-  if (monitor_) {
-    pool_->follow(*monitor_);
-    monitor_->start();
-  }
+  if (monitor_) pool_->follow(*monitor_);
   pin_report_.pinned_slots = pool_->stats().pinned_slots;
   if (pinned_.method() == memory::PinMethod::cuda_register && config_.cuda_device >= 0) {
     try {
@@ -570,7 +582,6 @@ Loader::Loader(LoaderConfig config)
 
 Loader::~Loader() {
   stop();
-  if (monitor_) monitor_->stop();
 }
 
 std::size_t Loader::batches_per_epoch() const noexcept {

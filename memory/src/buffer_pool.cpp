@@ -418,7 +418,7 @@ void BufferPool::on_pressure(PressureLevel level) {
   {
     const std::scoped_lock lock(mutex_);
     if (level_ == level) return;
-    pinfeed::detail::log().info("buffer pool: pressure {} -> {}", to_string(level_), to_string(level));
+    pinfeed::detail::log().debug("buffer pool: pressure {} -> {}", to_string(level_), to_string(level));
     level_ = level;
     ++policy_version_;
     const auto now = Clock::now();
@@ -535,6 +535,23 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
   HostResource* owner = nullptr;
   std::string failure;
   bool pin_refused = false;
+  std::optional<std::string> no_room;
+  if (from == SlabMemory::released && config_.may_grow) {
+    try {
+      no_room = config_.may_grow(bytes);
+    } catch (const std::exception& e) {
+      no_room = e.what();
+    }
+  }
+  if (no_room) {
+    lock.lock();
+    slab.moving = false;
+    moving_ = false;
+    no_grow_before_ = Clock::now() + std::chrono::seconds(1);
+    ++policy_version_;
+    pinfeed::detail::log().debug("buffer pool: slab {} stays released for now: {}", job.slab, *no_room);
+    return;
+  }
   if (job.to == SlabMemory::pinned) {
     fresh = map_slab(pinned_resource_, bytes, failure);
     owner = &pinned_resource_;
@@ -581,7 +598,7 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
   const bool ok = slab.memory == job.to;
   record_locked(job.slab, slab.memory, ok ? job.reason : fmt::format("{} failed: {}", job.reason, failure), ok);
   if (slab.memory != SlabMemory::released) unpark_slots_locked(job.slab);
-  pinfeed::detail::log().info("buffer pool: slab {} ({}) {} -> {} ({}{})", job.slab, format_bytes(bytes), to_string(from),
+  pinfeed::detail::log().debug("buffer pool: slab {} ({}) {} -> {} ({}{})", job.slab, format_bytes(bytes), to_string(from),
                               to_string(slab.memory), job.reason, ok ? "" : fmt::format(", wanted {}: {}", to_string(job.to), failure));
 }
 

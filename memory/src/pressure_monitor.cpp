@@ -34,6 +34,20 @@ void PressureMonitor::Config::validate() const {
 
 PressureMonitor::PressureMonitor(Config config) : config_(std::move(config)) { config_.validate(); }
 
+std::shared_ptr<PressureMonitor> PressureMonitor::shared(const Config& config) {
+  static std::mutex mutex;  // guards monitors
+  static std::vector<std::weak_ptr<PressureMonitor>> monitors;
+  const std::scoped_lock lock(mutex);
+  std::erase_if(monitors, [](const std::weak_ptr<PressureMonitor>& w) { return w.expired(); });
+  for (const auto& w : monitors) {
+    if (auto m = w.lock(); m && m->config() == config) return m;
+  }
+  auto m = std::make_shared<PressureMonitor>(config);
+  m->start();
+  monitors.push_back(m);
+  return m;
+}
+
 PressureMonitor::~PressureMonitor() { stop(); }
 
 PressureLevel PressureMonitor::classify(const PressureReading& r, double relax, std::string* reason) const {

@@ -427,6 +427,35 @@ TEST(BufferPoolTest, ARefusedRepinFallsBackToPageableAndIsRetriedLater) {
   EXPECT_TRUE(saw_failure);
 }
 
+TEST(BufferPoolTest, AReleasedSlabComesBackOnlyWhenThereIsRoomForIt) {
+  Resources r;
+  auto c = pool_config(2, 64_KiB, 64_KiB);
+  c.min_live_slots = 1;
+  std::atomic<int> asked{0};
+  std::atomic<bool> room{false};
+  c.may_grow = [&](std::uint64_t bytes) -> std::optional<std::string> {
+    EXPECT_EQ(bytes, 64_KiB);
+    ++asked;
+    if (room.load()) return std::nullopt;
+    return "no room";
+  };
+  BufferPool pool(c, r.pinned, r.pageable);
+  pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  ASSERT_EQ(pool.stats().released_slots, 1U);
+  pool.on_pressure(PressureLevel::normal);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (asked.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(pool.stats().released_slots, 1U) << "refused: it stays released";
+  EXPECT_EQ(asked.load(), 1) << "asked once, then a pause before the next try";
+  room = true;
+  while (pool.stats().released_slots != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(pool.stats().pinned_slots, 2U) << "grown back on the next try, about a second later";
+}
+
 TEST(BufferPoolTest, RejectsBadConfig) {
   Resources r;
   EXPECT_THROW(BufferPool(pool_config(0, 1_KiB, 1_MiB), r.pinned, r.pageable), ConfigError);

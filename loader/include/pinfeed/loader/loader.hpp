@@ -264,7 +264,7 @@ class Loader {
   DistributedSampler sampler_;
   memory::PinnedResource pinned_;
   memory::PageableResource pageable_;
-  std::unique_ptr<memory::PressureMonitor> monitor_;
+  std::shared_ptr<memory::PressureMonitor> monitor_;  // the process's, for this config (PressureMonitor::shared)
   std::unique_ptr<memory::BufferPool> pool_;
   struct Engine;                      // TBB arena and per-thread scratch
   std::unique_ptr<Engine> engine_;

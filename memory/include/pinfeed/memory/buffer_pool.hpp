@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -199,6 +200,12 @@ class BufferPool {
     /// doubles with each refusal (up to 64x) and resets when pressure
     /// returns to normal. Limits rarely change, so retries are rare.
     std::chrono::milliseconds retry_pin_after{2000};
+    /// Asked (off the lock) before a released slab of `bytes` is mapped
+    /// again: nullopt to go ahead, or why not (the pool waits a second and
+    /// asks again). The loader checks that the host or cgroup keeps room
+    /// above the elevated threshold, so a regrowth never brings the pressure
+    /// back. Unset: always.
+    std::function<std::optional<std::string>(std::uint64_t bytes)> may_grow;
     void validate() const;                   ///< ConfigError naming the field
   };
 

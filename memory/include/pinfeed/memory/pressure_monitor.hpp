@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -44,6 +45,7 @@ struct PressureThresholds {
   double psi_full_avg10 = 0;       ///< percent of time all tasks stalled on memory
   double swap_out_pages_per_s = 0; ///< pswpout rate
   double available_fraction = 0;   ///< entered when the available fraction is AT OR BELOW this
+  bool operator==(const PressureThresholds&) const = default;
 };
 
 struct PressureReading {
@@ -73,6 +75,7 @@ class PressureMonitor {
     double hysteresis = 0.8;                    ///< to step down, signals must be below threshold*h (available above threshold/h)
     std::chrono::milliseconds hold{5000};       ///< how long signals must stay low before stepping down
     void validate() const;                      ///< ConfigError naming the field
+    bool operator==(const Config&) const = default;
   };
   using Subscriber = std::function<void(PressureLevel from, PressureLevel to, const PressureReading& reading)>;
   using SubscriptionId = std::uint64_t;
@@ -81,6 +84,12 @@ class PressureMonitor {
   ~PressureMonitor();  ///< stops the thread
   PressureMonitor(const PressureMonitor&) = delete;
   PressureMonitor& operator=(const PressureMonitor&) = delete;
+
+  /// The process's running monitor for `config`, started; made on first
+  /// use and stopped when the last holder lets go. Every pool of a process
+  /// (each trainer worker's loaders) follows the same readings, so they
+  /// shrink and grow back together and one thread samples for all.
+  static std::shared_ptr<PressureMonitor> shared(const Config& config);
 
   /// Starts sampling on an own thread every period. Idempotent.
   void start();
