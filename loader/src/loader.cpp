@@ -666,6 +666,7 @@ std::optional<Batch> Loader::next() {
   Batch batch;
   batch.run_ = run_;
   batch.lease_ = std::move(b->lease);
+  batch.lease_.hand_to_consumer();  // the pool's floor under pressure stays above what the consumer holds
   Batch::Payload& p = batch.p_;
   p.capacity = config_.batch_size;
   p.sample_bytes = config_.transform.sample_bytes();

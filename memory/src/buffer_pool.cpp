@@ -37,6 +37,10 @@ SlotLease& SlotLease::operator=(SlotLease&& other) noexcept {
   return *this;
 }
 
+void SlotLease::hand_to_consumer() noexcept {
+  if (pool_ != nullptr) pool_->hand_to_consumer(slot_);
+}
+
 void SlotLease::release() noexcept {
   if (pool_ == nullptr) return;
   std::exchange(pool_, nullptr)->release_slot(slot_);
@@ -115,6 +119,7 @@ BufferPool::BufferPool(Config config, HostResource& pinned, HostResource& pageab
     slabs_.push_back(slab);
   }
   state_.assign(config_.slots, SlotState::free);
+  held_.assign(config_.slots, false);
   slab_of_.resize(config_.slots);
   for (std::size_t i = 0; i < slabs_.size(); ++i) {
     for (std::size_t k = 0; k < slabs_[i].slot_count; ++k) slab_of_[slabs_[i].first_slot + k] = i;
@@ -244,6 +249,15 @@ SlotLease BufferPool::lease_locked(std::size_t slot) {
   return SlotLease(this, slot, data, config_.slot_bytes, slab.memory == SlabMemory::pinned);
 }
 
+void BufferPool::hand_to_consumer(std::size_t slot) noexcept {
+  const std::scoped_lock lock(mutex_);
+  assert(state_[slot] == SlotState::leased);
+  if (held_[slot]) return;
+  held_[slot] = true;
+  ++consumer_held_;
+  if (level_ == PressureLevel::critical) ++policy_version_;  // the floor moves only matter there
+}
+
 bool BufferPool::return_slot_locked(std::size_t slot, bool front) {
   const Slab& slab = slabs_[slab_of_[slot]];
   if (slab.draining) {  // Note [Pool policy]: released on return under critical pressure
@@ -348,11 +362,19 @@ SlotLease BufferPool::acquire(std::stop_token stop) {
   return std::move(*lease);
 }
 
+void BufferPool::unhold_locked(std::size_t slot) {
+  if (!held_[slot]) return;
+  held_[slot] = false;
+  --consumer_held_;
+  if (level_ == PressureLevel::critical) ++policy_version_;
+}
+
 void BufferPool::release_slot(std::size_t slot) noexcept {
   bool wake_maintainer = false;
   {
     const std::scoped_lock lock(mutex_);
     assert(state_[slot] == SlotState::leased);
+    unhold_locked(slot);
     wake_maintainer = return_slot_locked(slot, /*front=*/false);
     if (wake_maintainer) ++work_generation_;
   }
@@ -364,7 +386,7 @@ PolicyInput BufferPool::policy_locked() const {
   PolicyInput in;
   in.level = level_;
   in.pin = config_.pin;
-  in.min_live_slots = min_live_slots_;
+  in.min_live_slots = std::min(config_.slots, std::max(min_live_slots_, consumer_held_ + 1));
   in.pinned_budget_bytes = config_.pinned_budget_bytes;
   const auto now = Clock::now();
   in.pin_backed_off = no_pin_before_ != Clock::time_point{} && now < no_pin_before_;
@@ -393,6 +415,7 @@ void BufferPool::release_slot_after(std::size_t slot, std::shared_ptr<Fence> fen
   {
     const std::scoped_lock lock(mutex_);
     assert(state_[slot] == SlotState::leased);
+    unhold_locked(slot);  // a fenced slot comes back by itself
     state_[slot] = SlotState::fenced;
     fenced_.push_back(Fenced{slot, std::move(fence)});
     ++work_generation_;
@@ -603,13 +626,14 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
 }
 
 void BufferPool::settle_locked(std::unique_lock<std::mutex>& lock) {
-  if (level_ != PressureLevel::critical) {  // drains that the level no longer wants
-    for (std::size_t i = 0; i < slabs_.size(); ++i) {
-      if (!drain_wanted(policy_locked(), slabs_, i) && slabs_[i].draining) {
-        slabs_[i].draining = false;
-        unpark_slots_locked(i);
-        ++policy_version_;
-      }
+  // Drains that are no longer wanted: the level fell, or the consumer came
+  // to hold more batches and the floor rose with it.
+  const PolicyInput in = policy_locked();
+  for (std::size_t i = slabs_.size(); i-- > 0;) {
+    if (slabs_[i].draining && !drain_wanted(in, slabs_, i)) {
+      slabs_[i].draining = false;
+      unpark_slots_locked(i);
+      ++policy_version_;
     }
   }
   if (!cold_pending_ || level_ == PressureLevel::normal) return;

@@ -377,19 +377,19 @@ TEST(BufferPoolTest, AMultiSlotSlabIsReleasedWhole) {
 
 TEST(BufferPoolTest, ElevatedPressureGrowsNothingAndNormalBringsSlabsBack) {
   Resources r;
-  auto c = pool_config(2, 64_KiB, 64_KiB);
+  auto c = pool_config(3, 64_KiB, 64_KiB);
   c.min_live_slots = 0;
   BufferPool pool(c, r.pinned, r.pageable);
   pool.on_pressure(PressureLevel::critical);
   ASSERT_TRUE(pool.wait_idle(5s));
-  EXPECT_EQ(pool.stats().released_slots, 2U) << "a floor of 0 lets every idle slab go";
+  EXPECT_EQ(pool.stats().released_slots, 2U) << "a floor of 0 still keeps one slot: the loader's";
   pool.on_pressure(PressureLevel::elevated);
   ASSERT_TRUE(pool.wait_idle(5s));
   EXPECT_EQ(pool.stats().released_slots, 2U) << "elevated: nothing is touched again";
-  EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, 0U);
+  EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, 64_KiB);
   pool.on_pressure(PressureLevel::normal);
   ASSERT_TRUE(pool.wait_idle(5s));
-  EXPECT_EQ(pool.stats().pinned_slots, 2U);
+  EXPECT_EQ(pool.stats().pinned_slots, 3U);
 }
 
 TEST(BufferPoolTest, ElevatedPressureHintsIdlePageableSlabsCold) {
@@ -406,8 +406,8 @@ TEST(BufferPoolTest, ElevatedPressureHintsIdlePageableSlabsCold) {
 
 TEST(BufferPoolTest, ARefusedRepinFallsBackToPageableAndIsRetriedLater) {
   Resources r;
-  auto c = pool_config(1, 64_KiB, 64_KiB);
-  c.min_live_slots = 0;
+  auto c = pool_config(2, 64_KiB, 64_KiB);
+  c.min_live_slots = 1;
   c.retry_pin_after = 50ms;
   BufferPool pool(c, r.pinned, r.pageable);
   pool.on_pressure(PressureLevel::critical);
@@ -415,16 +415,38 @@ TEST(BufferPoolTest, ARefusedRepinFallsBackToPageableAndIsRetriedLater) {
   r.pinned_checked.fail_next(1, "memlock limit");
   pool.on_pressure(PressureLevel::normal);
   const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (pool.stats().pinned_slots == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  while (pool.stats().pinned_slots < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
   const PoolStats s = pool.stats();
   EXPECT_EQ(s.failed_pins, 1U);
   EXPECT_EQ(s.to_pageable, 1U) << "came back pageable first";
-  EXPECT_EQ(s.pinned_slots, 1U) << "pinned after the back-off";
+  EXPECT_EQ(s.pinned_slots, 2U) << "pinned after the back-off";
   bool saw_failure = false;
   for (const auto& t : pool.transitions()) {
     saw_failure = saw_failure || (t.reason == "pressure normal failed: memlock limit" && t.memory == SlabMemory::pageable);
   }
   EXPECT_TRUE(saw_failure);
+}
+
+TEST(BufferPoolTest, TheFloorStaysAboveWhatTheConsumerHolds) {
+  Resources r;
+  auto c = pool_config(5, 64_KiB, 64_KiB);
+  c.min_live_slots = 1;
+  BufferPool pool(c, r.pinned, r.pageable);
+  auto a = pool.acquire();
+  auto b = pool.acquire();
+  a.hand_to_consumer();
+  b.hand_to_consumer();
+  pool.on_pressure(PressureLevel::critical);
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(pool.stats().live_slots, 3U) << "2 held + 1 for the batch the consumer waits for";
+  auto next = pool.acquire(1s);
+  ASSERT_TRUE(next) << "the loader can still fill a batch";
+  next->release();
+  b.release();  // the consumer lets one go: the floor falls to 2
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (pool.stats().live_slots != 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(pool.stats().live_slots, 2U);
+  a.release();
 }
 
 TEST(BufferPoolTest, AReleasedSlabComesBackOnlyWhenThereIsRoomForIt) {

@@ -192,12 +192,14 @@ def run_loader(data, out, stop_file):
                             return_indices=True, pressure_floor=FLOOR, seed=0)
     n = len(loader.dataset) if hasattr(loader, "dataset") else None
     epochs = []
+    batch_times = []
     epoch = 0
     while True:
         seen = []
         for images, labels, indices in loader:
             seen.extend(int(i) for i in indices)
             del images, labels
+            batch_times.append(time.time())
         epochs.append(seen)
         pool = loader.stats()["pool"]
         print(f"loader: epoch {epoch} {len(seen)} samples, pool live {pool['live_slots']}/{pool['slots']}, "
@@ -209,7 +211,7 @@ def run_loader(data, out, stop_file):
         if os.path.exists(stop_file):
             break
     with open(out, "w") as f:
-        json.dump({"epochs": epochs, "n": n, "pool": loader.stats()["pool"]}, f)
+        json.dump({"epochs": epochs, "n": n, "pool": loader.stats()["pool"], "batch_times": batch_times}, f)
     return 0
 
 
@@ -350,7 +352,9 @@ def drive(args):
                 failures.append(f"re-pinned {repinned[0] - grower_end:.1f} s after the grower exited (> 10 s)")
         if args.mode == "loader":
             if os.path.exists(out):
-                failures += check_loader_epochs(json.load(open(out)))
+                result = json.load(open(out))
+                failures += check_loader_epochs(result)
+                report_phases(result["batch_times"], log)
             else:
                 failures.append("the loader wrote no result")
         else:
@@ -378,6 +382,23 @@ def drive(args):
         return 1
     print(f"PASS: {args.mode} survived the squeeze")
     return 0
+
+
+def report_phases(batch_times, log):
+    """Images/s before the squeeze, while the pool is shrunk, and after it grew back (measured, not asserted)."""
+    crit = log_times(log, r"memory pressure \w+ -> critical")
+    gone = log_times(log, r"buffer pool: pressure gone")
+    took = re.findall(r"buffer pool: pressure gone: .* back in (\d+) ms", open(log, errors="replace").read())
+    if not (crit and gone and took):
+        return
+    normal = [gone[0] - int(took[0]) / 1000]  # the pool's own count from "normal" to every slot back
+    def rate(lo, hi):
+        n = sum(1 for t in batch_times if lo < t <= hi)
+        return n * BATCH / (hi - lo) if hi > lo and n > 1 else float("nan")
+    start = batch_times[min(8, len(batch_times) - 1)]  # past the first epoch's start-up
+    print(f"images/s: before {rate(start, crit[0]):.0f}, shrunk to the floor {rate(crit[0], normal[0]):.0f} "
+          f"({normal[0] - crit[0]:.1f} s), after regrowth {rate(gone[0], batch_times[-1]):.0f}; "
+          f"regrowth took {gone[0] - normal[0]:.2f} s after 'normal'", flush=True)
 
 
 def check_loader_epochs(result):

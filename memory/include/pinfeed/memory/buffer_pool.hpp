@@ -81,6 +81,11 @@ class SlotLease {
   /// Whether this slot is page-locked; fixed for the life of the lease.
   [[nodiscard]] bool pinned() const noexcept { return pinned_; }
 
+  /// Marks the slot as held by the consumer (a delivered batch) until it is
+  /// released: critical pressure keeps at least one live slot more than the
+  /// consumer holds (the floor rises with it), so the loader can always
+  /// fill the batch the consumer waits for.
+  void hand_to_consumer() noexcept;
   /// Returns the slot now. Idempotent.
   void release() noexcept;
   /// Returns the slot once `fence` is ready; the lease is empty afterwards.
@@ -193,7 +198,9 @@ class BufferPool {
     std::uint64_t pinned_budget_bytes = UINT64_MAX;  ///< never pin more than this (see PinnedBudget)
     /// Floor of live slots under critical pressure: at least the batches the
     /// consumer holds at once plus one being filled (fewer would stall the
-    /// loader on a slot the consumer waits for). Clamped to `slots`.
+    /// loader on a slot the consumer waits for). The pool raises it to the
+    /// slots handed to the consumer (SlotLease::hand_to_consumer) plus one,
+    /// so it is never below 1; clamped to `slots`.
     std::size_t min_live_slots = 2;
     bool pin = true;                         ///< false: every slot pageable from the start
     /// After a refused pin, wait this long before trying again; the wait
@@ -264,6 +271,7 @@ class BufferPool {
 
   std::optional<SlotLease> acquire_until(std::optional<Clock::time_point> deadline, const std::stop_token& stop);
   void release_slot(std::size_t slot) noexcept;
+  void hand_to_consumer(std::size_t slot) noexcept;
   void release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept;
   SlotLease lease_locked(std::size_t slot);
   bool reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chrono::microseconds wait);
@@ -271,6 +279,7 @@ class BufferPool {
   /// True when the maintenance thread should look (a drained slab went idle,
   /// or the policy wants a move).
   bool return_slot_locked(std::size_t slot, bool front);
+  void unhold_locked(std::size_t slot);
   void allocate_initial();
   /// Maps (and pins, for the pinned resource) `bytes`; nullptr with the
   /// reason in `failure` when the resource refuses. Never under the lock.
@@ -312,6 +321,8 @@ class BufferPool {
   std::vector<Slab> slabs_;
   std::vector<SlotState> state_;
   std::vector<std::size_t> slab_of_;
+  std::vector<bool> held_;                // slot handed to the consumer (SlotLease::hand_to_consumer)
+  std::size_t consumer_held_ = 0;         // count of held_
   std::deque<std::size_t> free_;
   std::deque<Fenced> fenced_;
   bool cancelled_ = false;

@@ -78,10 +78,12 @@ template <class Slabs>
 }
 
 /// Whether slab `slab`, draining, should still be released (false: put its
-/// slots back in service).
+/// slots back in service): the level is critical and the live slots are at
+/// the floor without it.
 template <class Slabs>
 [[nodiscard]] bool drain_wanted(const PolicyInput& in, const Slabs& slabs, std::size_t slab) {
-  return in.level == PressureLevel::critical && slabs[slab].draining;
+  return in.level == PressureLevel::critical && slabs[slab].draining &&
+         policy_totals(slabs).live_slots >= in.min_live_slots;
 }
 
 /// The next move, or none. `idle(i)`: slab i has no slot out. With
