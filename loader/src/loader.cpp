@@ -153,11 +153,34 @@ struct EpochRun {
   // the arena is allowed: the tasks it spawns go to the graph's arena and
   // count for wait_for_all. token_mutex orders it against stop() setting
   // `stopping`, so no put can start once a stop has begun.
-  std::mutex token_mutex;
+  //
+  // Note [Tokens follow the pool]: a token is a batch allowed in flight, so
+  // there are never more out than the pool has slots to serve: under
+  // critical pressure the pool gives slots back, and a token over the
+  // serving count is parked when it comes back instead of starting a batch
+  // whose task would block a TBB thread in acquire() (with 2 threads, two
+  // such tasks stop every decode). Parked tokens go back out as the pool
+  // grows (refill_tokens, on each next()).
+  std::mutex token_mutex;  // guards tokens_out, parked's changes and the puts
+  std::size_t tokens_out = 0;
+  std::atomic<std::size_t> parked{0};  // read without the lock by next()
   void return_token() {
     const std::scoped_lock lock(token_mutex);
     if (stopping.load()) return;
+    if (tokens_out > std::max<std::size_t>(1, pool->serving_slots())) {
+      --tokens_out;
+      ++parked;
+      return;
+    }
     tokens->try_put(Token{});
+  }
+  void refill_tokens() {
+    const std::scoped_lock lock(token_mutex);
+    while (parked > 0 && !stopping.load() && tokens_out < pool->serving_slots()) {
+      --parked;
+      ++tokens_out;
+      tokens->try_put(Token{});
+    }
   }
 
   void begin_stop() {
@@ -349,7 +372,12 @@ struct EpochRun {
     flow::make_edge(*join, *assemble);
     flow::make_edge(*assemble, *sequencer);
     flow::make_edge(*sequencer, *deliver);
-    for (std::size_t k = 0; k < prefetch; ++k) tokens->try_put(Token{});
+    {
+      const std::scoped_lock lock(token_mutex);
+      tokens_out = std::min(prefetch, std::max<std::size_t>(1, pool->serving_slots()));
+      parked = prefetch - tokens_out;
+      for (std::size_t k = 0; k < tokens_out; ++k) tokens->try_put(Token{});
+    }
     source->activate();
   }
 };
@@ -649,6 +677,7 @@ bool Loader::wait_ready(std::chrono::milliseconds timeout) {
 std::optional<Batch> Loader::next() {
   if (!run_) throw ConfigError("loader: next() before begin_epoch() or restore()");
   detail::EpochRun& run = *run_;
+  if (run.parked.load(std::memory_order_relaxed) != 0) run.refill_tokens();  // Note [Tokens follow the pool]
   detail::BuildPtr b;
   {
     std::unique_lock lock(run.mutex);

@@ -126,6 +126,7 @@ BufferPool::BufferPool(Config config, HostResource& pinned, HostResource& pageab
   }
   allocate_initial();
   for (std::size_t i = 0; i < config_.slots; ++i) free_.push_back(i);
+  serving_ = config_.slots;
   maintainer_ = std::jthread([this](const std::stop_token& stop) { maintain(stop); });
   PoolRegistry& r = pool_registry();
   const std::scoped_lock lock(r.mutex);
@@ -232,6 +233,10 @@ BufferPool::~BufferPool() {
 void BufferPool::record_locked(std::size_t slab, SlabMemory memory, std::string reason, bool ok) {
   transitions_.push_back(PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, memory, ok,
                                         std::move(reason)});
+}
+
+void BufferPool::update_serving_locked() noexcept {
+  serving_.store(policy_totals(slabs_).live_slots, std::memory_order_relaxed);
 }
 
 void BufferPool::back_off_pinning_locked() {
@@ -545,6 +550,7 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
   slab.moving = true;
   slab.draining = false;
   moving_ = true;
+  if (job.to == SlabMemory::released) serving_.fetch_sub(std::min(serving_.load(), slab.slot_count));
   std::byte* const old = slab.data;
   HostResource* const old_owner = slab.owner;
   const SlabMemory from = slab.memory;
@@ -621,6 +627,7 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
   const bool ok = slab.memory == job.to;
   record_locked(job.slab, slab.memory, ok ? job.reason : fmt::format("{} failed: {}", job.reason, failure), ok);
   if (slab.memory != SlabMemory::released) unpark_slots_locked(job.slab);
+  update_serving_locked();
   pinfeed::detail::log().debug("buffer pool: slab {} ({}) {} -> {} ({}{})", job.slab, format_bytes(bytes), to_string(from),
                               to_string(slab.memory), job.reason, ok ? "" : fmt::format(", wanted {}: {}", to_string(job.to), failure));
 }
@@ -634,6 +641,7 @@ void BufferPool::settle_locked(std::unique_lock<std::mutex>& lock) {
       slabs_[i].draining = false;
       unpark_slots_locked(i);
       ++policy_version_;
+      update_serving_locked();
     }
   }
   if (!cold_pending_ || level_ == PressureLevel::normal) return;
@@ -708,6 +716,7 @@ void BufferPool::maintain(const std::stop_token& stop) {
         slabs_[job->slab].draining = true;
         park_free_slots_locked(job->slab);
         ++policy_version_;
+        update_serving_locked();
       }
       continue;
     }

@@ -151,6 +151,9 @@ class Cgroup:
                 return int(v)
         return 0
 
+    def file_bytes(self):
+        return self.stat("file") if self.version == "v2" else self.stat("total_cache")
+
     def anon_bytes(self):
         return self.stat("anon") if self.version == "v2" else self.stat("total_rss")
 
@@ -227,6 +230,14 @@ def status(pid):
     return {k: int(v) * 1024 for k, v in fields.items()}
 
 
+def major_faults(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[9])  # majflt, the 12th field
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\]")
 
 
@@ -268,12 +279,13 @@ def drive(args):
         print(f"cgroup {cg.version} {cg.path}, limit {LIMIT // MiB} MiB; consumer: {' '.join(cmd)}", flush=True)
         logf = open(log, "w")
         consumer = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, preexec_fn=cg.enter())
-        samples = []  # (wall time, RssAnon, VmLck)
+        samples = []  # (wall time, RssAnon, VmLck, major faults)
 
         def sample():
             st = status(consumer.pid)
             if st:
-                samples.append((time.time(), st.get("RssAnon", 0), st.get("VmLck", 0)))
+                samples.append((time.time(), st.get("RssAnon", 0), st.get("VmLck", 0), major_faults(consumer.pid),
+                                cg.file_bytes()))
 
         ready = out + ".ready" if args.mode == "loader" else None
         deadline = time.time() + 180
@@ -354,7 +366,7 @@ def drive(args):
             if os.path.exists(out):
                 result = json.load(open(out))
                 failures += check_loader_epochs(result)
-                report_phases(result["batch_times"], log)
+                report_phases(result["batch_times"], log, samples)
             else:
                 failures.append("the loader wrote no result")
         else:
@@ -384,7 +396,7 @@ def drive(args):
     return 0
 
 
-def report_phases(batch_times, log):
+def report_phases(batch_times, log, samples):
     """Images/s before the squeeze, while the pool is shrunk, and after it grew back (measured, not asserted)."""
     crit = log_times(log, r"memory pressure \w+ -> critical")
     gone = log_times(log, r"buffer pool: pressure gone")
@@ -396,9 +408,17 @@ def report_phases(batch_times, log):
         n = sum(1 for t in batch_times if lo < t <= hi)
         return n * BATCH / (hi - lo) if hi > lo and n > 1 else float("nan")
     start = batch_times[min(8, len(batch_times) - 1)]  # past the first epoch's start-up
+    def cache(lo, hi):
+        inside = sorted(s[4] for s in samples if lo <= s[0] <= hi)
+        return inside[len(inside) // 2] / MiB if inside else float("nan")
+    def faults(lo, hi):
+        inside = [s[3] for s in samples if lo <= s[0] <= hi]
+        return (inside[-1] - inside[0]) / (hi - lo) if len(inside) > 1 and hi > lo else float("nan")
     print(f"images/s: before {rate(start, crit[0]):.0f}, shrunk to the floor {rate(crit[0], normal[0]):.0f} "
           f"({normal[0] - crit[0]:.1f} s), after regrowth {rate(gone[0], batch_times[-1]):.0f}; "
-          f"regrowth took {gone[0] - normal[0]:.2f} s after 'normal'", flush=True)
+          f"regrowth took {gone[0] - normal[0]:.2f} s after 'normal'; the consumer's major page faults/s: "
+          f"before {faults(samples[0][0], crit[0]):.0f}, shrunk {faults(crit[0], normal[0]):.0f}; the cgroup's page "
+          f"cache: before {cache(samples[0][0], crit[0]):.0f} MiB, shrunk {cache(crit[0], normal[0]):.0f} MiB", flush=True)
 
 
 def check_loader_epochs(result):

@@ -40,6 +40,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -247,6 +248,11 @@ class BufferPool {
   /// and tools that want a settled state; true when settled.
   bool wait_idle(std::chrono::milliseconds timeout);
 
+  /// Slots that can be leased now or once returned: neither released nor
+  /// draining. A loader keeps no more batches in flight than this, so none
+  /// of its tasks waits on a slot that pressure took away. Lock-free.
+  [[nodiscard]] std::size_t serving_slots() const noexcept { return serving_.load(std::memory_order_relaxed); }
+
   [[nodiscard]] PoolStats stats() const;
   [[nodiscard]] std::vector<PoolTransition> transitions() const;
   [[nodiscard]] const Config& config() const noexcept { return config_; }
@@ -306,6 +312,7 @@ class BufferPool {
   /// wake the maintenance thread.
   [[nodiscard]] bool maintenance_wanted_locked() const;
   void record_locked(std::size_t slab, SlabMemory memory, std::string reason, bool ok = true);
+  void update_serving_locked() noexcept;
   void back_off_pinning_locked();
 
   const Config config_;
@@ -351,6 +358,7 @@ class BufferPool {
   mutable std::uint64_t wanted_version_ = ~std::uint64_t{0};
   mutable Clock::time_point wanted_until_{};
   double acquire_wait_seconds_ = 0;
+  std::atomic<std::size_t> serving_{0};  // serving_slots(), written under the lock
 
   PressureMonitor* monitor_ = nullptr;
   PressureMonitor::SubscriptionId subscription_ = 0;
