@@ -231,11 +231,15 @@ class Loader:
         process feeds (`images.cuda(loader.local_rank, non_blocking=True)`);
         the local world size splits this host's pinned budget and, with
         threads=0, its cores.
-    pin_memory: "auto" (pin within the host's budget, pageable beyond it or
-        under memory pressure), True (the same, but a RuntimeWarning names the
-        reason when fewer slots than `prefetch` can be pinned), "require"
-        (raise pinfeed.ConfigError instead), or False (pageable). Ranks on one
-        host split the host's pinned budget between them.
+    pin_memory: "auto" (pin within the host's budget, pageable beyond it),
+        True (the same, but a RuntimeWarning names the reason when fewer slots
+        than `prefetch` can be pinned), "require" (raise pinfeed.ConfigError
+        instead), or False (pageable). Ranks on one host split the host's
+        pinned budget between them. Under critical memory pressure the pool
+        gives every slot beyond `pressure_floor` (default 2; it also stays
+        above the batches you hold) back to the kernel and re-pins them when
+        the pressure is gone: stats()["pool"] shows live_slots,
+        released_slots and given_back_bytes.
     bad_sample: "replace" (a deterministic substitute, logged and counted) or
         "fail" (raise pinfeed.DataError naming the file). With "replace" the
         epoch still fails once more than `max_replaced_share` (default 1%) of
