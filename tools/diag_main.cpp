@@ -201,8 +201,11 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
       std::string pool_col;
       if (pool) {
         const auto st = pool->stats();
-        pool_col = fmt::format("  {:>11}/{}/{:<10} {}", st.pinned_slots, st.pageable_slots, st.released_slots,
-                               format_bytes(st.given_back_bytes));
+        pool_col = fmt::format("  {:>11}/{}/{:<10} {}{}", st.pinned_slots, st.pageable_slots, st.released_slots,
+                               format_bytes(st.given_back_bytes),
+                               st.last_release_seconds < 0
+                                   ? std::string{}
+                                   : fmt::format(" ({:.0f} ms after critical)", st.last_release_seconds * 1e3));
       }
       fmt::print("{:>8.2f} {:>12} {:>5.1f}% {:>8.0f} {:>8.0f} {:>7.2f} {:>7.2f} {:>9}{}\n", t, format_bytes(r.available_bytes),
                  r.available_fraction * 100, r.swap_in_rate, r.swap_out_rate, r.psi_some, r.psi_full,

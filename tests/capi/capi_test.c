@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
   CHECK(pinfeed_loader_create(&cfg, &loader) == PINFEED_OK);
   char* json = NULL;
   CHECK(pinfeed_loader_stats_json(loader, &json) == PINFEED_OK && json != NULL && strstr(json, "\"pool\"") != NULL);
+  /* What memory pressure did to the pool: live and released slots, bytes given back. */
+  CHECK(strstr(json, "\"live_slots\"") != NULL && strstr(json, "\"released_slots\"") != NULL &&
+        strstr(json, "\"given_back_bytes\"") != NULL && strstr(json, "\"last_release_seconds\"") != NULL);
   pinfeed_free_string(json);
   pinfeed_loader_destroy(loader);
   CHECK(pinfeed_diag_json(NULL, 1, "8x3x32x32:u8", 2, &json) == PINFEED_OK);

@@ -62,7 +62,7 @@ typedef struct pinfeed_loader_config {
   float mean[3], std[3];  /* normalization, RGB */
   const char* bad_sample; /* "replace" or "fail" */
   int pin;                /* 1: pin the pool within the budget; 0: pageable */
-  int watch_pressure;     /* 1: fall back to pageable memory under pressure */
+  int watch_pressure;     /* 1: under critical memory pressure give slots beyond a floor of 2 back to the kernel, re-pin after */
 } pinfeed_loader_config;
 
 /* A batch's contents; pointers are valid until pinfeed_batch_release(). */
@@ -101,7 +101,8 @@ PINFEED_API size_t pinfeed_loader_batches_per_epoch(const pinfeed_loader* loader
 PINFEED_API size_t pinfeed_loader_num_classes(const pinfeed_loader* loader);
 PINFEED_API pinfeed_status pinfeed_loader_get_state(const pinfeed_loader* loader, pinfeed_loader_state* out);
 PINFEED_API pinfeed_status pinfeed_loader_restore(pinfeed_loader* loader, const pinfeed_loader_state* state);
-/* Stats of the current epoch as JSON (images/s, stage times, pool, ...). */
+/* Stats of the current epoch as JSON (images/s, stage times, pool, ...); "pool" has
+   live_slots, released_slots, given_back_bytes, last_release_seconds (memory pressure). */
 PINFEED_API pinfeed_status pinfeed_loader_stats_json(const pinfeed_loader* loader, char** json_out);
 
 PINFEED_API pinfeed_status pinfeed_batch_get_view(const pinfeed_batch* batch, pinfeed_batch_view* out);
