@@ -270,6 +270,28 @@ void SampleWriter::begin(int width, int height) {
       nearest_x_[static_cast<std::size_t>(x)] =
           std::min(width_ - 1, static_cast<int>((x + 0.5) * width_ / nw));
     }
+  } else if (width_ != nw) {
+    // Column x samples the source at (x + 0.5) * step - 0.5 (pixel centres
+    // aligned, as the rows are), clamped: columns x0 and x0 + 1, blended
+    // with weights that sum to 256.
+    linear_x_.resize(static_cast<std::size_t>(nw));
+    linear_f_.resize(static_cast<std::size_t>(nw));
+    const double step = static_cast<double>(width_) / nw;
+    for (int x = 0; x < nw; ++x) {
+      const double c = std::clamp((x + 0.5) * step - 0.5, 0.0, static_cast<double>(width_ - 1));
+      int x0 = static_cast<int>(c);
+      int f = static_cast<int>(std::lround((c - x0) * 256.0));
+      if (f >= 256) {
+        ++x0;
+        f = 0;
+      }
+      if (x0 >= width_ - 1) {
+        x0 = width_ - 1;
+        f = 0;
+      }
+      linear_x_[static_cast<std::size_t>(x)] = x0;
+      linear_f_[static_cast<std::size_t>(x)] = f;
+    }
   }
   const auto row_bytes = static_cast<std::size_t>(width_) * 4;
   if (col_halvings_ > 0) {
@@ -365,6 +387,10 @@ void SampleWriter::push_final(const std::uint8_t* r) {
   }
 }
 
+namespace {
+std::size_t un_bytes(int pixels) { return static_cast<std::size_t>(pixels) * 4; }
+}  // namespace
+
 void SampleWriter::flush_band() {
   const std::uint64_t t0 = now_ns();
   const int n = config_.out_width();
@@ -381,10 +407,24 @@ void SampleWriter::flush_band() {
     }
     src = band_out_.data();
   } else if (width_ != n) {
-    // Horizontal only: libyuv's "linear" filter samples rows as they are.
-    const int rc = libyuv::ARGBScale(band_.data(), width_ * 4, width_, rows, band_out_.data(), n * 4, n, rows,
-                                     libyuv::kFilterLinear);
-    if (rc != 0) throw Error(fmt::format("libyuv ARGBScale {}x{} -> {}x{} failed ({})", width_, rows, n, rows, rc));
+    // Horizontal bilinear, by hand: libyuv's ARGBScale (kFilterLinear and
+    // kFilterBilinear alike) blends columns with 7-bit weights that sum to
+    // 127/128, so every shrunk image came out 1/128 darker (255 -> 253,
+    // 200 -> 198). Weights here sum to 256 and round half up: a constant
+    // image stays exactly constant.
+    for (int r = 0; r < rows; ++r) {
+      const std::uint8_t* from = band_.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(width_) * 4;
+      std::uint8_t* to = band_out_.data() + static_cast<std::size_t>(r) * un_bytes(n);
+      for (int x = 0; x < n; ++x) {
+        const auto ux = static_cast<std::size_t>(x);
+        const std::uint8_t* a = from + static_cast<std::size_t>(linear_x_[ux]) * 4;
+        const int f = linear_f_[ux];
+        const std::uint8_t* b = f == 0 ? a : a + 4;
+        for (std::size_t ch = 0; ch < 4; ++ch) {
+          to[ux * 4 + ch] = static_cast<std::uint8_t>((a[ch] * (256 - f) + b[ch] * f + 128) >> 8);
+        }
+      }
+    }
     src = band_out_.data();
   }
   const auto un = static_cast<std::size_t>(n);

@@ -145,6 +145,8 @@ class SampleWriter : private RowSink {
   ScratchBytes band_out_;                      // the same rows at the output width
   ScratchBytes mirrored_;                      // one flipped output row (uint8 output)
   std::vector<int> nearest_x_;                 // nearest: the source column of each output column
+  std::vector<int> linear_x_;                  // bilinear: the left source column of each output column
+  std::vector<int> linear_f_;                  // bilinear: the right column's weight, 0..256
 };
 
 }  // namespace pinfeed::loader
