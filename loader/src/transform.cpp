@@ -285,12 +285,16 @@ void SampleWriter::begin(int width, int height) {
         ++x0;
         f = 0;
       }
-      if (x0 >= width_ - 1) {
-        x0 = width_ - 1;
-        f = 0;
+      if (x0 >= width_ - 1) {  // the last column: as the right one of the last pair, so x0 + 1 stays inside
+        x0 = std::max(0, width_ - 2);
+        f = width_ > 1 ? 256 : 0;
       }
       linear_x_[static_cast<std::size_t>(x)] = x0;
       linear_f_[static_cast<std::size_t>(x)] = f;
+    }
+    linear_w_.resize(static_cast<std::size_t>(nw));
+    for (std::size_t x = 0; x < linear_w_.size(); ++x) {
+      linear_w_[x] = (256 - linear_f_[x]) | (linear_f_[x] << 16);
     }
   }
   const auto row_bytes = static_cast<std::size_t>(width_) * 4;
@@ -415,7 +419,28 @@ void SampleWriter::flush_band() {
     for (int r = 0; r < rows; ++r) {
       const std::uint8_t* from = band_.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(width_) * 4;
       std::uint8_t* to = band_out_.data() + static_cast<std::size_t>(r) * un_bytes(n);
-      for (int x = 0; x < n; ++x) {
+      int x = 0;
+#if defined(__SSE2__)
+      if (width_ > 1) {  // every x0 + 1 is inside the row: an 8-byte load reads pixels x0 and x0 + 1
+        const __m128i zero = _mm_setzero_si128(), half = _mm_set1_epi32(128);
+        for (; x + 2 <= n; x += 2) {
+          const auto ux = static_cast<std::size_t>(x);
+          const __m128i p0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(from + 4 * static_cast<std::size_t>(linear_x_[ux])));
+          const __m128i p1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(from + 4 * static_cast<std::size_t>(linear_x_[ux + 1])));
+          // a0 b0 a1 b1 a2 b2 a3 b3 per output pixel, as 16-bit lanes: madd
+          // with (256 - f, f) pairs gives each channel's weighted sum.
+          const __m128i q = _mm_unpacklo_epi64(_mm_unpacklo_epi8(p0, _mm_srli_si128(p0, 4)),
+                                               _mm_unpacklo_epi8(p1, _mm_srli_si128(p1, 4)));
+          __m128i s0 = _mm_madd_epi16(_mm_unpacklo_epi8(q, zero), _mm_set1_epi32(linear_w_[ux]));
+          __m128i s1 = _mm_madd_epi16(_mm_unpackhi_epi8(q, zero), _mm_set1_epi32(linear_w_[ux + 1]));
+          s0 = _mm_srli_epi32(_mm_add_epi32(s0, half), 8);
+          s1 = _mm_srli_epi32(_mm_add_epi32(s1, half), 8);
+          const __m128i px = _mm_packs_epi32(s0, s1);
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(to + 4 * ux), _mm_packus_epi16(px, px));
+        }
+      }
+#endif
+      for (; x < n; ++x) {
         const auto ux = static_cast<std::size_t>(x);
         const std::uint8_t* a = from + static_cast<std::size_t>(linear_x_[ux]) * 4;
         const int f = linear_f_[ux];

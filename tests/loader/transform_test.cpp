@@ -2,7 +2,9 @@
 // downscaling, and the sample writer's float and byte outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 
 #include <cmath>
 #include <cstring>
@@ -117,6 +119,40 @@ TEST(TransformTest, AConstantImageStaysExactlyConstantAtEveryScale) {
       SampleWriter(c).write(img, Region{}, flip, out);
       for (std::size_t i = 0; i < out.size(); ++i) {
         ASSERT_EQ(static_cast<int>(out[i]), rgb[i % 3]) << w << "x" << h << " -> 56x56, byte " << i;
+      }
+    }
+  }
+}
+
+TEST(TransformTest, ColumnsAreBlendedWithWeightsThatSumTo256) {
+  // Only the columns scale (100 -> 56, rows 56 -> 56): each output pixel is
+  // the two source columns around (x + 0.5) * 100/56 - 0.5, weighted in
+  // 256ths and rounded, whichever code path (SIMD or not) computes it.
+  TransformConfig c;
+  c.size = 56;
+  c.layout = Layout::nhwc_u8;
+  DecodedImage img;
+  img.width = 100;
+  img.height = 56;
+  img.pixels.resize(static_cast<std::size_t>(img.width * img.height * 4));
+  SampleRng rng(4, 5, 6);
+  for (auto& p : img.pixels) p = static_cast<std::uint8_t>(rng.below(256));
+  std::vector<std::byte> out(c.sample_bytes());
+  SampleWriter(c).write(img, Region{}, false, out);
+  for (int y = 0; y < 56; ++y) {
+    for (int x = 0; x < 56; ++x) {
+      const double pos = std::clamp((x + 0.5) * 100.0 / 56 - 0.5, 0.0, 99.0);
+      const int x0 = static_cast<int>(pos);
+      const int f = static_cast<int>(std::lround((pos - x0) * 256.0));
+      const int x1 = std::min(x0 + 1, 99);
+      for (int ch = 0; ch < 3; ++ch) {
+        const int bgra = 2 - ch;  // RGB out of BGRA
+        const auto at = [&](int col) {
+          return static_cast<int>(img.pixels[static_cast<std::size_t>((y * 100 + col) * 4 + bgra)]);
+        };
+        const int want = (at(x0) * (256 - f) + at(x1) * f + 128) >> 8;
+        ASSERT_EQ(static_cast<int>(out[static_cast<std::size_t>((y * 56 + x) * 3 + ch)]), want)
+            << "pixel " << x << "," << y << " channel " << ch;
       }
     }
   }

@@ -147,6 +147,7 @@ class SampleWriter : private RowSink {
   std::vector<int> nearest_x_;                 // nearest: the source column of each output column
   std::vector<int> linear_x_;                  // bilinear: the left source column of each output column
   std::vector<int> linear_f_;                  // bilinear: the right column's weight, 0..256
+  std::vector<std::int32_t> linear_w_;         // bilinear: (256 - f) | f << 16, two 16-bit weights for madd
 };
 
 }  // namespace pinfeed::loader
