@@ -93,6 +93,10 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
                                        classes_.size(), max_classes));
   }
   std::sort(classes_.begin(), classes_.end());
+  // torchvision's ImageFolder takes every sub-folder as a class, hidden ones
+  // too (Jupyter's .ipynb_checkpoints), and refuses the dataset when one has
+  // no image: an empty class would silently shift every label after it.
+  std::vector<std::string> empty;
   for (std::size_t c = 0; c < classes_.size(); ++c) {
     std::vector<fs::path> files;
     const auto opts = fs::directory_options::follow_directory_symlink;
@@ -116,6 +120,7 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
       files.push_back(it->path());
     }
     if (ec) throw DataError(root_ / classes_[c], fmt::format("cannot list: {}", ec.message()));
+    if (files.empty()) empty.push_back(classes_[c]);
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
       files_.push_back(std::move(f));
@@ -123,6 +128,17 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
     }
   }
   if (files_.empty()) throw DataError(root_, "dataset is empty: no image files in any class folder");
+  if (!empty.empty()) {
+    const std::size_t shown = std::min<std::size_t>(empty.size(), 5);
+    std::string names;
+    for (std::size_t i = 0; i < shown; ++i) names += fmt::format("{}'{}'", i == 0 ? "" : ", ", empty[i]);
+    if (shown < empty.size()) names += fmt::format(" and {} more", empty.size() - shown);
+    throw DataError(root_, fmt::format("found no image file (.jpg, .jpeg, .png, .webp) in the class folder{} {}: every "
+                                       "sub-folder is a class, hidden ones too, as in torchvision's ImageFolder, which "
+                                       "refuses them the same way; remove {} or give {} images",
+                                       empty.size() == 1 ? "" : "s", names, empty.size() == 1 ? "it" : "them",
+                                       empty.size() == 1 ? "it" : "them"));
+  }
 }
 
 void ImageFolder::read(std::size_t i, std::vector<std::byte>& out) const { read_whole_file(files_.at(i), out); }

@@ -298,6 +298,27 @@ TEST_F(DatasetTest, ImagesInFormatsWeCannotDecodeRefuseTheFolderWhenOpened) {
   }
 }
 
+TEST_F(DatasetTest, AClassFolderWithoutImagesRefusesTheFolderNamingIt) {
+  // Jupyter's checkpoint folder sorts first: taken as class 0, it would move
+  // every real class up by one. torchvision refuses it; so do we.
+  std::filesystem::create_directories(data_.folder / ".ipynb_checkpoints");
+  testing::write_file(data_.folder / "notes" / "README.txt", "not an image");
+  try {
+    ImageFolder folder(data_.folder);
+    FAIL() << "an empty class folder was taken as a class";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path(), data_.folder);
+    EXPECT_NE(e.reason().find("class folders '.ipynb_checkpoints', 'notes'"), std::string::npos) << e.reason();
+  }
+  std::filesystem::remove_all(data_.folder / ".ipynb_checkpoints");
+  std::filesystem::remove_all(data_.folder / "notes");
+  // A hidden folder with images is a class, as in torchvision: sorted first.
+  testing::write_bytes(data_.folder / ".hidden" / "a.jpg", make_synthetic_jpeg(7, 0, 0, SyntheticImageSpec{}));
+  const ImageFolder folder(data_.folder);
+  EXPECT_EQ(folder.classes().front(), ".hidden");
+  EXPECT_EQ(folder.num_classes(), 4U);
+}
+
 /// Mean of each BGRA channel over the image (decoded in full).
 std::array<double, 3> mean_colour(ImageDecoder& decoder, std::span<const std::byte> data) {
   DecodedImage img;

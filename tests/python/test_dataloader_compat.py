@@ -183,6 +183,25 @@ def test_classes_class_to_idx_and_samples_are_imagefolders(dataset):
     assert [(os.path.realpath(p), y) for p, y in l.samples] == [(os.path.realpath(p), y) for p, y in ref.samples]
 
 
+def test_hidden_and_empty_class_folders_are_treated_as_torchvision_treats_them(tmp_path):
+    """Every sub-folder is a class, hidden ones too; one without an image is refused by both."""
+    torchvision = pytest.importorskip("torchvision")
+    from PIL import Image
+    root = tmp_path / "train"
+    for name in ("cat", "dog", ".hidden"):
+        (root / name).mkdir(parents=True)
+        Image.new("RGB", (40, 30), (200, 100, 50)).save(root / name / "0.jpg")
+    ref = torchvision.datasets.ImageFolder(str(root))
+    l = loader(root)
+    assert l.classes == ref.classes == [".hidden", "cat", "dog"]
+    assert [y for _, y in l.samples] == [y for _, y in ref.samples]
+    (root / ".ipynb_checkpoints").mkdir()  # what Jupyter leaves behind
+    with pytest.raises(FileNotFoundError, match=r"\.ipynb_checkpoints"):
+        torchvision.datasets.ImageFolder(str(root))
+    with pytest.raises(pinfeed.DataError, match=r"no image file .* class folder '\.ipynb_checkpoints'"):
+        loader(root)
+
+
 def test_return_paths_names_the_files_of_every_batch(dataset):
     l = loader(dataset, shuffle=True, return_indices=True, return_paths=True)
     samples = l.samples
