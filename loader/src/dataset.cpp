@@ -428,6 +428,31 @@ std::vector<fs::path> expand_shard_pattern(const std::string& pattern) {
   return out;
 }
 
+void check_same_classes(const Dataset& train, const Dataset& val) {
+  const auto* tf = dynamic_cast<const ImageFolder*>(&train);
+  const auto* vf = dynamic_cast<const ImageFolder*>(&val);
+  if (tf != nullptr && vf != nullptr) {
+    const auto& t = tf->classes();
+    const auto& v = vf->classes();
+    if (t == v) return;
+    const std::size_t n = std::min(t.size(), v.size());
+    std::size_t k = 0;
+    while (k < n && t[k] == v[k]) ++k;
+    const std::string diff =
+        k < n ? fmt::format("class {} is '{}' in validation but '{}' in training", k, v[k], t[k])
+        : k < t.size() ? fmt::format("training's class {} '{}' has no validation folder", k, t[k])
+                       : fmt::format("validation's class {} '{}' has no training folder", k, v[k]);
+    throw ConfigError(fmt::format("the validation set's classes are not the training set's ({} in validation, {} in "
+                                  "training): {}; labels are folder positions, so every label from there on would "
+                                  "be wrong. Give both sets the same class folders",
+                                  v.size(), t.size(), diff));
+  }
+  if (val.num_classes() > train.num_classes()) {
+    throw ConfigError(fmt::format("the validation set has labels up to {}, the training set only {} classes",
+                                  val.num_classes() - 1, train.num_classes()));
+  }
+}
+
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& root, std::size_t max_classes) {
   std::error_code ec;
   if (spec.empty()) throw ConfigError("dataset: no path given");

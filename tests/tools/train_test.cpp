@@ -1,5 +1,7 @@
 // pinfeed-train end to end: the real binary on a dataset pinfeed-data makes.
 #include <gtest/gtest.h>
+#include <vector>
+#include <algorithm>
 
 #include <chrono>
 #include <filesystem>
@@ -141,6 +143,23 @@ TEST_F(TrainToolTest, CompareWithTheCnnAddsTheSyncBnCurve) {
   EXPECT_EQ(rows, 6U + 6U + 6U + 2U) << "1 worker, 2 with SyncBN, 2 with BN per worker, and the unscaled mistake";
   EXPECT_NE(r.out.find("2 workers: same global batch and lr; SyncBN"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("2 workers: same global batch and lr; BN per worker"), std::string::npos) << r.out;
+}
+
+TEST_F(TrainToolTest, AValidationSetWithOtherClassesIsRefusedNamingTheFirstDifference) {
+  // A renamed validation folder moved every label after it: val_acc fell to
+  // chance with exit 0. Now the run refuses to start.
+  pinfeed::testing::TempDir tmp;
+  const std::filesystem::path bad = tmp.path() / "val";
+  std::filesystem::copy(val(), bad, std::filesystem::copy_options::recursive);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(bad)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::filesystem::rename(bad / names[1], bad / ("renamed_" + names[1]));
+  const Result r = train("--data " + data() + " --val " + bad.string() +
+                         " --devices cpu:1 --epochs 1 --batch-size 24 --size 16 --pool 2 -q");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("classes are not the training set's"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'" + names[1] + "' in training"), std::string::npos) << r.err;
 }
 
 TEST_F(TrainToolTest, BadRequestsAreClearErrors) {

@@ -124,6 +124,7 @@ void Worker::make_loaders(const loader::LoaderConfig& lc) {
   vc.prefetch = 2;
   vc.watch_pressure = false;
   val_loader_ = std::make_unique<loader::Loader>(vc);
+  loader::check_same_classes(loader_->dataset(), val_loader_->dataset());
 }
 
 void Worker::make_model(int image_size) {

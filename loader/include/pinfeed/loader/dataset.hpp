@@ -142,6 +142,14 @@ class TarShards final : public Dataset {
 /// Throws ConfigError on a malformed pattern.
 std::vector<std::filesystem::path> expand_shard_pattern(const std::string& pattern);
 
+/// Refuses (ConfigError) a validation set whose classes are not the
+/// training set's: for two ImageFolders the class names must be the same
+/// (a renamed, missing or extra folder moves the labels after it, and the
+/// validation accuracy silently drops to chance), naming the first
+/// difference; otherwise the validation labels must stay below the training
+/// set's class count.
+void check_same_classes(const Dataset& train, const Dataset& val);
+
 /// Opens a dataset by what `spec` names: a directory -> ImageFolder; a .tar
 /// file, a brace pattern or a comma list of them -> TarShards; any other file
 /// -> FileList with paths relative to the list's folder (or `root` if given).
