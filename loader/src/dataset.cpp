@@ -155,12 +155,20 @@ FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes)
   read_regular_file(list, "a file list", kMaxFileListBytes, bytes);
   std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   bytes = {};
+  // A UTF-8 byte order mark (Windows editors write one) is not part of the
+  // first path: kept, it hid the first entry behind an invisible prefix.
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
   std::istringstream in(std::move(text));
   std::string line;
   std::size_t lineno = 0;
   std::int64_t max_label = -1;
   while (std::getline(in, line)) {
     ++lineno;
+    // A NUL cuts a path short for every C API that opens it: refuse the line.
+    if (line.find('\0') != std::string::npos) {
+      throw DataError(list, fmt::format("line {}: contains a NUL byte (at column {}); a path cannot hold one", lineno,
+                                        line.find('\0') + 1));
+    }
     const auto first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos || line[first] == '#') continue;
     const auto last = line.find_last_not_of(" \t\r");

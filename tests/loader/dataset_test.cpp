@@ -319,6 +319,24 @@ TEST_F(DatasetTest, AClassFolderWithoutImagesRefusesTheFolderNamingIt) {
   EXPECT_EQ(folder.num_classes(), 4U);
 }
 
+TEST_F(DatasetTest, AFileListsByteOrderMarkIsSkippedAndANulByteIsRefused) {
+  const std::string body = "folder/class00/img000.jpg 0\nfolder/class01/img000.jpg 1\n";
+  testing::write_file(dir_.path() / "bom.txt", "\xEF\xBB\xBF" + body);
+  const FileList with_bom(dir_.path() / "bom.txt", dir_.path());
+  ASSERT_EQ(with_bom.size(), 2U);
+  EXPECT_EQ(with_bom.label(0), 0);
+  EXPECT_EQ(with_bom.describe(0), (dir_.path() / "folder/class00/img000.jpg").string())
+      << "the first entry is read, not hidden behind the mark";
+  constexpr char kNul[] = "folder/class00/img000.jpg 0\nfolder/cl\0ass01/img000.jpg 1\n";
+  testing::write_file(dir_.path() / "nul.txt", std::string_view(kNul, sizeof kNul - 1));
+  try {
+    FileList bad(dir_.path() / "nul.txt", dir_.path());
+    FAIL() << "a path with a NUL byte was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("line 2: contains a NUL byte"), std::string::npos) << e.reason();
+  }
+}
+
 /// Mean of each BGRA channel over the image (decoded in full).
 std::array<double, 3> mean_colour(ImageDecoder& decoder, std::span<const std::byte> data) {
   DecodedImage img;
