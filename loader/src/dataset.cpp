@@ -12,6 +12,7 @@
 #include <cstring>
 #include <sstream>
 #include <map>
+#include <unordered_map>
 #include <optional>
 #include <set>
 
@@ -250,11 +251,23 @@ void pread_exact(int fd, void* buf, std::size_t n, std::uint64_t off, const fs::
   }
 }
 
+/// Whether a member's name makes it part of a sample (an image or a .cls
+/// label, WebDataset's key.ext with the extension after the first dot).
+bool is_sample_member_name(const std::string& name) {
+  const auto slash = name.rfind('/');
+  const auto dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
+  if (dot == std::string::npos) return false;
+  const std::string ext = lower(name.substr(dot + 1));
+  return ext == "cls" || is_image_extension(ext);
+}
+
 std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs::path& path) {
   std::vector<TarShards::Member> members;
   std::array<char, kBlock> h{};
   std::uint64_t off = 0;
   std::string long_name;  // from a GNU 'L' or pax 'x' record, for the next member
+  std::string long_link;  // a link's target, from a GNU 'K' or pax 'x' record
+  std::unordered_map<std::string, std::size_t> by_name;  // the latest member of each name, for hard links
   std::string last = "(none)";  // the last member's name, for messages
   bool ended = false;
   if (file_size == 0) throw DataError(path, "is empty (0 bytes), not a tar archive");
@@ -282,12 +295,12 @@ std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs
     if (size > left) {
       throw DataError(path, fmt::format("member '{}' is cut short: {} bytes declared, {} present", name_here, size, left));
     }
-    if (type == 'L' || type == 'x') {
+    if (type == 'L' || type == 'K' || type == 'x') {
       if (size > (1U << 20U)) throw DataError(path, fmt::format("long-name record of {} bytes at byte {}", size, off));
       std::string rec(size, '\0');
       pread_exact(fd, rec.data(), size, data, path, "long name");
-      if (type == 'L') {
-        long_name = rec.substr(0, strnlen(rec.data(), rec.size()));
+      if (type == 'L' || type == 'K') {
+        (type == 'L' ? long_name : long_link) = rec.substr(0, strnlen(rec.data(), rec.size()));
       } else {  // pax: "len key=value\n" records; we need only path
         std::size_t p = 0;
         while (p < rec.size()) {
@@ -295,21 +308,45 @@ std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs
           if (sp == std::string::npos || nl == std::string::npos || nl < sp) break;
           const std::string kv = rec.substr(sp + 1, nl - sp - 1);
           if (kv.rfind("path=", 0) == 0) long_name = kv.substr(5);
+          if (kv.rfind("linkpath=", 0) == 0) long_link = kv.substr(9);
           p = nl + 1;
         }
       }
-    } else if (type == '0' || type == '\0' || type == '7') {
+    } else if (type == '0' || type == '\0' || type == '7' || type == '1' || type == '2') {
       std::string name = long_name;
       if (name.empty()) {
         name = field_string(&h[0], 100);
         const std::string prefix = field_string(&h[345], 155);
         if (std::memcmp(&h[257], "ustar", 5) == 0 && !prefix.empty()) name = prefix + "/" + name;
       }
+      const std::string target = long_link.empty() ? field_string(&h[157], 100) : long_link;
       last = name;
-      members.push_back(TarShards::Member{std::move(name), data, size});
       long_name.clear();
+      long_link.clear();
+      if (type == '1') {
+        // A hard link (GNU tar stores a file's second name so): the data is
+        // the earlier member's, as tar extracts it.
+        const auto it = by_name.find(target);
+        if (it == by_name.end()) {
+          throw DataError(path, fmt::format("{}: a hard link to '{}', which is not an earlier member of the shard", name,
+                                            target));
+        }
+        const TarShards::Member& t = members[it->second];
+        by_name[name] = members.size();
+        members.push_back(TarShards::Member{std::move(name), t.offset, t.size});
+      } else if (type == '2') {
+        if (is_sample_member_name(name)) {
+          throw DataError(path, fmt::format("{}: a symbolic link (to '{}'); a shard must hold the sample's own bytes: "
+                                            "pack it with tar --dereference (-h)",
+                                            name, target));
+        }
+      } else {
+        by_name[name] = members.size();
+        members.push_back(TarShards::Member{std::move(name), data, size});
+      }
     } else {
-      long_name.clear();  // directories, links, global pax headers: skipped
+      long_name.clear();  // directories, devices, global pax headers: skipped
+      long_link.clear();
     }
     // size <= left, so the padded size cannot wrap; the step is >= one block.
     const std::uint64_t padded = size + (kBlock - size % kBlock) % kBlock;
@@ -356,6 +393,8 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
           if (entry.first) throw DataError(path, fmt::format("{}: a second image for key '{}' ({})", m.name, key, entry.first->name));
           entry.first = m;
         } else if (ext == "cls") {
+          // "Last one wins" would label the sample by whichever copy tar kept last.
+          if (entry.second) throw DataError(path, fmt::format("{}: a second label for key '{}'", m.name, key));
           if (m.size > 64) throw DataError(path, fmt::format("{}: label member of {} bytes", m.name, m.size));
           std::string text(m.size, '\0');
           pread_exact(fd, text.data(), m.size, m.offset, path, m.name.c_str());
@@ -455,10 +494,8 @@ void check_same_classes(const Dataset& train, const Dataset& val) {
                                   "be wrong. Give both sets the same class folders",
                                   v.size(), t.size(), diff));
   }
-  if (val.num_classes() > train.num_classes()) {
-    throw ConfigError(fmt::format("the validation set has labels up to {}, the training set only {} classes",
-                                  val.num_classes() - 1, train.num_classes()));
-  }
+  // File lists and shards carry their labels: one past the model's classes
+  // is refused where it is read, naming its file (Worker's validation pass).
 }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& root, std::size_t max_classes) {

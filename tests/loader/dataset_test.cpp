@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <sys/stat.h>
 
 #include <array>
@@ -334,6 +336,46 @@ TEST_F(DatasetTest, AFileListsByteOrderMarkIsSkippedAndANulByteIsRefused) {
     FAIL() << "a path with a NUL byte was accepted";
   } catch (const DataError& e) {
     EXPECT_NE(e.reason().find("line 2: contains a NUL byte"), std::string::npos) << e.reason();
+  }
+}
+
+TEST_F(DatasetTest, GnuTarsHardLinksAreReadAsTarExtractsThemSymlinksAndDuplicateLabelsAreRefused) {
+  // Made by GNU tar itself: the second name of a file is stored as a hard
+  // link (no data of its own); it used to be dropped without a word.
+  const auto work = dir_.path() / "links";
+  std::filesystem::create_directories(work);
+  testing::write_bytes(work / "a.jpg", make_synthetic_jpeg(7, 0, 0, SyntheticImageSpec{}));
+  testing::write_file(work / "a.cls", "3");
+  testing::write_file(work / "b.cls", "5");
+  std::filesystem::create_hard_link(work / "a.jpg", work / "b.jpg");
+  const auto tar = [&](const std::string& args) {
+    return std::system(fmt::format("cd '{}' && tar {} 2>/dev/null", work.string(), args).c_str());
+  };
+  ASSERT_EQ(tar("cf hard.tar a.jpg a.cls b.jpg b.cls"), 0);
+  const TarShards hard({work / "hard.tar"});
+  ASSERT_EQ(hard.size(), 2U) << "both samples, the link's too";
+  EXPECT_EQ(hard.label(1), 5);
+  std::vector<std::byte> first, second;
+  hard.read(0, first);
+  hard.read(1, second);
+  EXPECT_EQ(first, second) << "the link reads its target's bytes";
+
+  std::filesystem::create_symlink("a.jpg", work / "c.jpg");
+  testing::write_file(work / "c.cls", "1");
+  ASSERT_EQ(tar("cf sym.tar a.jpg a.cls c.jpg c.cls"), 0);
+  try {
+    TarShards sym({work / "sym.tar"});
+    FAIL() << "a symlink member was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("c.jpg: a symbolic link"), std::string::npos) << e.reason();
+  }
+
+  ASSERT_EQ(tar("cf dup.tar a.jpg a.cls && tar rf dup.tar a.cls"), 0);  // appended: two a.cls members
+  try {
+    TarShards dup({work / "dup.tar"});
+    FAIL() << "a second label for one key was accepted (last one wins)";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("a second label for key 'a'"), std::string::npos) << e.reason();
   }
 }
 

@@ -146,8 +146,7 @@ std::vector<std::filesystem::path> expand_shard_pattern(const std::string& patte
 /// training set's: for two ImageFolders the class names must be the same
 /// (a renamed, missing or extra folder moves the labels after it, and the
 /// validation accuracy silently drops to chance), naming the first
-/// difference; otherwise the validation labels must stay below the training
-/// set's class count.
+/// difference. Numeric labels (file lists, shards) are checked where read.
 void check_same_classes(const Dataset& train, const Dataset& val);
 
 /// Opens a dataset by what `spec` names: a directory -> ImageFolder; a .tar
