@@ -14,6 +14,11 @@ pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
 pkg_check_modules(SPNG REQUIRED IMPORTED_TARGET spng)
 pkg_check_modules(LIBWEBP REQUIRED IMPORTED_TARGET libwebp)
 find_package(ZLIB REQUIRED)  # crc32 of checkpoints
+# xxHash, header-only (XXH_INLINE_ALL): datasets' fingerprints.
+find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+add_library(pinfeed_xxhash INTERFACE)
+target_include_directories(pinfeed_xxhash SYSTEM INTERFACE ${XXHASH_INCLUDE_DIR})
+target_compile_definitions(pinfeed_xxhash INTERFACE XXH_INLINE_ALL)
 # libyuv ships no CMake or pkg-config file in Debian.
 find_path(LIBYUV_INCLUDE_DIR libyuv.h REQUIRED)
 find_library(LIBYUV_LIBRARY NAMES yuv REQUIRED)

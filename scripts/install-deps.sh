@@ -10,6 +10,7 @@ packages=(
   libturbojpeg0-dev libjpeg62-turbo-dev  # libjpeg-turbo: TurboJPEG and the libjpeg API (crop, skip)
   libspng-dev libwebp-dev  # PNG (libspng: limits on size and chunks) and WebP images
   zlib1g-dev  # checkpoints' crc32
+  libxxhash-dev         # datasets' fingerprints (XXH3, header-only)
   libyuv-dev            # scaling (box filter when downscaling)
   libhwloc-dev          # NUMA topology, memory binding
   libgtest-dev libgmock-dev libbenchmark-dev

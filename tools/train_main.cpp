@@ -16,6 +16,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
+#include "pinfeed/trainer/checkpoint.hpp"
 #include "pinfeed/trainer/compare.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
@@ -204,6 +205,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", config.checkpoint, "checkpoint file, written atomically at every epoch end");
   app.add_option("--checkpoint-every", config.checkpoint_every, "also every N steps");
   app.add_flag("--resume", config.resume, "continue from --checkpoint");
+  app.add_flag("--allow-dataset-change", config.allow_dataset_change,
+               "--resume even if the training set changed since the checkpoint (classes, samples, files; refused "
+               "otherwise, naming what changed)");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
   std::string model_spec;
   app.add_option("--model", model_spec,
@@ -256,6 +260,7 @@ int main(int argc, char** argv) {
     config.launch = pinfeed::read_launch_env();
     const auto cb = callbacks(quiet || as_json || config.launch->rank != 0, config.epochs);
 
+    pt::install_checkpoint_signal_handlers();  // Ctrl-C / SIGTERM during a save leave no temporary
     if (compare > 0) return run_compare(config, compare, cb, compare_out, as_json);
     return run_training(config, cb, as_json);
   });

@@ -10,11 +10,16 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <iterator>
 #include <sstream>
 #include <map>
 #include <unordered_map>
 #include <optional>
 #include <set>
+
+#include <nlohmann/json.hpp>
+#include <oneapi/tbb/parallel_for.h>
+#include <xxhash.h>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
@@ -48,6 +53,13 @@ NameKind image_name_kind(const fs::path& p) {
 /// Reads a whole sample file, refusing anything but regular files and absurd sizes.
 void read_whole_file(const fs::path& path, std::vector<std::byte>& out) {
   read_regular_file(path, "one sample (an image file)", kMaxSampleBytes, out);
+}
+
+/// A file's size, following symlinks as reading it does.
+std::uint64_t file_size_or_unknown(const fs::path& p) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return Dataset::kUnknownSize;
+  return static_cast<std::uint64_t>(st.st_size);
 }
 
 std::optional<std::int64_t> parse_label(std::string_view s) {
@@ -122,7 +134,13 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
     }
     if (ec) throw DataError(root_ / classes_[c], fmt::format("cannot list: {}", ec.message()));
     if (files.empty()) empty.push_back(classes_[c]);
-    std::sort(files.begin(), files.end());
+    // torchvision's order: os.walk's folders sorted as strings, then each
+    // folder's files by name (cls/z.jpg before cls/a/1.jpg; cls/a-b/ before
+    // cls/a/x/). Sorting whole paths by component would interleave them.
+    std::sort(files.begin(), files.end(), [](const fs::path& x, const fs::path& y) {
+      const int by_folder = x.parent_path().native().compare(y.parent_path().native());
+      return by_folder != 0 ? by_folder < 0 : x.filename().native() < y.filename().native();
+    });
     for (auto& f : files) {
       files_.push_back(std::move(f));
       labels_.push_back(static_cast<std::int64_t>(c));
@@ -144,13 +162,15 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
 
 void ImageFolder::read(std::size_t i, std::vector<std::byte>& out) const { read_whole_file(files_.at(i), out); }
 
+std::uint64_t ImageFolder::stored_size(std::size_t i) const { return file_size_or_unknown(files_.at(i)); }
+
 std::string ImageFolder::summary() const {
   return fmt::format("image-folder {}: {} images, {} classes", root_.string(), files_.size(), classes_.size());
 }
 
 // ---------------------------------------------------------------- FileList
 
-FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes) : list_(list) {
+FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes) : list_(list), root_(root) {
   check_max_classes(max_classes);
   std::vector<std::byte> bytes;
   read_regular_file(list, "a file list", kMaxFileListBytes, bytes);
@@ -194,6 +214,14 @@ FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes)
 }
 
 void FileList::read(std::size_t i, std::vector<std::byte>& out) const { read_whole_file(files_.at(i), out); }
+
+std::uint64_t FileList::stored_size(std::size_t i) const { return file_size_or_unknown(files_.at(i)); }
+
+std::string FileList::relative_name(std::size_t i) const {
+  const fs::path& f = files_.at(i);
+  fs::path rel = f.lexically_relative(root_);
+  return rel.empty() ? f.native() : rel.native();  // an absolute path in the list stays itself
+}
 
 std::string FileList::summary() const {
   return fmt::format("file-list {}: {} images, {} classes", list_.string(), files_.size(), num_classes_);
@@ -421,6 +449,11 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
 
 TarShards::~TarShards() = default;
 
+std::string TarShards::relative_name(std::size_t i) const {
+  const Sample& s = samples_.at(i);
+  return fmt::format("{}:{}", shards_[s.shard].filename().string(), s.key);
+}
+
 std::string TarShards::describe(std::size_t i) const {
   const Sample& s = samples_.at(i);
   return fmt::format("{}:{}", shards_[s.shard].string(), s.key);
@@ -478,9 +511,13 @@ std::vector<fs::path> expand_shard_pattern(const std::string& pattern) {
 void check_same_classes(const Dataset& train, const Dataset& val) {
   const auto* tf = dynamic_cast<const ImageFolder*>(&train);
   const auto* vf = dynamic_cast<const ImageFolder*>(&val);
-  if (tf != nullptr && vf != nullptr) {
-    const auto& t = tf->classes();
-    const auto& v = vf->classes();
+  if (tf != nullptr && vf != nullptr) check_same_class_names(tf->classes(), vf->classes());
+  // File lists and shards carry their labels: one past the model's classes
+  // is refused where it is read, naming its file (Worker's validation pass).
+}
+
+void check_same_class_names(const std::vector<std::string>& t, const std::vector<std::string>& v) {
+  {
     if (t == v) return;
     const std::size_t n = std::min(t.size(), v.size());
     std::size_t k = 0;
@@ -494,8 +531,80 @@ void check_same_classes(const Dataset& train, const Dataset& val) {
                                   "be wrong. Give both sets the same class folders",
                                   v.size(), t.size(), diff));
   }
-  // File lists and shards carry their labels: one past the model's classes
-  // is refused where it is read, naming its file (Worker's validation pass).
+}
+
+// ---------------------------------------------------------------- fingerprints
+
+DatasetFingerprint fingerprint(const Dataset& d) {
+  DatasetFingerprint f;
+  f.samples = d.size();
+  f.num_classes = d.num_classes();
+  if (const auto* folder = dynamic_cast<const ImageFolder*>(&d)) f.classes = folder->classes();
+  // One hash per sample, in parallel (a stat each: a network filesystem's
+  // latency is hidden across cores), then one hash over them in order.
+  std::vector<std::uint64_t> each(d.size());
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, d.size(), 256), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i != r.end(); ++i) {
+      const std::string name = d.relative_name(i);
+      const std::array<std::uint64_t, 3> fields{XXH3_64bits(name.data(), name.size()), d.stored_size(i),
+                                                static_cast<std::uint64_t>(d.label(i))};
+      each[i] = XXH3_64bits(fields.data(), sizeof fields);
+    }
+  });
+  f.hash = XXH3_64bits(each.data(), each.size() * sizeof(std::uint64_t));
+  return f;
+}
+
+namespace {
+
+/// As nlohmann's dump stores it: invalid UTF-8 bytes become U+FFFD.
+std::string utf8_replaced(const std::string& s) {
+  return nlohmann::json::parse(nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+      .get<std::string>();
+}
+
+std::string quoted_list(const std::vector<std::string>& names) {
+  const std::size_t shown = std::min<std::size_t>(names.size(), 5);
+  std::string out;
+  for (std::size_t i = 0; i < shown; ++i) out += fmt::format("{}'{}'", i == 0 ? "" : ", ", names[i]);
+  if (shown < names.size()) out += fmt::format(" and {} more", names.size() - shown);
+  return out;
+}
+
+}  // namespace
+
+std::string describe_change(const DatasetFingerprint& was, const DatasetFingerprint& now) {
+  std::vector<std::string> what;
+  if (!was.classes.empty() || !now.classes.empty()) {
+    std::set<std::string> before, after;
+    for (const auto& c : was.classes) before.insert(utf8_replaced(c));
+    for (const auto& c : now.classes) after.insert(utf8_replaced(c));
+    std::vector<std::string> removed, added;
+    std::set_difference(before.begin(), before.end(), after.begin(), after.end(), std::back_inserter(removed));
+    std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(added));
+    if (!removed.empty() && removed.size() == added.size()) {
+      what.push_back(fmt::format("class{} {} renamed to {}", removed.size() == 1 ? "" : "es", quoted_list(removed),
+                                 quoted_list(added)));
+    } else {
+      if (!removed.empty()) what.push_back(fmt::format("class{} {} removed", removed.size() == 1 ? "" : "es", quoted_list(removed)));
+      if (!added.empty()) what.push_back(fmt::format("class{} {} added", added.size() == 1 ? "" : "es", quoted_list(added)));
+    }
+  } else if (was.num_classes != now.num_classes) {
+    what.push_back(fmt::format("{} classes, now {}", was.num_classes, now.num_classes));
+  }
+  if (now.samples != was.samples) {
+    const std::uint64_t n = now.samples > was.samples ? now.samples - was.samples : was.samples - now.samples;
+    what.push_back(fmt::format("{} sample{} {} ({} -> {})", n, n == 1 ? "" : "s",
+                               now.samples > was.samples ? "added" : "removed", was.samples, now.samples));
+  }
+  if (what.empty() && was.hash != now.hash) {
+    what.push_back(fmt::format("the same {} samples and classes, but their paths, sizes or labels differ (files "
+                               "replaced, renamed, edited or relabelled)",
+                               now.samples));
+  }
+  std::string out;
+  for (const auto& w : what) out += (out.empty() ? "" : "; ") + w;
+  return out;
 }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& root, std::size_t max_classes) {

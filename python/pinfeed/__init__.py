@@ -266,6 +266,11 @@ class Loader:
         (images, labels, paths).
     classes, class_to_idx, samples: as torchvision's ImageFolder (for file
         lists and shards the classes are the labels' numbers).
+    classes=: the class names this dataset must have, as a list, or a
+        Loader to follow (the training loader, for a validation loader): a
+        class folder renamed, missing or extra is refused naming the first
+        difference, since labels are folder positions. For file lists and
+        shards (numeric labels), a label past the list's end is refused.
 
     Any other loader option of the table below is a keyword argument too
     (max_replacements=4, dct_scaling=False, ...).
@@ -282,7 +287,7 @@ class Loader:
                  resize=_default("resize"), scale=None, ratio=None, flip=_default("flip"), interpolation=_default("interpolation"),
                  layout=_default("layout"), mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
                  seed=None, threads=None, prefetch=None, bad_sample=_default("bad_sample"), copy=False,
-                 return_indices=False, return_paths=False, list_root=None, local_rank=None,
+                 return_indices=False, return_paths=False, list_root=None, local_rank=None, classes=None,
                  max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
                  device=None, stream=None, labels_device=True, dtype=None, memory_format=None, _copy_delay_us=0,
                  **options):
@@ -421,7 +426,7 @@ class Loader:
         # Ranges, types and choices of the table's options are checked in C++
         # (ConfigError is a ValueError; a wrong type is a TypeError), named.
         self._impl = _pinfeed.Loader({
-            "dataset": os.fspath(data), "list_root": None if list_root is None else os.fspath(list_root),
+            "dataset": os.fsencode(data), "list_root": None if list_root is None else os.fsencode(list_root),
             "rank": rank, "world_size": world_size, "mean": list(mean), "std": list(std),
             "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "shuffle": shuffle,
             "drop_last": sampler_trim, "drop_last_batch": drop_last, "seed": seed, "crop": transform,
@@ -444,11 +449,28 @@ class Loader:
         self._resume = None
         self._active = None  # the running iteration's token
         self._classes = None
+        if classes is not None:
+            self._check_classes(classes)
         if pin_memory is True:
             report = self._impl.pin_report()
             if report["pinned_slots"] < report["slots"]:
                 warnings.warn(f"pinfeed: pin_memory=True, but {report['reason']}; the other slots are pageable "
                               "(pin_memory='require' makes this an error)", RuntimeWarning, stacklevel=2)
+
+    def _check_classes(self, expected):
+        if isinstance(expected, Loader):
+            if expected._impl.fingerprint()["classes"] is None:
+                expected = [str(c) for c in range(expected.num_classes)]
+            else:
+                expected = expected.classes
+        if isinstance(expected, (str, bytes)) or not all(isinstance(c, str) for c in expected):
+            raise TypeError("classes= must be a list of class names (str) or a pinfeed.Loader to follow")
+        expected = list(expected)
+        if self._impl.fingerprint()["classes"] is not None:
+            _pinfeed.check_same_classes([os.fsencode(c) for c in expected], [os.fsencode(c) for c in self.classes])
+        elif self.num_classes > len(expected):
+            raise ValueError(f"this dataset's labels go up to {self.num_classes - 1}, past the {len(expected)} "
+                             "classes of classes=")
 
     def pin_report(self):
         """How the pool was pinned: slots, pinned_slots, budget_bytes, limiting, local_ranks, reason."""
@@ -489,7 +511,7 @@ class Loader:
     def classes(self):
         """The class names, index = label (torchvision's ImageFolder.classes)."""
         if self._classes is None:
-            self._classes = list(self._impl.classes())
+            self._classes = [os.fsdecode(name) for name in self._impl.classes()]
         return self._classes
 
     @property
@@ -501,11 +523,11 @@ class Loader:
     def samples(self):
         """Every sample's (path, label) in dataset order (index = the indices
         return_indices yields), as torchvision's ImageFolder.samples."""
-        return [tuple(s) for s in self._impl.samples()]
+        return [(os.fsdecode(path), label) for path, label in self._impl.samples()]
 
     def paths(self, indices):
         """The paths of dataset indices (a path, or "shard.tar:member")."""
-        return list(self._impl.describe([int(i) for i in indices]))
+        return [os.fsdecode(path) for path in self._impl.describe([int(i) for i in indices])]
 
     def __len__(self):
         return self._impl.batches_per_epoch()
@@ -602,7 +624,7 @@ class Loader:
                 if self.return_indices:
                     out += (indices,)
                 if self.return_paths:
-                    out += (self._impl.describe(indices),)
+                    out += ([os.fsdecode(path) for path in self._impl.describe(indices)],)
                 yield out
         finally:
             if self._active is token:
@@ -618,6 +640,7 @@ class Loader:
         if self._resume is not None:
             return dict(self._resume)
         state = dict(self._impl.state())
+        state["dataset"] = self._fingerprint()
         if self._current is None:
             pinned = self._sampler_epoch()
             state["epoch"], state["position"] = (self._epoch if pinned is None else pinned), 0
@@ -625,13 +648,49 @@ class Loader:
             state["epoch"], state["position"] = self._current + 1, 0
         return state
 
-    def load_state_dict(self, state):
+    def _fingerprint(self):
+        """The dataset's fingerprint as state_dict() carries it (computed once:
+        a stat per file): samples, num_classes, classes (None for numeric
+        labels), hash."""
+        f = dict(self._impl.fingerprint())
+        if f["classes"] is not None:
+            f["classes"] = [os.fsdecode(name) for name in f["classes"]]
+        return f
+
+    def load_state_dict(self, state, strict=True):
+        """Continues from state_dict()'s position. A state taken on another
+        dataset (classes added, removed or renamed, samples added or removed,
+        files replaced) is refused with what changed, as is a position past
+        the epoch's end: index i would no longer be the same sample. strict=False
+        takes a changed dataset anyway (the position then points into the new
+        order), as torch's load_state_dict(strict=False) takes a changed model."""
         missing = {"seed", "epoch", "position", "world_size", "rank"} - set(state)
         if missing:
             raise ValueError(f"state_dict lacks {sorted(missing)}")
         if state["world_size"] != self.world_size or state["rank"] != self.rank:
             raise ValueError(f"state_dict is for rank {state['rank']} of {state['world_size']}, "
                              f"this loader is rank {self.rank} of {self.world_size}")
+        was = state.get("dataset")
+        if was is None:
+            warnings.warn("pinfeed: this state_dict carries no dataset fingerprint (saved by a pinfeed before "
+                          "2026-12-03): whether it was taken on this dataset cannot be checked", RuntimeWarning,
+                          stacklevel=2)
+        else:
+            classes = was.get("classes")
+            change = self._impl.dataset_change({
+                "samples": was["samples"], "num_classes": was["num_classes"], "hash": was["hash"],
+                "classes": None if classes is None else [os.fsencode(name) for name in classes]})
+            if change and strict:
+                raise ValueError(f"state_dict was taken on another dataset: {change}. Resuming would give other "
+                                 "samples and labels at the same positions; load_state_dict(state, strict=False) "
+                                 "resumes anyway")
+            if change:
+                warnings.warn(f"pinfeed: resuming on a changed dataset (strict=False): {change}", RuntimeWarning,
+                              stacklevel=2)
+        position, end = int(state["position"]), self._epoch_end()
+        if position < 0 or position > end:
+            raise ValueError(f"state_dict's position {position} is outside the epoch: this rank has {end} samples "
+                             "per epoch")
         self._resume = dict(state)
         self._epoch = int(state["epoch"])
 
@@ -707,7 +766,7 @@ def diag(root="/", gpus=1, batch=None, prefetch=2, sample_ms=100, loader=None):
     the decoders, for the copies and for consumers), as loader.stats()["device"]."""
     if loader is not None and not isinstance(loader, Loader):
         raise TypeError(f"loader must be a pinfeed.Loader, not {type(loader).__name__}")
-    report = json.loads(_pinfeed.diag_json(os.fspath(root), gpus, batch or "", prefetch, sample_ms))
+    report = json.loads(_pinfeed.diag_json(os.fsencode(root), gpus, batch or "", prefetch, sample_ms))
     if loader is not None:
         report["copy_stream"] = loader.stats().get("device", {"device": None, "note": "this loader has no device="})
     return report

@@ -392,31 +392,74 @@ class PyLoader {
   [[nodiscard]] std::size_t num_classes() const { return loader_->dataset().num_classes(); }
   [[nodiscard]] long live_batches() const { return live_->load(); }
   [[nodiscard]] unsigned threads() const { return loader_->threads(); }
+  // Paths and class names cross into Python as bytes, decoded there with
+  // os.fsdecode (the filesystem encoding with surrogateescape): a name that
+  // is not UTF-8 is legal on Linux and must neither raise nor be lost.
+
   /// The class names: ImageFolder's folders, else "0", "1", ... (labels).
-  [[nodiscard]] std::vector<std::string> classes() const {
-    if (const auto* folder = dynamic_cast<const pl::ImageFolder*>(&loader_->dataset())) return folder->classes();
-    std::vector<std::string> names;
-    for (std::size_t c = 0; c < loader_->dataset().num_classes(); ++c) names.push_back(std::to_string(c));
-    return names;
+  [[nodiscard]] py::list classes() const {
+    py::list out;
+    if (const auto* folder = dynamic_cast<const pl::ImageFolder*>(&loader_->dataset())) {
+      for (const auto& name : folder->classes()) out.append(py::bytes(name));
+      return out;
+    }
+    for (std::size_t c = 0; c < loader_->dataset().num_classes(); ++c) out.append(py::bytes(std::to_string(c)));
+    return out;
   }
   /// Where each of `indices` lives (a path, or "shard.tar:member").
-  [[nodiscard]] std::vector<std::string> describe(const std::vector<std::size_t>& indices) const {
+  [[nodiscard]] py::list describe(const std::vector<std::size_t>& indices) const {
     const pl::Dataset& d = loader_->dataset();
-    std::vector<std::string> out;
-    out.reserve(indices.size());
+    py::list out;
     for (const std::size_t i : indices) {
       if (i >= d.size()) throw py::index_error(fmt::format("sample {} is not in the dataset of {}", i, d.size()));
-      out.push_back(d.describe(i));
+      out.append(py::bytes(d.describe(i)));
     }
     return out;
   }
   /// Every sample's (path, label), in dataset order.
-  [[nodiscard]] std::vector<std::pair<std::string, std::int64_t>> samples() const {
+  [[nodiscard]] py::list samples() const {
     const pl::Dataset& d = loader_->dataset();
-    std::vector<std::pair<std::string, std::int64_t>> out;
-    out.reserve(d.size());
-    for (std::size_t i = 0; i < d.size(); ++i) out.emplace_back(d.describe(i), d.label(i));
+    py::list out;
+    for (std::size_t i = 0; i < d.size(); ++i) out.append(py::make_tuple(py::bytes(d.describe(i)), d.label(i)));
     return out;
+  }
+  /// The dataset's fingerprint (computed once): samples, num_classes,
+  /// classes (bytes; None for numeric labels) and hash (16 hex digits).
+  [[nodiscard]] py::dict fingerprint() {
+    if (!fingerprint_) {
+      py::gil_scoped_release release;
+      fingerprint_ = pl::fingerprint(loader_->dataset());
+    }
+    py::dict d;
+    d["samples"] = fingerprint_->samples;
+    d["num_classes"] = fingerprint_->num_classes;
+    if (fingerprint_->classes.empty()) {
+      d["classes"] = py::none();
+    } else {
+      py::list names;
+      for (const auto& c : fingerprint_->classes) names.append(py::bytes(c));
+      d["classes"] = names;
+    }
+    d["hash"] = fmt::format("{:016x}", fingerprint_->hash);
+    return d;
+  }
+  /// What changed from the fingerprint `was` (fingerprint()'s form) to this
+  /// loader's dataset; "" when nothing did.
+  [[nodiscard]] std::string dataset_change(const py::dict& was) {
+    (void)fingerprint();
+    pl::DatasetFingerprint w;
+    w.samples = was["samples"].cast<std::uint64_t>();
+    w.num_classes = was["num_classes"].cast<std::uint64_t>();
+    if (!was["classes"].is_none()) w.classes = was["classes"].cast<std::vector<std::string>>();
+    const auto hash = was["hash"].cast<std::string>();
+    std::size_t used = 0;
+    try {
+      w.hash = std::stoull(hash, &used, 16);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != hash.size() || hash.empty()) throw pinfeed::ConfigError(fmt::format("state_dict's dataset hash '{}' is not hexadecimal", hash));
+    return pl::describe_change(w, *fingerprint_);
   }
   [[nodiscard]] py::dict pin_report() const {
     const pl::PinReport& r = loader_->pin_report();
@@ -508,18 +551,20 @@ class PyLoader {
   std::map<int, std::shared_ptr<pt::DeviceBackend>> cuda_consumers_;  // torch's devices, for next(consumer)
   std::shared_ptr<std::atomic<long>> live_ = std::make_shared<std::atomic<long>>(0);
   std::size_t prefetch_ = 0;
+  std::optional<pl::DatasetFingerprint> fingerprint_;
 };
 
 }  // namespace
 
-/// Sets `type` as the pending Python error (pybind11 2.12 renamed this).
+/// Sets `type` as the pending Python error. The message is decoded as
+/// os.fsdecode does: a path in it that is not UTF-8 must not turn the error
+/// into a UnicodeDecodeError that hides it.
 template <typename E>
 void raise(py::exception<E>& type, const char* what) {
-#if PYBIND11_VERSION_HEX >= 0x020C0000
-  py::set_error(type, what);
-#else
-  type(what);
-#endif
+  PyObject* message = PyUnicode_DecodeFSDefault(what);
+  if (message == nullptr) return;  // MemoryError is pending
+  PyErr_SetObject(type.ptr(), message);
+  Py_DECREF(message);
 }
 
 PYBIND11_MODULE(_pinfeed, m) {
@@ -558,6 +603,8 @@ PYBIND11_MODULE(_pinfeed, m) {
       .def("live_batches", &PyLoader::live_batches)
       .def("threads", &PyLoader::threads)
       .def("classes", &PyLoader::classes)
+      .def("fingerprint", &PyLoader::fingerprint)
+      .def("dataset_change", &PyLoader::dataset_change)
       .def("describe", &PyLoader::describe)
       .def("samples", &PyLoader::samples)
       .def("pin_report", &PyLoader::pin_report)
@@ -594,6 +641,8 @@ PYBIND11_MODULE(_pinfeed, m) {
     if (l == spdlog::level::off && level != "off") throw pinfeed::ConfigError("log level '" + level + "' is not trace, debug, info, warning, error or off");
     pinfeed::detail::log().set_level(l);
   });
+  m.def("check_same_classes", &pl::check_same_class_names, py::arg("train"), py::arg("val"),
+        "ConfigError naming the first difference unless the class names (bytes) are the same");
   m.def(
       "diag_json",
       [](const std::string& root, unsigned gpus, const std::string& batch, unsigned prefetch, unsigned sample_ms) {

@@ -321,6 +321,56 @@ TEST_F(DatasetTest, AClassFolderWithoutImagesRefusesTheFolderNamingIt) {
   EXPECT_EQ(folder.num_classes(), 4U);
 }
 
+TEST_F(DatasetTest, NestedFoldersAreOrderedAsTorchvisionWalksThem) {
+  // os.walk's folders sorted as strings, each folder's files by name: the
+  // class folder's own files first, "a-b/" before "a/x/" ('-' < '/').
+  const auto jpeg = make_synthetic_jpeg(7, 0, 0, SyntheticImageSpec{});
+  const auto root = dir_.path() / "nested";
+  for (const char* rel : {"c/z.jpg", "c/a/1.jpg", "c/a-b/2.jpg", "c/a/x/3.jpg", "c/b.jpg"}) {
+    testing::write_bytes(root / rel, jpeg);
+  }
+  const ImageFolder folder(root);
+  std::vector<std::string> order;
+  for (std::size_t i = 0; i < folder.size(); ++i) order.push_back(folder.relative(i).string());
+  EXPECT_EQ(order, (std::vector<std::string>{"c/b.jpg", "c/z.jpg", "c/a/1.jpg", "c/a-b/2.jpg", "c/a/x/3.jpg"}));
+}
+
+TEST_F(DatasetTest, AFingerprintSurvivesAMoveAndNamesWhatChanged) {
+  const DatasetFingerprint before = fingerprint(ImageFolder(data_.folder));
+  EXPECT_EQ(before.samples, 12U);
+  EXPECT_EQ(before.classes, (std::vector<std::string>{"class00", "class01", "class02"}));
+  // Another folder, the same files: the same dataset.
+  const auto moved = dir_.path() / "moved";
+  std::filesystem::copy(data_.folder, moved, std::filesystem::copy_options::recursive);
+  EXPECT_EQ(fingerprint(ImageFolder(moved)), before);
+  EXPECT_EQ(describe_change(before, fingerprint(ImageFolder(moved))), "");
+
+  std::filesystem::rename(moved / "class01", moved / "class01b");
+  EXPECT_EQ(describe_change(before, fingerprint(ImageFolder(moved))), "class 'class01' renamed to 'class01b'");
+  std::filesystem::rename(moved / "class01b", moved / "class01");
+
+  const auto jpeg = make_synthetic_jpeg(7, 9, 9, SyntheticImageSpec{});
+  for (int i = 0; i < 8; ++i) testing::write_bytes(moved / "class02" / fmt::format("new{}.jpg", i), jpeg);
+  EXPECT_EQ(describe_change(before, fingerprint(ImageFolder(moved))), "8 samples added (12 -> 20)");
+  for (int i = 0; i < 8; ++i) std::filesystem::remove(moved / "class02" / fmt::format("new{}.jpg", i));
+
+  // The same names, one file's content replaced (another size).
+  testing::write_bytes(moved / "class00" / "img001.jpg", jpeg);
+  EXPECT_NE(describe_change(before, fingerprint(ImageFolder(moved))).find("the same 12 samples and classes, but"),
+            std::string::npos);
+
+  // Numeric labels: lists and shards have fingerprints too, stable per layout.
+  const FileList list(data_.list, dir_.path());
+  EXPECT_TRUE(fingerprint(list).classes.empty());
+  EXPECT_EQ(fingerprint(list).num_classes, 3U);
+  EXPECT_EQ(fingerprint(list), fingerprint(FileList(data_.list, dir_.path())));
+  const TarShards tar(expand_shard_pattern(data_.shards));
+  EXPECT_EQ(fingerprint(tar).samples, 12U);
+  DatasetFingerprint fewer = fingerprint(tar);
+  fewer.num_classes = 2;
+  EXPECT_EQ(describe_change(fewer, fingerprint(tar)), "2 classes, now 3");
+}
+
 TEST_F(DatasetTest, AFileListsByteOrderMarkIsSkippedAndANulByteIsRefused) {
   const std::string body = "folder/class00/img000.jpg 0\nfolder/class01/img000.jpg 1\n";
   testing::write_file(dir_.path() / "bom.txt", "\xEF\xBB\xBF" + body);

@@ -6,9 +6,11 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "fixtures.hpp"
+#include "pinfeed/trainer/checkpoint.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "run_tool.hpp"
 
@@ -143,6 +145,67 @@ TEST_F(TrainToolTest, CompareWithTheCnnAddsTheSyncBnCurve) {
   EXPECT_EQ(rows, 6U + 6U + 6U + 2U) << "1 worker, 2 with SyncBN, 2 with BN per worker, and the unscaled mistake";
   EXPECT_NE(r.out.find("2 workers: same global batch and lr; SyncBN"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("2 workers: same global batch and lr; BN per worker"), std::string::npos) << r.out;
+}
+
+TEST_F(TrainToolTest, ResumingOnAChangedTrainingSetIsRefusedSayingWhatChanged) {
+  pinfeed::testing::TempDir tmp;
+  const auto set = tmp.path() / "train";
+  std::filesystem::copy(data(), set, std::filesystem::copy_options::recursive);
+  const std::string ckpt = (tmp.path() / "m.ckpt").string();
+  const std::string common = "--data " + set.string() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 "
+                             "--pool 2 -q --checkpoint " + ckpt;
+  ASSERT_EQ(train(common + " --max-steps 2").rc, 0);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(set)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  // A renamed class permutes the labels after it.
+  std::filesystem::rename(set / names[3], set / "zz_renamed");
+  Result r = train(common + " --resume");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("not the one the checkpoint was taken on: class '" + names[3] + "' renamed to 'zz_renamed'"),
+            std::string::npos) << r.err;
+  std::filesystem::rename(set / "zz_renamed", set / names[3]);
+  // Added images shift every position after them.
+  const auto first = std::filesystem::directory_iterator(set / names[0])->path();
+  for (int i = 0; i < 8; ++i) std::filesystem::copy_file(first, set / names[0] / fmt::format("extra{}.jpg", i));
+  r = train(common + " --resume");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("8 samples added (72 -> 80)"), std::string::npos) << r.err;
+  // The user's explicit override.
+  r = train(common + " --resume --allow-dataset-change");
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+TEST_F(TrainToolTest, SigtermLeavesNoTemporaryAndASecondRunOnTheSameCheckpointIsRefused) {
+  pinfeed::testing::TempDir tmp;
+  const auto dir = tmp.path();
+  const std::string ckpt = (dir / "m.ckpt").string();
+  pinfeed::testing::write_file(dir / ".m.ckpt.tmp.999999", "a SIGKILLed writer's temporary");
+  const std::string command = std::string(PINFEED_TRAIN) + " --data " + data() +
+                          " --devices cpu:1 --batch-size 8 --size 16 --pool 2 --threads 1 -q --checkpoint " + ckpt;
+  // The first run saves at every step; the second starts while it runs; then
+  // SIGTERM (mostly mid-save: saves are most of each step) ends the first.
+  const std::string script = fmt::format(
+      "{0} --epochs 1000 --checkpoint-every 1 & pid=$!\n"
+      "for i in $(seq 600); do [ -e {1} ] && break; sleep 0.05; done\n"
+      "{0} --epochs 1 2>{2}/second.err; echo $? >{2}/second.rc\n"
+      "kill -TERM $pid; wait $pid; echo $? >{2}/first.rc\n",
+      command, ckpt, dir.string());
+  pinfeed::testing::write_file(dir / "run.sh", script);
+  ASSERT_EQ(std::system(("bash " + (dir / "run.sh").string()).c_str()), 0);
+  const auto text = [&](const char* name) {
+    std::ifstream in(dir / name);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  EXPECT_EQ(text("first.rc"), "143\n");
+  EXPECT_NE(text("second.rc"), "0\n");
+  EXPECT_NE(text("second.err").find("another run is writing this checkpoint"), std::string::npos) << text("second.err");
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+  }
+  EXPECT_NO_THROW((void)pinfeed::trainer::load_checkpoint(ckpt));
 }
 
 TEST_F(TrainToolTest, AValidationSetWithOtherClassesIsRefusedNamingTheFirstDifference) {

@@ -325,6 +325,80 @@ TEST_F(DdpTest, AWriterKilledBeforeTheRenameLeavesTheOldCheckpoint) {
   }
 }
 
+TEST_F(DdpTest, SigtermDuringASaveRemovesTheTemporaryAndExitsWith143) {
+  testing::TempDir tmp;
+  const auto path = tmp.path() / "model.ckpt";
+  Checkpoint c;
+  c.weights = {1, 2, 3};
+  c.momentum = {0, 0, 0};
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    install_checkpoint_signal_handlers();
+    // The temporary is complete when the signal comes (the real handler, a real signal).
+    save_checkpoint(path, c, SaveHooks{[] { ::kill(::getpid(), SIGTERM); }});
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) ADD_FAILURE() << "left behind: " << e.path();
+}
+
+TEST_F(DdpTest, OneRunHoldsACheckpointAndRemovesKilledWritersTemporaries) {
+  testing::TempDir tmp;
+  const auto path = tmp.path() / "run.ckpt";
+  testing::write_file(tmp.path() / ".run.ckpt.tmp.4242", "a killed writer's");
+  testing::write_file(tmp.path() / ".run.ckpt.tmp.7.tmp.1", "another checkpoint's (run.ckpt.tmp.7)");
+  {
+    const CheckpointLock held(path);
+    EXPECT_EQ(held.removed_temporaries(), 1U);
+    EXPECT_FALSE(std::filesystem::exists(tmp.path() / ".run.ckpt.tmp.4242"));
+    EXPECT_TRUE(std::filesystem::exists(tmp.path() / ".run.ckpt.tmp.7.tmp.1"));
+    try {
+      const CheckpointLock second(path);
+      FAIL() << "two runs hold one checkpoint";
+    } catch (const DataError& e) {
+      EXPECT_NE(e.reason().find("another run is writing this checkpoint"), std::string::npos) << e.reason();
+      EXPECT_NE(e.reason().find(fmt::format("pid {}", ::getpid())), std::string::npos) << e.reason();
+    }
+    // Through a symlink to the same file: the same lock.
+    std::filesystem::create_symlink("run.ckpt", tmp.path() / "link.ckpt");
+    EXPECT_THROW(CheckpointLock{tmp.path() / "link.ckpt"}, DataError);
+  }
+  const CheckpointLock again(path);  // released with its holder
+}
+
+TEST_F(DdpTest, ACheckpointPathThatIsASymlinkIsWrittenThroughIt) {
+  testing::TempDir tmp;
+  std::filesystem::create_directories(tmp.path() / "store");
+  const auto link = tmp.path() / "latest.ckpt";
+  std::filesystem::create_symlink("store/run-7.ckpt", link);
+  Checkpoint c;
+  c.step = 3;
+  c.weights = {1, 2};
+  c.momentum = {0, 0};
+  loader::DatasetFingerprint f;
+  f.samples = 2;
+  f.num_classes = 2;
+  f.classes = {"caf\xe9", "ok"};  // not UTF-8: stored with U+FFFD, compared that way
+  f.hash = 0xfedcba9876543210ULL;
+  c.dataset = f;
+  check_checkpoint_writable(link);
+  save_checkpoint(link, c);
+  save_checkpoint(link, c);  // the second replaces the target, not the link
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(load_checkpoint(tmp.path() / "store/run-7.ckpt").step, 3U);
+  const Checkpoint read = load_checkpoint(link);
+  ASSERT_TRUE(read.dataset.has_value());
+  EXPECT_EQ(read.dataset->hash, f.hash);
+  EXPECT_EQ(read.dataset->samples, 2U);
+  EXPECT_EQ(loader::describe_change(*read.dataset, f), "");
+  f.classes[1] = "ok2";
+  EXPECT_EQ(loader::describe_change(*read.dataset, f), "class 'ok' renamed to 'ok2'");
+}
+
 std::string read_all(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream s;

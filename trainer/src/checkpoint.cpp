@@ -1,9 +1,14 @@
 #include "pinfeed/trainer/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
+#include <csignal>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fmt/format.h>
 #include <zlib.h>
@@ -11,6 +16,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
+#include "pinfeed/log.hpp"
 
 namespace pinfeed::trainer {
 namespace {
@@ -41,7 +47,128 @@ void write_all(int fd, const std::byte* p, std::size_t n, const std::filesystem:
   }
 }
 
+// Note [Temporaries and signals]
+// A save writes a full-size temporary beside the checkpoint, then renames it
+// over. A SIGINT/SIGTERM meanwhile used to leave the temporary behind. Each
+// save in flight registers its temporary's path in a slot the signal handler
+// can read without locks or allocation; the handler unlinks the registered
+// ones and _exits. A slot is claimed (1), filled, published (2) before the
+// file is created, and freed (0) after the rename or the failure: the
+// handler only ever sees a complete path. SIGKILL cannot be handled: the
+// next run's CheckpointLock removes what it left.
+constexpr std::size_t kSlots = 8;
+constexpr std::size_t kPathMax = 4096;
+struct TempSlot {
+  std::atomic<int> state{0};
+  std::array<char, kPathMax> path{};
+};
+std::array<TempSlot, kSlots> g_temporaries;
+static_assert(std::atomic<int>::is_always_lock_free);
+
+/// Registers `tmp` for the signal handler while alive (nothing if every
+/// slot is taken or the path is too long: the save still works).
+class RegisteredTemp {
+ public:
+  explicit RegisteredTemp(const std::filesystem::path& tmp) {
+    if (tmp.native().size() >= kPathMax) return;
+    for (TempSlot& s : g_temporaries) {
+      int expected = 0;
+      if (!s.state.compare_exchange_strong(expected, 1)) continue;
+      std::memcpy(s.path.data(), tmp.c_str(), tmp.native().size() + 1);
+      s.state.store(2, std::memory_order_release);
+      slot_ = &s;
+      return;
+    }
+  }
+  RegisteredTemp(const RegisteredTemp&) = delete;
+  RegisteredTemp& operator=(const RegisteredTemp&) = delete;
+  ~RegisteredTemp() {
+    if (slot_ != nullptr) slot_->state.store(0, std::memory_order_release);
+  }
+
+ private:
+  TempSlot* slot_ = nullptr;
+};
+
+extern "C" void remove_temporaries_and_exit(int sig) {
+  for (TempSlot& s : g_temporaries) {
+    if (s.state.load(std::memory_order_acquire) == 2) (void)::unlink(s.path.data());
+  }
+  ::_exit(128 + sig);
+}
+
+std::string temporary_prefix(const std::filesystem::path& target) {
+  return fmt::format(".{}.tmp.", target.filename().string());
+}
+
 }  // namespace
+
+std::filesystem::path resolve_checkpoint_path(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(p, ec))) return p;
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) throw DataError(path, fmt::format("cannot read the symlink {}: {}", p.string(), ec.message()));
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  throw DataError(path, "too many levels of symbolic links (a loop?)");
+}
+
+void install_checkpoint_signal_handlers() {
+  for (const int sig : {SIGINT, SIGTERM}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // nohup, a background job
+    struct sigaction sa {};
+    sa.sa_handler = remove_temporaries_and_exit;
+    sigemptyset(&sa.sa_mask);
+    (void)::sigaction(sig, &sa, nullptr);
+  }
+}
+
+CheckpointLock::CheckpointLock(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  const fs::path target = resolve_checkpoint_path(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const fs::path lock = dir / fmt::format(".{}.lock", target.filename().string());
+  fd_.reset(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd_) throw DataError(lock, fmt::format("cannot create the checkpoint's lock file: {}", std::strerror(errno)));
+  if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    if (e != EWOULDBLOCK) throw DataError(lock, fmt::format("cannot lock: {}", std::strerror(e)));
+    std::array<char, 256> holder{};
+    const ssize_t n = ::pread(fd_.get(), holder.data(), holder.size() - 1, 0);
+    std::string who = n > 0 ? std::string(holder.data(), static_cast<std::size_t>(n)) : std::string("unknown");
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    throw DataError(path, fmt::format("another run is writing this checkpoint (it holds {}: {}); two runs writing one "
+                                      "checkpoint would replace each other's. Give this run another --checkpoint, or "
+                                      "stop the other",
+                                      lock.string(), who));
+  }
+  char host[256] = {};
+  (void)::gethostname(host, sizeof host - 1);
+  const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
+  if (::ftruncate(fd_.get(), 0) == 0) (void)!::pwrite(fd_.get(), me.data(), me.size(), 0);
+  // Held: no live writer of this checkpoint is left, so every temporary of
+  // it is a killed writer's (SIGKILL, a power cut).
+  const std::string prefix = temporary_prefix(target);
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    // ".<name>.tmp.<pid>" exactly: a checkpoint named "<name>.tmp.7" has its own.
+    const std::string_view pid = std::string_view(name).substr(std::min(prefix.size(), name.size()));
+    if (!name.starts_with(prefix) || pid.empty() ||
+        pid.find_first_not_of("0123456789") != std::string_view::npos) {
+      continue;
+    }
+    if (fs::remove(it->path(), ec)) ++removed_;
+  }
+  if (removed_ > 0) {
+    pinfeed::detail::log().info("{}: removed {} temporar{} left by killed writers", path.string(), removed_,
+                                removed_ == 1 ? "y" : "ies");
+  }
+}
 
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, const SaveHooks& hooks) {
   if (c.weights.size() != c.momentum.size()) throw ConfigError("checkpoint: weights and momentum differ in size");
@@ -57,7 +184,14 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
                 {"classes", c.model.classes}, {"spec", c.model.spec()}};
   h["params"] = c.weights.size();
   h["buffers"] = c.buffers.size();
-  const std::string header = h.dump();
+  if (c.dataset) {
+    const loader::DatasetFingerprint& f = *c.dataset;
+    h["dataset"] = {{"samples", f.samples}, {"num_classes", f.num_classes}, {"hash", fmt::format("{:016x}", f.hash)}};
+    if (!f.classes.empty()) h["dataset"]["classes"] = f.classes;
+  }
+  // Class names that are not UTF-8 (legal on Linux) are stored with U+FFFD
+  // for the bad bytes: describe_change compares them that way too.
+  const std::string header = h.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::vector<std::byte> out;
   out.reserve(32 + header.size() + (2 * c.weights.size() + c.buffers.size()) * sizeof(float));
   put(out, kMagic, sizeof kMagic);
@@ -70,8 +204,12 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
   const std::uint64_t sum = checksum(out.data(), out.size());
   put(out, &sum, 1);
 
-  const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  const std::filesystem::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
+  // Through a symlink to its target, as cp writes: the rename replaces the
+  // target, and the link stays.
+  const std::filesystem::path target = resolve_checkpoint_path(path);
+  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  const std::filesystem::path tmp = dir / fmt::format("{}{}", temporary_prefix(target), ::getpid());
+  const RegisteredTemp registered(tmp);  // Note [Temporaries and signals]
   try {
     const UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!f) throw DataError(tmp, fmt::format("cannot create: {}", std::strerror(errno)));
@@ -82,7 +220,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
     throw;
   }
   if (hooks.before_rename) hooks.before_rename();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
     throw DataError(path, fmt::format("cannot rename {} over it: {}", tmp.string(), std::strerror(e)));
@@ -157,6 +295,19 @@ Checkpoint parse_checkpoint(std::span<const std::byte> in, const std::filesystem
     take(c.weights);
     take(c.momentum);
     take(c.buffers);
+    if (h.contains("dataset")) {
+      const auto& d = h.at("dataset");
+      loader::DatasetFingerprint f;
+      f.samples = d.at("samples");
+      f.num_classes = d.at("num_classes");
+      if (d.contains("classes")) f.classes = d.at("classes").get<std::vector<std::string>>();
+      const auto hash = d.at("hash").get<std::string>();
+      const auto [end, ec] = std::from_chars(hash.data(), hash.data() + hash.size(), f.hash, 16);
+      if (ec != std::errc{} || end != hash.data() + hash.size() || hash.empty()) {
+        throw DataError(path, fmt::format("bad dataset hash '{}' in the header", hash));
+      }
+      c.dataset = std::move(f);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(path, fmt::format("bad checkpoint header: {}", e.what()));
   }
@@ -170,7 +321,8 @@ void check_checkpoint_writable(const std::filesystem::path& path) {
   if (!ec && fs::exists(st) && !fs::is_regular_file(st)) {
     throw DataError(path, "exists and is not a regular file: a checkpoint cannot be written there");
   }
-  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  const fs::path target = resolve_checkpoint_path(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   if (!fs::is_directory(dir, ec)) throw DataError(dir, "checkpoint folder does not exist");
   char host[256] = {};
   (void)::gethostname(host, sizeof host - 1);

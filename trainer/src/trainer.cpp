@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include "pinfeed/trainer/checkpoint.hpp"
@@ -153,7 +154,13 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   // Found before the first epoch, not after it: a checkpoint that cannot be
   // written (missing or read-only folder, a directory in its place). Rank 0
   // writes it, so rank 0 checks.
-  if (!config.checkpoint.empty() && env.rank == 0) check_checkpoint_writable(config.checkpoint);
+  // Rank 0 also holds the checkpoint's lock for the whole run: a second run
+  // writing the same file is refused, and temporaries of killed writers go.
+  std::optional<CheckpointLock> lock;
+  if (!config.checkpoint.empty() && env.rank == 0) {
+    check_checkpoint_writable(config.checkpoint);
+    lock.emplace(config.checkpoint);
+  }
   DeviceSpec spec = config.devices;
   const std::vector<std::unique_ptr<DeviceBackend>> backends = make_backends(config, env, spec);
   detail::WorkerGroup group(config, callbacks);

@@ -158,6 +158,7 @@ void Worker::make_model(int image_size) {
 
 Worker::Start Worker::resume_or_initialize() {
   Start start;
+  if (!cfg_.checkpoint.empty()) fingerprint_ = loader::fingerprint(loader_->dataset());
   if (!cfg_.resume) {
     start.weights = model_->initial_weights(cfg_.loader.seed);  // rank 0's are broadcast
     start.momentum.assign(model_->param_count(), 0.0F);
@@ -182,6 +183,28 @@ Worker::Start Worker::resume_or_initialize() {
   // every field of the shape must match.
   mismatch("model", ck.model.spec(), mc.spec());
   mismatch("model buffer count", ck.buffers.size(), model_->buffer_count());
+  // Index i must still be the same sample: a renamed class permutes the
+  // labels, an added file shifts every position after it.
+  if (!ck.dataset) {
+    pinfeed::detail::log().warn("{}: the checkpoint carries no dataset fingerprint (written before 2026-12-03): "
+                                "whether the training set changed cannot be checked",
+                                cfg_.checkpoint.string());
+  } else if (const std::string change = loader::describe_change(*ck.dataset, *fingerprint_); !change.empty()) {
+    if (!cfg_.allow_dataset_change) {
+      throw ConfigError(fmt::format("{}: the training set is not the one the checkpoint was taken on: {}. Resuming "
+                                    "would put other samples and labels at the saved position; --allow-dataset-change "
+                                    "resumes anyway",
+                                    cfg_.checkpoint.string(), change));
+    }
+    if (rank_ == 0) {
+      pinfeed::detail::log().warn("{}: resuming on a changed training set (--allow-dataset-change): {}",
+                                  cfg_.checkpoint.string(), change);
+    }
+  }
+  if (ck.position > loader_->samples_per_epoch()) {
+    throw ConfigError(fmt::format("{}: checkpoint position {} is past the epoch's end ({} samples per rank)",
+                                  cfg_.checkpoint.string(), ck.position, loader_->samples_per_epoch()));
+  }
   start.weights = std::move(ck.weights);
   start.momentum = std::move(ck.momentum);
   start.buffers = std::move(ck.buffers);
@@ -532,6 +555,7 @@ void Worker::save(std::uint64_t epoch, std::uint64_t position) {
   c.world_size = static_cast<std::uint64_t>(group_.world);
   c.global_batch = cfg_.global_batch;
   c.model = model_->config();
+  c.dataset = fingerprint_;
   c.weights.resize(model_->param_count());
   c.momentum.resize(model_->param_count());
   backend_.copy_d2h(*compute_, c.weights.data(), model_->weights(), c.weights.size() * sizeof(float));

@@ -120,6 +120,7 @@ class Worker {
   // Order matters: the streams are declared last so they are destroyed
   // (drained) first, while every buffer their queued work touches still exists.
   std::unique_ptr<loader::Loader> loader_, val_loader_;
+  std::optional<loader::DatasetFingerprint> fingerprint_;  ///< the training set's, with a checkpoint (saved, compared)
   std::unique_ptr<Model> model_;
   DeviceBuffer scratch_;
   DeviceBuffer in_[2], labels_[2], images_, step_stats_;  // training inputs, double-buffered

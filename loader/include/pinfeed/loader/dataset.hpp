@@ -46,7 +46,35 @@ class Dataset {
   [[nodiscard]] virtual std::size_t num_classes() const noexcept = 0;
   /// A short description of the layout ("image-folder /data/train, 1000 classes").
   [[nodiscard]] virtual std::string summary() const = 0;
+  /// Sample i's name in the dataset's fingerprint: where it lives relative
+  /// to the dataset's root ("class/file.jpg", "shard-0.tar:key"), so that a
+  /// dataset moved to another folder keeps its fingerprint.
+  [[nodiscard]] virtual std::string relative_name(std::size_t i) const = 0;
+  /// Sample i's stored size in bytes: a stat for a file (kUnknownSize when
+  /// it cannot be stat'ed; reading it will say why), the member's size in a shard.
+  [[nodiscard]] virtual std::uint64_t stored_size(std::size_t i) const = 0;
+  static constexpr std::uint64_t kUnknownSize = ~std::uint64_t{0};
 };
+
+/// What a checkpoint or a state_dict remembers of its dataset, to refuse
+/// resuming on another one: index i must still be the same sample.
+struct DatasetFingerprint {
+  std::uint64_t samples = 0;
+  std::uint64_t num_classes = 0;
+  std::vector<std::string> classes;  ///< ImageFolder's class names; empty for numeric labels
+  std::uint64_t hash = 0;            ///< XXH3-64 over every sample's (relative name, size, label), in dataset order
+  bool operator==(const DatasetFingerprint&) const = default;
+};
+
+/// The dataset's fingerprint: a stat per file (on all cores), no read.
+DatasetFingerprint fingerprint(const Dataset& d);
+
+/// "" when `now` is `was`; else what changed, for a refusal: classes
+/// added, removed or renamed, N samples added or removed, or the same counts
+/// with other paths, sizes or labels. Class names are compared as UTF-8
+/// with invalid bytes replaced (as a checkpoint's JSON header stores them);
+/// the hash sees their bytes.
+std::string describe_change(const DatasetFingerprint& was, const DatasetFingerprint& now);
 
 /// Largest sample file accepted (a corrupt size field must not allocate terabytes).
 inline constexpr std::uint64_t kMaxSampleBytes = 256ULL << 20U;
@@ -71,6 +99,8 @@ class ImageFolder final : public Dataset {
   void read(std::size_t i, std::vector<std::byte>& out) const override;
   [[nodiscard]] std::size_t num_classes() const noexcept override { return classes_.size(); }
   [[nodiscard]] std::string summary() const override;
+  [[nodiscard]] std::string relative_name(std::size_t i) const override { return relative(i).native(); }
+  [[nodiscard]] std::uint64_t stored_size(std::size_t i) const override;
   [[nodiscard]] const std::vector<std::string>& classes() const noexcept { return classes_; }
   /// Path of sample i relative to the root ("class/file.jpg").
   [[nodiscard]] std::filesystem::path relative(std::size_t i) const { return files_.at(i).lexically_relative(root_); }
@@ -94,9 +124,11 @@ class FileList final : public Dataset {
   void read(std::size_t i, std::vector<std::byte>& out) const override;
   [[nodiscard]] std::size_t num_classes() const noexcept override { return num_classes_; }
   [[nodiscard]] std::string summary() const override;
+  [[nodiscard]] std::string relative_name(std::size_t i) const override;
+  [[nodiscard]] std::uint64_t stored_size(std::size_t i) const override;
 
  private:
-  std::filesystem::path list_;
+  std::filesystem::path list_, root_;
   std::vector<std::filesystem::path> files_;
   std::vector<std::int64_t> labels_;
   std::size_t num_classes_ = 0;
@@ -116,6 +148,8 @@ class TarShards final : public Dataset {
   void read(std::size_t i, std::vector<std::byte>& out) const override;
   [[nodiscard]] std::size_t num_classes() const noexcept override { return num_classes_; }
   [[nodiscard]] std::string summary() const override;
+  [[nodiscard]] std::string relative_name(std::size_t i) const override;
+  [[nodiscard]] std::uint64_t stored_size(std::size_t i) const override { return samples_.at(i).size; }
 
   struct Member {
     std::string name;
@@ -148,6 +182,8 @@ std::vector<std::filesystem::path> expand_shard_pattern(const std::string& patte
 /// validation accuracy silently drops to chance), naming the first
 /// difference. Numeric labels (file lists, shards) are checked where read.
 void check_same_classes(const Dataset& train, const Dataset& val);
+/// The same check on class names (the Python loader's classes=).
+void check_same_class_names(const std::vector<std::string>& train, const std::vector<std::string>& val);
 
 /// Opens a dataset by what `spec` names: a directory -> ImageFolder; a .tar
 /// file, a brace pattern or a comma list of them -> TarShards; any other file

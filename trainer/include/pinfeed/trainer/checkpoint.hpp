@@ -7,12 +7,19 @@
 // weights and momentum as raw float32, and an FNV-1a 64 checksum of all that.
 // Written atomically: a temporary file in the same folder, fsync, rename over
 // the old checkpoint, fsync of the folder. A writer killed at any point leaves
-// the previous checkpoint intact; a write that fails removes its temporary.
+// the previous checkpoint intact; a write that fails removes its temporary,
+// and so does SIGINT/SIGTERM with install_checkpoint_signal_handlers(). A
+// checkpoint path that is a symlink is written through the link (its target
+// is replaced), as cp would.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
+
+#include "pinfeed/file_io.hpp"
+#include "pinfeed/loader/dataset.hpp"
 
 #include "pinfeed/trainer/model.hpp"
 
@@ -28,6 +35,9 @@ struct Checkpoint {
   ModelConfig model;
   std::vector<float> weights, momentum;
   std::vector<float> buffers;  ///< the model's non-parameter state (BatchNorm running statistics)
+  /// The training set it was taken on (unset in checkpoints written before
+  /// 2026-12-03): --resume refuses another one.
+  std::optional<loader::DatasetFingerprint> dataset;
 };
 
 struct SaveHooks {
@@ -43,6 +53,32 @@ Checkpoint load_checkpoint(const std::filesystem::path& path);
 
 /// The same checks on bytes already in memory (`path` names them in errors).
 Checkpoint parse_checkpoint(std::span<const std::byte> bytes, const std::filesystem::path& path);
+
+/// One run's claim on a checkpoint: an advisory lock (flock) on
+/// ".<name>.lock" beside the file the path resolves to, held for the
+/// object's life. Throws DataError naming the checkpoint and the holder
+/// (pid, host) when another run holds it: two runs writing one checkpoint
+/// would replace each other's. Once held, temporaries of this checkpoint
+/// left by killed writers (".<name>.tmp.<pid>") are removed. The lock file
+/// stays (removing it would race with the next run taking it).
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(const std::filesystem::path& path);
+  [[nodiscard]] std::size_t removed_temporaries() const noexcept { return removed_; }
+
+ private:
+  UniqueFd fd_;
+  std::size_t removed_ = 0;
+};
+
+/// SIGINT and SIGTERM (unless ignored): the temporary of a save in progress
+/// is removed and the process exits with 128 + the signal's number. Without
+/// it a kill during a save left a full-size temporary behind.
+void install_checkpoint_signal_handlers();
+
+/// Where a checkpoint path leads: its symlinks followed (to a target that
+/// may not exist yet). DataError on a symlink loop.
+std::filesystem::path resolve_checkpoint_path(const std::filesystem::path& path);
 
 /// Largest checkpoint read (the reference models are far smaller).
 inline constexpr std::uint64_t kMaxCheckpointBytes = 16ULL << 30U;

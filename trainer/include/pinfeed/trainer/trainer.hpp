@@ -66,6 +66,7 @@ struct TrainConfig {
   std::filesystem::path checkpoint; ///< written at the end of every epoch (and every checkpoint_every steps)
   std::size_t checkpoint_every = 0; ///< optimizer steps between mid-epoch checkpoints; 0: epoch ends only
   bool resume = false;              ///< continue from `checkpoint`
+  bool allow_dataset_change = false; ///< resume even if the training set is not the checkpoint's (refused otherwise)
   std::uint64_t max_steps = 0;      ///< stop after this many optimizer steps in all (0: every epoch)
   std::chrono::microseconds copy_delay{0};  ///< CPU backend: added to each copy (tests of slot lifetime)
   std::optional<LaunchEnv> launch;  ///< where this process sits; unset: read_launch_env() (mpirun / torchrun variables)

@@ -1,0 +1,168 @@
+"""What the model sees is what the user has: pixels, labels and classes side
+by side with torchvision (Debian's python3-torchvision, PIL decode) on files
+these tests make, and resume refusing a dataset that changed."""
+import os
+import shutil
+import struct
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+
+import pinfeed
+
+torchvision = pytest.importorskip("torchvision")
+Image = pytest.importorskip("PIL.Image")
+from torchvision import transforms  # noqa: E402
+
+SIZE = 64
+RESIZE = SIZE * 256 // 224
+
+
+def png16(path, values, color_type):
+    """A 16-bit PNG (PIL cannot write 16-bit RGB): values HxW (grey, type 0) or HxWx3 (RGB, type 2)."""
+    h, w = values.shape[:2]
+    raw = b"".join(b"\x00" + values[y].astype(">u2").tobytes() for y in range(h))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) +
+                     chunk(b"IEND", b""))
+
+
+def photo_like(w, h, seed):
+    """Smooth shapes and texture, as in photographs: low-frequency noise
+    upsampled, plus fine grain."""
+    rng = np.random.default_rng(seed)
+    coarse = Image.fromarray(rng.integers(0, 256, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8))
+    smooth = np.asarray(coarse.resize((w, h), Image.BICUBIC), dtype=np.float32)
+    grain = rng.normal(0, 12, (h, w, 3))
+    return Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    """One class folder of every kind of file a dataset holds."""
+    root = tmp_path_factory.mktemp("fidelity") / "train"
+    d = root / "all"
+    d.mkdir(parents=True)
+    Image.new("RGB", (300, 200), (200, 100, 50)).save(d / "solid.png")
+    Image.new("RGB", (257, 181), (255, 255, 255)).save(d / "white.png")
+    Image.new("RGB", (220, 330), (3, 250, 128)).save(d / "solid_q95.jpg", quality=95)
+    y, x = np.mgrid[0:240, 0:320]
+    gradient = np.stack([x * 255 // 319, y * 255 // 239, (x + y) * 255 // 558], -1).astype(np.uint8)
+    Image.fromarray(gradient).save(d / "gradient.png")
+    for i, (w, h) in enumerate([(400, 300), (333, 250), (300, 451), (1024, 683)]):
+        photo_like(w, h, i).save(d / f"photo{i}.jpg", quality=90)
+    photo_like(310, 230, 9).convert("L").save(d / "grey.jpg", quality=90)
+    Image.fromarray(gradient[:, :, 0]).save(d / "grey8.png")
+    photo_like(280, 210, 11).convert("CMYK").save(d / "cmyk.jpg", quality=92)
+    photo_like(200, 150, 12).convert("RGBA").save(d / "rgba.png")
+    png16(d / "rgb16.png", (gradient.astype(np.uint16) * 257 + 100).clip(0, 65535), 2)
+    return root
+
+
+def ours(root, transform):
+    l = pinfeed.Loader(str(root), batch_size=64, transform=transform, size=SIZE, resize=RESIZE, layout="nhwc-u8",
+                       shuffle=False, threads=2)
+    return [img for x, _ in l for img in x.numpy()], [p for p, _ in l.samples]
+
+
+def diffs(root, transform, tv):
+    got, paths = ours(root, transform)
+    ref = torchvision.datasets.ImageFolder(str(root), transform=tv)
+    assert [os.path.realpath(p) for p, _ in ref.samples] == [os.path.realpath(p) for p in paths]
+    out = {}
+    for i, img in enumerate(got):
+        theirs = np.asarray(ref[i][0], dtype=np.float64)
+        d = img.astype(np.float64) - theirs
+        out[os.path.basename(paths[i])] = (float(d.mean()), float(np.abs(d).mean()), img)
+    return out
+
+
+def make_tree(root, layout):
+    for rel in layout:
+        p = root / os.fsdecode(rel) if isinstance(rel, bytes) else root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (24, 20), (len(str(rel)) * 9 % 256, 90, 30)).save(p, format="PNG")
+
+
+def same_as_imagefolder(root):
+    ref = torchvision.datasets.ImageFolder(str(root))
+    l = pinfeed.Loader(str(root), batch_size=4, size=8, threads=1, return_indices=True, return_paths=True)
+    assert l.classes == ref.classes
+    assert l.class_to_idx == ref.class_to_idx
+    assert l.samples == ref.samples
+    seen = []
+    for _, labels, indices, paths in l:
+        assert paths == [ref.samples[i][0] for i in indices]
+        assert labels.tolist() == [ref.samples[i][1] for i in indices]
+        seen += indices.tolist() if hasattr(indices, "tolist") else list(indices)
+    assert sorted(seen) == list(range(len(ref.samples))), "every sample delivered once"
+    return l
+
+
+def test_names_that_are_not_utf8_cross_into_python_as_os_fsdecode_gives_them(tmp_path):
+    root = tmp_path / "train"
+    make_tree(root, [b"caf\xe9/\xff.png", b"caf\xe9/b.png", "plain/a.png", b"plain/\xe9t\xe9.png"])
+    l = same_as_imagefolder(root)
+    assert l.classes == ["caf\udce9", "plain"]
+    assert l.paths([0]) == [l.samples[0][0]]
+
+
+def test_nested_and_symlinked_class_folders_are_walked_as_torchvision_walks_them(tmp_path):
+    root = tmp_path / "train"
+    make_tree(root, ["a/z.png", "a/sub/1.png", "a/sub-b/2.png", "a/sub/x/3.png", "a/b.png", "c/0.png"])
+    make_tree(tmp_path / "elsewhere", ["k/1.png", "k/0.png"])
+    os.symlink(tmp_path / "elsewhere" / "k", root / "b")  # a class folder that is a link
+    same_as_imagefolder(root)
+
+
+def test_a_validation_loader_given_classes_refuses_other_class_folders(dataset, tmp_path):
+    train = pinfeed.Loader(str(dataset), batch_size=8, size=8, threads=1)
+    val = dataset.parent / "val"
+    assert pinfeed.Loader(str(val), batch_size=8, size=8, threads=1, classes=train).classes == train.classes
+    pinfeed.Loader(str(val), batch_size=8, size=8, threads=1, classes=list(train.classes))
+    renamed = tmp_path / "val"
+    shutil.copytree(val, renamed)
+    os.rename(renamed / train.classes[1], renamed / "zz")
+    with pytest.raises(ValueError, match=f"class 1 is '{train.classes[2]}' in validation but '{train.classes[1]}'"):
+        pinfeed.Loader(str(renamed), batch_size=8, size=8, threads=1, classes=train)
+    with pytest.raises(TypeError, match="list of class names"):
+        pinfeed.Loader(str(val), batch_size=8, size=8, threads=1, classes="cat")
+
+
+def test_a_state_dict_refuses_another_dataset_naming_what_changed(dataset, tmp_path):
+    root = tmp_path / "train"
+    shutil.copytree(dataset, root)
+    l = pinfeed.Loader(str(root), batch_size=8, size=8, threads=1, shuffle=True, seed=3)
+    it = iter(l)
+    next(it)
+    state = l.state_dict()
+    assert state["dataset"]["samples"] == 40 and state["dataset"]["classes"] == l.classes
+    del it
+
+    def fresh():
+        return pinfeed.Loader(str(root), batch_size=8, size=8, threads=1, shuffle=True, seed=3)
+    fresh().load_state_dict(state)  # unchanged: fine
+    shutil.copytree(root, tmp_path / "moved")
+    pinfeed.Loader(str(tmp_path / "moved"), batch_size=8, size=8, threads=1, shuffle=True,
+                   seed=3).load_state_dict(state)  # moved: the same dataset
+    name = l.classes[2]
+    os.rename(root / name, root / "renamed")
+    with pytest.raises(ValueError, match=f"class '{name}' renamed to 'renamed'"):
+        fresh().load_state_dict(state)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fresh().load_state_dict(state, strict=False)
+    assert any("changed dataset" in str(w.message) for w in caught)
+    os.rename(root / "renamed", root / name)
+    shutil.copy(next((root / name).iterdir()), root / name / "extra.jpg")
+    with pytest.raises(ValueError, match=r"1 sample added \(40 -> 41\)"):
+        fresh().load_state_dict(state)
+    os.remove(root / name / "extra.jpg")
+    past = dict(state, position=10_000)
+    with pytest.raises(ValueError, match="position 10000 is outside the epoch"):
+        fresh().load_state_dict(past)
