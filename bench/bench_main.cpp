@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     sub->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
     pinfeed::tools::add_loader_flags(*sub, config,
                                      {"batch_size:--batch", "prefetch", "crop", "size", "height", "resize", "layout", "interpolation",
-                                      "max_replaced_share", "roi_decode:--no-roi", "dct_scaling:--no-dct-scale"});
+                                      "max_replaced_share", "roi_decode:--no-roi", "dct_scaling:--dct-scale"});
   };
   add_loader_options(ld);
   pinfeed::tools::add_loader_flags(*ld, config, {"threads"});

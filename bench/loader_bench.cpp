@@ -149,7 +149,7 @@ void print_report(const json& j) {
   fmt::print("  config: batch {} threads {} prefetch {} crop {} size {} layout {}{}{}\n", c["batch"].get<std::size_t>(),
              threads, c["prefetch"].get<std::size_t>(), c["crop"].get<std::string>(), c["size"].get<int>(),
              c["layout"].get<std::string>(), c["roi_decode"].get<bool>() ? "" : " no-roi",
-             c["dct_scaling"].get<bool>() ? "" : " no-dct-scale");
+             c["dct_scaling"].get<bool>() ? " dct-scale" : "");
   fmt::print("  (medians of {} rounds; each round: the ceilings, then {} epoch(s) of the loader)\n",
              c["repeat"].get<std::size_t>(), c["epochs"].get<std::size_t>());
   fmt::print("  {:<34} {:>10.1f} images/s  {:>8.1f} MB/s out  ({} images in {:.2f} s)\n", "pinfeed loader",

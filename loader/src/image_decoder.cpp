@@ -112,6 +112,7 @@ struct ImageDecoder::Impl {
     h.components = (gray ? 1 : 3) + (alpha ? 1 : 0);
     h.color_space = gray ? "gray" : (alpha ? "rgba" : "rgb");
     h.progressive = ih.interlace_method != 0;
+    h.scalable = false;
     return h;
   }
 
@@ -127,6 +128,7 @@ struct ImageDecoder::Impl {
     h.height = f.height;
     h.components = f.has_alpha != 0 ? 4 : 3;
     h.color_space = f.has_alpha != 0 ? "rgba" : "rgb";
+    h.scalable = false;
     return h;
   }
 

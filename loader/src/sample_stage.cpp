@@ -60,7 +60,7 @@ void SampleStage::operator()(std::size_t index, std::uint64_t epoch, std::span<s
         s.bytes,
         [&](const ImageHeader& h) {
           plan = plan_crop(h, config_, rng);
-          s.writer.prepare(plan.flip, out);
+          s.writer.prepare(plan, out);
           if (!config_.roi_decode) {
             crop.region = plan.region;
             return JpegDecoder::Plan{Region{0, 0, h.width, h.height}, 1};

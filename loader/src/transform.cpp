@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -88,13 +89,28 @@ Region random_resized_region(int width, int height, const TransformConfig& c, Sa
   return Region{(width - w) / 2, (height - h) / 2, w, h};
 }
 
-Region center_region(int width, int height, const TransformConfig& c) {
-  // Resize(shorter = resize) then CenterCrop(h, w) keeps, of the original, a
-  // centred w/resize by h/resize fraction of the shorter side.
-  const double unit = static_cast<double>(std::min(width, height)) / c.resize;
-  const int w = std::clamp(static_cast<int>(std::lround(c.out_width() * unit)), 1, width);
-  const int h = std::clamp(static_cast<int>(std::lround(c.out_height() * unit)), 1, height);
-  return Region{(width - w) / 2, (height - h) / 2, w, h};
+/// Python's round(twice / 2): half to even (torchvision's CenterCrop offsets).
+int round_half_even(int twice) {
+  if (twice % 2 == 0) return twice / 2;
+  const int down = (twice - 1) / 2;
+  return down % 2 == 0 ? down : down + 1;
+}
+
+/// Resize(resize) + CenterCrop(h, w) as torchvision computes them: the
+/// shorter side becomes `resize`, the longer int(resize * longer / shorter)
+/// (truncated), and the window starts at round((resized - crop) / 2).
+void center_axes(int width, int height, const TransformConfig& c, CropPlan& p) {
+  const bool portrait = width <= height;
+  const std::int64_t shorter = portrait ? width : height, longer = portrait ? height : width;
+  const auto new_long = static_cast<int>(std::int64_t{c.resize} * longer / shorter);
+  const int new_w = portrait ? c.resize : new_long, new_h = portrait ? new_long : c.resize;
+  p.x = ResampleAxis{static_cast<double>(width) / new_w, round_half_even(new_w - c.out_width()), 0, 0, width};
+  p.y = ResampleAxis{static_cast<double>(height) / new_h, round_half_even(new_h - c.out_height()), 0, 0, height};
+}
+
+/// A crop, then a resize of it (RandomResizedCrop, and the whole image).
+ResampleAxis crop_axis(int start, int length, int out) {
+  return ResampleAxis{static_cast<double>(length) / out, 0, start, start, start + length};
 }
 
 }  // namespace
@@ -109,21 +125,48 @@ Region clamp_region(const Region& region, int width, int height) noexcept {
   return c;
 }
 
+Taps axis_taps(const ResampleAxis& a, int k, bool nearest) noexcept {
+  // PIL's precompute_coeffs, in the frame of `origin` (the cropped image).
+  const double center = (a.offset + k + 0.5) * a.scale;
+  const int lo = a.lo - a.origin, hi = a.hi - a.origin;
+  if (nearest) {  // PIL's NEAREST: the pixel under the centre
+    const int x = std::clamp(static_cast<int>(center), lo, hi - 1);
+    return Taps{a.origin + x, a.origin + x + 1};
+  }
+  const double support = std::max(a.scale, 1.0);
+  const int first = std::max(static_cast<int>(center - support + 0.5), lo);
+  const int last = std::clamp(static_cast<int>(center + support + 0.5), first + 1, hi);
+  return Taps{a.origin + first, a.origin + last};
+}
+
 CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRng& rng) {
   CropPlan p;
+  const int ow = c.out_width(), oh = c.out_height();
   switch (c.crop) {
-    case CropMode::random_resized:
-      p.region = random_resized_region(header.width, header.height, c, rng);
+    case CropMode::random_resized: {
+      const Region r = random_resized_region(header.width, header.height, c, rng);
+      p.x = crop_axis(r.x, r.width, ow);
+      p.y = crop_axis(r.y, r.height, oh);
       p.flip = c.flip && rng.uniform() < c.flip_p;
       break;
-    case CropMode::center: p.region = center_region(header.width, header.height, c); break;
-    case CropMode::full: p.region = Region{0, 0, header.width, header.height}; break;
+    }
+    case CropMode::center: center_axes(header.width, header.height, c, p); break;
+    case CropMode::full:
+      p.x = crop_axis(0, header.width, ow);
+      p.y = crop_axis(0, header.height, oh);
+      break;
   }
-  if (c.dct_scaling) {
+  // Decode what the resize reads: from the first output pixel's first tap to
+  // the last one's last.
+  const bool nearest = c.interpolation == Interpolation::nearest;
+  const Taps x0 = axis_taps(p.x, 0, nearest), x1 = axis_taps(p.x, ow - 1, nearest);
+  const Taps y0 = axis_taps(p.y, 0, nearest), y1 = axis_taps(p.y, oh - 1, nearest);
+  p.region = Region{x0.first, y0.first, x1.last - x0.first, y1.last - y0.first};
+  if (c.dct_scaling && header.scalable) {
     // Only the scales libjpeg-turbo accelerates, and only while the scaled
-    // region still covers the output (never upsample what DCT scaling dropped).
+    // crop still covers the output (never upsample what DCT scaling dropped).
     for (const int s : {8, 4, 2}) {
-      if (p.region.width / s >= c.out_width() && p.region.height / s >= c.out_height()) {
+      if (p.x.scale >= s && p.y.scale >= s) {
         p.scale = s;
         break;
       }
@@ -186,27 +229,6 @@ void stream_fence() {
 #endif
 }
 
-/// Averages each pair of BGRA pixels of a row (out_w pixels out; an odd
-/// last pixel is dropped), rounding half up. SSE2: 8 pixels in, the even and
-/// odd ones picked apart as 32-bit lanes, averaged per byte.
-void halve_columns(const std::uint8_t* in, int out_w, std::uint8_t* out) {
-  int x = 0;
-#if defined(__SSE2__)
-  for (; x + 4 <= out_w; x += 4) {
-    const __m128 lo = _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 8 * x)));
-    const __m128 hi = _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 8 * x + 16)));
-    const __m128i even = _mm_castps_si128(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)));
-    const __m128i odd = _mm_castps_si128(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * x), _mm_avg_epu8(even, odd));
-  }
-#endif
-  for (; x < out_w; ++x) {
-    for (int ch = 0; ch < 4; ++ch) {
-      out[4 * x + ch] = static_cast<std::uint8_t>((in[8 * x + ch] + in[8 * x + 4 + ch] + 1) / 2);
-    }
-  }
-}
-
 /// Grows (never shrinks) a scratch buffer to at least `bytes`.
 void ensure(ScratchBytes& buffer, std::size_t bytes) {
   if (buffer.size() < bytes) buffer.resize(bytes);
@@ -217,8 +239,10 @@ std::uint64_t now_ns() {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
 
-/// Output rows resized horizontally and written together.
+/// Output rows written together.
 constexpr int kBand = 16;
+
+std::size_t un_bytes(int pixels) { return static_cast<std::size_t>(pixels) * 4; }
 
 }  // namespace
 
@@ -229,18 +253,309 @@ SampleWriter::SampleWriter(const TransformConfig& config) : config_(config) {
     bias_[ch] = -config_.mean[ch] / config_.std[ch];
   }
   const auto n = static_cast<std::size_t>(config_.out_width());
-  band_out_.resize(n * 4 * kBand);
+  band_.resize(n * 4 * kBand);
   mirrored_.resize(n * 4);
 }
 
 std::uint64_t SampleWriter::take_output_ns() noexcept { return std::exchange(output_ns_, 0); }
+
+void SampleWriter::prepare(const CropPlan& plan, std::span<std::byte> out) {
+  prepare(plan.flip, out);
+  plan_ = plan;
+  planned_ = true;
+}
 
 void SampleWriter::prepare(bool flip, std::span<std::byte> out) {
   if (out.size() != config_.sample_bytes()) throw ConfigError("sample writer: output span has the wrong size");
   flip_ = flip;
   out_ = out;
   started_ = false;
+  planned_ = false;
 }
+
+namespace {
+
+constexpr int kWeightBits = 14;
+constexpr int kOne = 1 << kWeightBits;
+
+/// PIL's resample kernel for one axis, in the coordinates of the delivered
+/// rows: `axis` is in full-resolution source coordinates, the rows are
+/// decoded at 1/dct size and start at source pixel `origin` of that scale,
+/// `size` of them. Weights: PIL's triangle, normalized, in 14-bit fixed
+/// point with the rounding remainder on the largest tap, so each pixel's
+/// weights sum to exactly 1 << 14; taps padded to a multiple of `multiple`
+/// (zero weights on the side that stays inside the row) for SIMD, and the
+/// weights of each pair of taps also kept as four copies of (w0 | w1 << 16),
+/// ready for madd.
+void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size, bool nearest, int multiple,
+                 SampleWriter::Kernel& k) {
+  const double support = nearest ? 0.5 : std::max(axis.scale / dct, 1.0);
+  k.stride = 2 * (static_cast<int>(std::ceil(support)) + 1) + 4;
+  k.first.assign(static_cast<std::size_t>(n), 0);
+  k.count.assign(static_cast<std::size_t>(n), 0);
+  k.weights.assign(static_cast<std::size_t>(n) * static_cast<std::size_t>(k.stride), 0);
+  std::vector<double> w(static_cast<std::size_t>(k.stride));
+  for (int i = 0; i < n; ++i) {
+    int first = 0, last = 0;
+    double center = 0;  // in the frame whose pixel 0 is delivered pixel `base`
+    int base = 0;
+    if (dct == 1) {
+      // PIL's arithmetic exactly: in the crop's frame.
+      const Taps t = axis_taps(axis, i, nearest);
+      first = t.first - origin;
+      last = t.last - origin;
+      center = (axis.offset + i + 0.5) * axis.scale;
+      base = axis.origin - origin;
+    } else {
+      // DCT-scaled rows: the same centre and support, divided by the scale.
+      center = (axis.origin + (axis.offset + i + 0.5) * axis.scale) / dct;
+      const int lo = axis.lo / dct, hi = (axis.hi + dct - 1) / dct;
+      if (nearest) {
+        first = std::clamp(static_cast<int>(center), lo, hi - 1);
+        last = first + 1;
+      } else {
+        first = std::max(static_cast<int>(std::floor(center - support + 0.5)), lo);
+        last = std::clamp(static_cast<int>(std::floor(center + support + 0.5)), first + 1, hi);
+      }
+      first -= origin;
+      last -= origin;
+      base = -origin;
+    }
+    first = std::clamp(first, 0, size - 1);
+    last = std::clamp(last, first + 1, size);
+    int count = last - first;
+    double total = 0;
+    for (int t = 0; t < count; ++t) {
+      const double d = nearest ? 0.0 : std::abs((first + t - base + 0.5 - center) / support);
+      w[static_cast<std::size_t>(t)] = nearest ? 1.0 : std::max(0.0, 1.0 - d);
+      total += w[static_cast<std::size_t>(t)];
+    }
+    if (total <= 0) {  // a window clamped away from the centre: the nearest pixel
+      std::fill(w.begin(), w.begin() + count, 0.0);
+      w[static_cast<std::size_t>(std::clamp(static_cast<int>(center) - (first - base), 0, count - 1))] = 1.0;
+      total = 1.0;
+    }
+    std::int16_t* out = k.weights.data() + static_cast<std::ptrdiff_t>(i) * k.stride;
+    int sum = 0, largest = 0;
+    for (int t = 0; t < count; ++t) {
+      out[t] = static_cast<std::int16_t>(std::lround(w[static_cast<std::size_t>(t)] / total * kOne));
+      sum += out[t];
+      if (out[t] > out[largest]) largest = t;
+    }
+    out[largest] = static_cast<std::int16_t>(out[largest] + (kOne - sum));
+    if (size >= multiple) {  // pad inside the row: zeros after the taps where they fit, else before
+      while (count % multiple != 0) {
+        if (first + count < size) {
+          out[count] = 0;
+        } else {
+          std::copy_backward(out, out + count, out + count + 1);
+          out[0] = 0;
+          --first;
+        }
+        ++count;
+      }
+    }
+    k.first[static_cast<std::size_t>(i)] = first;
+    k.count[static_cast<std::size_t>(i)] = count;
+  }
+  k.even = std::all_of(k.count.begin(), k.count.end(), [](int c) { return c % 2 == 0; });
+  const auto half = static_cast<std::size_t>(k.stride / 2);
+  k.pairs.assign(static_cast<std::size_t>(n) * half * 4, 0);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+    const std::int16_t* kw = k.weights.data() + i * static_cast<std::size_t>(k.stride);
+    for (std::size_t t = 0; t + 1 < static_cast<std::size_t>(k.stride); t += 2) {
+      const auto pair = static_cast<std::int32_t>(static_cast<std::uint16_t>(kw[t]) |
+                                                  (static_cast<std::uint32_t>(static_cast<std::uint16_t>(kw[t + 1])) << 16));
+      std::fill_n(k.pairs.begin() + static_cast<std::ptrdiff_t>((i * half + t / 2) * 4), 4, pair);
+    }
+  }
+  // Outputs 2m and 2m + 1 side by side (AVX2: one per 128-bit lane).
+  k.pairs2.assign(static_cast<std::size_t>(n / 2) * half * 8, 0);
+  for (std::size_t m = 0; m < static_cast<std::size_t>(n / 2); ++m) {
+    for (std::size_t q = 0; q < half; ++q) {
+      for (std::size_t lane = 0; lane < 2; ++lane) {
+        std::copy_n(k.pairs.begin() + static_cast<std::ptrdiff_t>(((2 * m + lane) * half + q) * 4), 4,
+                    k.pairs2.begin() + static_cast<std::ptrdiff_t>((m * half + q) * 8 + lane * 4));
+      }
+    }
+  }
+}
+
+#if defined(__SSE2__)
+/// One output pixel's four channel sums (before the shift): four taps at a
+/// time (16 bytes loaded, the pixel pairs (0, 1) and (2, 3) interleaved per
+/// channel, two madds with the pairs' weights), then a last pair if the
+/// count is 2 mod 4 (8 bytes: never past the taps, which stay in the row).
+inline __m128i tap_sums(const std::uint8_t* src, const __m128i* w, int count) {
+  const __m128i zero = _mm_setzero_si128();
+  __m128i acc = _mm_set1_epi32(kOne / 2);
+  int t = 0;
+  for (; t + 4 <= count; t += 4, w += 2) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 4 * t));  // pixels t..t+3
+    const __m128i x = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 1, 2, 0));                   // 0 2 1 3
+    const __m128i y = _mm_unpacklo_epi8(x, _mm_srli_si128(x, 8));  // b0 b1 g0 g1 r0 r1 a0 a1 b2 b3 ...
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi8(y, zero), _mm_loadu_si128(w)));
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpackhi_epi8(y, zero), _mm_loadu_si128(w + 1)));
+  }
+  if (t < count) {
+    const __m128i p = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 4 * t));  // pixels t, t+1
+    const __m128i y = _mm_unpacklo_epi8(_mm_unpacklo_epi8(p, _mm_srli_si128(p, 4)), zero);
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(y, _mm_loadu_si128(w)));
+  }
+  return _mm_srai_epi32(acc, kWeightBits);
+}
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PINFEED_AVX2 1
+/// AVX2, where the CPU has it (checked once): the same arithmetic as the
+/// SSE2 paths, two output pixels (horizontal) or 32 bytes (vertical) per
+/// instruction. The build targets baseline x86-64; only these functions
+/// are compiled for AVX2.
+/// PINFEED_NO_AVX2=1 takes the SSE2 paths (tests compare the two).
+const bool kHasAvx2 = __builtin_cpu_supports("avx2") != 0 && std::getenv("PINFEED_NO_AVX2") == nullptr;
+
+/// Outputs i and i + 1 of a row, one per 128-bit lane, `count` taps each
+/// (the larger of their counts: the other's extra weights are zero, and
+/// the caller checked that both windows' reads stay in the row).
+__attribute__((target("avx2"))) void tap_sums_x2(const std::uint8_t* a, const std::uint8_t* b,
+                                                 const std::int32_t* w, int count, std::uint8_t* out) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i acc = _mm256_set1_epi32(kOne / 2);
+  const auto* wv = reinterpret_cast<const __m256i*>(w);
+  int t = 0;
+  for (; t + 4 <= count; t += 4, wv += 2) {
+    const __m256i v = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4 * t))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4 * t)), 1);
+    const __m256i x = _mm256_shuffle_epi32(v, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i y = _mm256_unpacklo_epi8(x, _mm256_srli_si256(x, 8));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(y, zero), _mm256_loadu_si256(wv)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(y, zero), _mm256_loadu_si256(wv + 1)));
+  }
+  if (t < count) {
+    const __m256i p = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a + 4 * t))),
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 4 * t)), 1);
+    const __m256i y = _mm256_unpacklo_epi8(_mm256_unpacklo_epi8(p, _mm256_srli_si256(p, 4)), zero);
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(y, _mm256_loadu_si256(wv)));
+  }
+  acc = _mm256_srai_epi32(acc, kWeightBits);
+  acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), zero);
+  const int pa = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
+  const int pb = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
+  std::memcpy(out, &pa, 4);
+  std::memcpy(out + 4, &pb, 4);
+}
+
+/// The vertical pass, 32 bytes at a time; returns how many bytes it did.
+__attribute__((target("avx2"))) std::size_t resample_rows_avx2(const std::uint8_t* const* rows, const std::int16_t* w,
+                                                               int count, std::size_t bytes, std::uint8_t* out) {
+  const __m256i zero = _mm256_setzero_si256();
+  std::size_t x = 0;
+  for (; x + 32 <= bytes; x += 32) {
+    __m256i a0 = _mm256_set1_epi32(kOne / 2), a1 = a0, a2 = a0, a3 = a0;
+    for (int t = 0; t < count; t += 2) {
+      const bool pair = t + 1 < count;
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t] + x));
+      const __m256i b = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t + 1] + x)) : zero;
+      const auto wb = pair ? static_cast<std::uint16_t>(w[t + 1]) : std::uint16_t{0};
+      const __m256i ww = _mm256_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint16_t>(w[t]) |
+                                                                     (static_cast<std::uint32_t>(wb) << 16)));
+      const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), ww));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), ww));
+      a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), ww));
+      a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), ww));
+    }
+    const __m256i lo16 = _mm256_packs_epi32(_mm256_srai_epi32(a0, kWeightBits), _mm256_srai_epi32(a1, kWeightBits));
+    const __m256i hi16 = _mm256_packs_epi32(_mm256_srai_epi32(a2, kWeightBits), _mm256_srai_epi32(a3, kWeightBits));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + x), _mm256_packus_epi16(lo16, hi16));
+  }
+  return x;
+}
+#endif
+
+/// One row through a kernel: out[i] = sum of in[first + t] * w[t] over the
+/// taps, per BGRA channel, rounded. SSE2 (taps padded to an even count):
+/// two output pixels at a time, packed and stored together.
+void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& k, std::uint8_t* out) {
+  const int n = static_cast<int>(k.first.size());
+  const auto half = static_cast<std::size_t>(k.stride / 2);
+  int i = 0;
+#if defined(__SSE2__)
+  if (k.even) {
+    for (; i + 2 <= n; i += 2) {
+      const auto ui = static_cast<std::size_t>(i);
+#if defined(PINFEED_AVX2)
+      const int both = std::max(k.count[ui], k.count[ui + 1]);
+      if (kHasAvx2 && k.first[ui] + both <= size && k.first[ui + 1] + both <= size) {
+        tap_sums_x2(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]),
+                    k.pairs2.data() + (ui / 2) * half * 8, both, out + 4 * static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+#endif
+      const auto* w = reinterpret_cast<const __m128i*>(k.pairs.data() + ui * half * 4);
+      const __m128i a = tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), w, k.count[ui]);
+      const __m128i b = tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]),
+                                 reinterpret_cast<const __m128i*>(k.pairs.data() + (ui + 1) * half * 4), k.count[ui + 1]);
+      const __m128i px = _mm_packs_epi32(a, b);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 4 * static_cast<std::ptrdiff_t>(i)), _mm_packus_epi16(px, px));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const auto ui = static_cast<std::size_t>(i);
+    const std::uint8_t* src = in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]);
+    const std::int16_t* w = k.weights.data() + static_cast<std::ptrdiff_t>(i) * k.stride;
+    for (int ch = 0; ch < 4; ++ch) {
+      int acc = kOne / 2;
+      for (int t = 0; t < k.count[ui]; ++t) acc += src[4 * t + ch] * w[t];
+      out[4 * i + ch] = static_cast<std::uint8_t>(std::clamp(acc >> kWeightBits, 0, 255));
+    }
+  }
+  (void)half;
+  (void)size;
+}
+
+/// One output row from `count` ring rows: out = sum of rows[t] * w[t], per
+/// byte, rounded. SSE2: 16 bytes, two rows at a time.
+void resample_rows(const std::uint8_t* const* rows, const std::int16_t* w, int count, std::size_t bytes,
+                   std::uint8_t* out) {
+  std::size_t x = 0;
+#if defined(PINFEED_AVX2)
+  if (kHasAvx2) x = resample_rows_avx2(rows, w, count, bytes, out);
+#endif
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  for (; x + 16 <= bytes; x += 16) {
+    __m128i a0 = _mm_set1_epi32(kOne / 2), a1 = a0, a2 = a0, a3 = a0;
+    for (int t = 0; t < count; t += 2) {
+      const bool pair = t + 1 < count;
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t] + x));
+      const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t + 1] + x)) : zero;
+      const auto wb = pair ? static_cast<std::uint16_t>(w[t + 1]) : std::uint16_t{0};
+      const __m128i ww = _mm_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint16_t>(w[t]) |
+                                                                  (static_cast<std::uint32_t>(wb) << 16)));
+      const __m128i lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b);
+      a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), ww));
+      a1 = _mm_add_epi32(a1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), ww));
+      a2 = _mm_add_epi32(a2, _mm_madd_epi16(_mm_unpacklo_epi8(hi, zero), ww));
+      a3 = _mm_add_epi32(a3, _mm_madd_epi16(_mm_unpackhi_epi8(hi, zero), ww));
+    }
+    const __m128i lo16 = _mm_packs_epi32(_mm_srai_epi32(a0, kWeightBits), _mm_srai_epi32(a1, kWeightBits));
+    const __m128i hi16 = _mm_packs_epi32(_mm_srai_epi32(a2, kWeightBits), _mm_srai_epi32(a3, kWeightBits));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + x), _mm_packus_epi16(lo16, hi16));
+  }
+#endif
+  for (; x < bytes; ++x) {
+    int acc = kOne / 2;
+    for (int t = 0; t < count; ++t) acc += rows[t][x] * w[t];
+    out[x] = static_cast<std::uint8_t>(std::clamp(acc >> kWeightBits, 0, 255));
+  }
+}
+
+}  // namespace
 
 void SampleWriter::begin(int width, int height) {
   if (out_.empty()) throw Error("sample writer: rows arrived before prepare()");
@@ -249,209 +564,70 @@ void SampleWriter::begin(int width, int height) {
   const bool nearest = config_.interpolation == Interpolation::nearest;
   src_w_ = width;
   src_h_ = height;
-  // Exact 2:1 averages while the shrink exceeds 2x (a box filter: two-tap
-  // bilinear sampling would skip pixels and alias), then bilinear. Nearest
-  // samples the source as it is.
-  col_halvings_ = 0;
-  width_ = width;
-  while (!nearest && width_ > 2 * nw) {
-    width_ /= 2;
-    ++col_halvings_;
+  if (planned_) {
+    const int dct = plan_.scale;
+    make_kernel(plan_.x, nw, dct, plan_.region.x / dct, width, nearest, 2, kx_);
+    make_kernel(plan_.y, nh, dct, plan_.region.y / dct, height, nearest, 1, ky_);
+  } else {
+    make_kernel(crop_axis(0, width, nw), nw, 1, 0, width, nearest, 2, kx_);
+    make_kernel(crop_axis(0, height, nh), nh, 1, 0, height, nearest, 1, ky_);
   }
-  row_halvings_ = 0;
-  final_height_ = height;
-  while (!nearest && final_height_ > 2 * nh) {
-    final_height_ /= 2;
-    ++row_halvings_;
-  }
-  if (nearest) {
-    nearest_x_.resize(static_cast<std::size_t>(nw));
-    for (int x = 0; x < nw; ++x) {
-      nearest_x_[static_cast<std::size_t>(x)] =
-          std::min(width_ - 1, static_cast<int>((x + 0.5) * width_ / nw));
-    }
-  } else if (width_ != nw) {
-    // Column x samples the source at (x + 0.5) * step - 0.5 (pixel centres
-    // aligned, as the rows are), clamped: columns x0 and x0 + 1, blended
-    // with weights that sum to 256.
-    linear_x_.resize(static_cast<std::size_t>(nw));
-    linear_f_.resize(static_cast<std::size_t>(nw));
-    const double step = static_cast<double>(width_) / nw;
-    for (int x = 0; x < nw; ++x) {
-      const double c = std::clamp((x + 0.5) * step - 0.5, 0.0, static_cast<double>(width_ - 1));
-      int x0 = static_cast<int>(c);
-      int f = static_cast<int>(std::lround((c - x0) * 256.0));
-      if (f >= 256) {
-        ++x0;
-        f = 0;
-      }
-      if (x0 >= width_ - 1) {  // the last column: as the right one of the last pair, so x0 + 1 stays inside
-        x0 = std::max(0, width_ - 2);
-        f = width_ > 1 ? 256 : 0;
-      }
-      linear_x_[static_cast<std::size_t>(x)] = x0;
-      linear_f_[static_cast<std::size_t>(x)] = f;
-    }
-    linear_w_.resize(static_cast<std::size_t>(nw));
-    for (std::size_t x = 0; x < linear_w_.size(); ++x) {
-      linear_w_[x] = (256 - linear_f_[x]) | (linear_f_[x] << 16);
-    }
-  }
-  const auto row_bytes = static_cast<std::size_t>(width_) * 4;
-  if (col_halvings_ > 0) {
-    ensure(cols_a_, static_cast<std::size_t>(width / 2) * 4);
-    ensure(cols_b_, static_cast<std::size_t>(width / 2) * 4);
-  }
-  if (pending_.size() < row_halvings_) {
-    pending_.resize(row_halvings_);
-    averaged_.resize(row_halvings_);
-  }
-  has_pending_.assign(row_halvings_, 0);
-  for (std::size_t l = 0; l < row_halvings_; ++l) {
-    ensure(pending_[l], row_bytes);
-    ensure(averaged_[l], row_bytes);
-  }
-  ensure(final_[0], row_bytes);
-  ensure(final_[1], row_bytes);
-  ensure(band_, row_bytes * kBand);
-  final_rows_ = 0;
+  ring_rows_ = *std::max_element(ky_.count.begin(), ky_.count.end());
+  ensure(ring_, static_cast<std::size_t>(ring_rows_) * un_bytes(nw));
+  rows_in_ = 0;
   next_out_ = 0;
   band_rows_ = 0;
   started_ = true;
 }
 
 void SampleWriter::row(const std::uint8_t* bgra) {
-  // The row after all halvings goes to final_[its index % 2] (or, with no
-  // halving at all, is used where it lies: a row stays valid for two more),
-  // so the bilinear step reads its two rows without copying either.
-  const std::uint8_t* r = bgra;
-  int w = src_w_;
-  for (int s = 0; s < col_halvings_; ++s) {
-    const bool last = s + 1 == col_halvings_ && row_halvings_ == 0;
-    std::uint8_t* dst = last ? final_[final_rows_ % 2].data() : (s % 2 == 0 ? cols_a_ : cols_b_).data();
-    halve_columns(r, w / 2, dst);
-    r = dst;
-    w /= 2;
+  const int y = rows_in_++;
+  const int nh = config_.out_height();
+  // Only the rows some output row reads go through the horizontal pass.
+  const int first_needed = ky_.first.front();
+  const int last_needed = ky_.first[static_cast<std::size_t>(nh - 1)] + ky_.count[static_cast<std::size_t>(nh - 1)];
+  if (y >= first_needed && y < last_needed) {
+    const std::size_t bytes = un_bytes(config_.out_width());
+    resample_row(bgra, src_w_, kx_, ring_.data() + static_cast<std::size_t>(y % ring_rows_) * bytes);
+    // Output rows whose last source row this was: the vertical pass and the
+    // writes, timed (the horizontal pass runs between decoded rows and is
+    // counted with the decoder, as its row averages were before).
+    const auto j = static_cast<std::size_t>(next_out_);
+    if (next_out_ < nh && ky_.first[j] + ky_.count[j] <= rows_in_) {
+      const std::uint64_t t0 = now_ns();
+      emit_rows();
+      output_ns_ += now_ns() - t0;
+    }
   }
-  push_level(0, r);
 }
 
-void SampleWriter::push_level(std::size_t level, const std::uint8_t* r) {
-  if (level == row_halvings_) {
-    push_final(r);
-    return;
-  }
-  // Rows pair up at each level; an odd last row never finds its pair and is
-  // dropped, as an odd last column is.
-  const auto bytes = static_cast<std::size_t>(width_) * 4;
-  if (has_pending_[level] == 0) {
-    std::memcpy(pending_[level].data(), r, bytes);
-    has_pending_[level] = 1;
-    return;
-  }
-  has_pending_[level] = 0;
-  std::uint8_t* dst = level + 1 == row_halvings_ ? final_[final_rows_ % 2].data() : averaged_[level].data();
-  libyuv::ARGBInterpolate(pending_[level].data(), 0, r, 0, dst, 0, width_, 1, 128);
-  push_level(level + 1, dst);
-}
-
-void SampleWriter::push_final(const std::uint8_t* r) {
-  const int k = final_rows_++;
-  recent_[k % 2] = r;
-  const auto bytes = static_cast<std::size_t>(width_) * 4;
-  const int n = config_.out_height();
-  const double step = static_cast<double>(final_height_) / n;
-  // Output row j samples the final rows at (j + 0.5) * step - 0.5 (pixel
-  // centres aligned), clamped to the image: rows r0 and r0 + 1, blended.
-  while (next_out_ < n) {
-    const double c = std::clamp((next_out_ + 0.5) * step - 0.5, 0.0, static_cast<double>(final_height_ - 1));
-    const int r0 = static_cast<int>(c);
-    const int r1 = std::min(r0 + 1, final_height_ - 1);
-    if (r1 > k) break;  // its lower row has not arrived yet
-    auto frac = static_cast<int>(std::lround((c - r0) * 256.0));
-    if (config_.interpolation == Interpolation::nearest) {
-      // The row under the output row's centre: floor((j + 0.5) * step).
-      const int pick = std::min(static_cast<int>((next_out_ + 0.5) * step), final_height_ - 1);
-      frac = pick > r0 ? 256 : 0;
+void SampleWriter::emit_rows() {
+  const int nh = config_.out_height();
+  const std::size_t bytes = un_bytes(config_.out_width());
+  std::array<const std::uint8_t*, 64> rows{};
+  std::vector<const std::uint8_t*> many;
+  while (next_out_ < nh) {
+    const auto j = static_cast<std::size_t>(next_out_);
+    const int first = ky_.first[j], count = ky_.count[j];
+    if (first + count > rows_in_) break;  // its last row has not arrived yet
+    const std::uint8_t** r = rows.data();
+    if (static_cast<std::size_t>(count) > rows.size()) {
+      many.resize(static_cast<std::size_t>(count));
+      r = many.data();
     }
-    const std::uint8_t* top = recent_[r0 % 2];
-    if (frac >= 256) {
-      top = recent_[r1 % 2];
-      frac = 0;
-    }
-    std::uint8_t* dst = band_.data() + static_cast<std::size_t>(band_rows_) * bytes;
-    if (frac == 0 || r0 == r1) {
-      std::memcpy(dst, top, bytes);
-    } else {
-      libyuv::ARGBInterpolate(top, 0, recent_[r1 % 2], 0, dst, 0, width_, 1, frac);
-    }
+    for (int t = 0; t < count; ++t) r[t] = ring_.data() + static_cast<std::size_t>((first + t) % ring_rows_) * bytes;
+    resample_rows(r, ky_.weights.data() + static_cast<std::ptrdiff_t>(j) * ky_.stride, count, bytes,
+                  band_.data() + static_cast<std::size_t>(band_rows_) * bytes);
     ++band_rows_;
     ++next_out_;
-    if (band_rows_ == kBand || next_out_ == n) flush_band();
+    if (band_rows_ == kBand || next_out_ == nh) flush_band();
   }
 }
 
-namespace {
-std::size_t un_bytes(int pixels) { return static_cast<std::size_t>(pixels) * 4; }
-}  // namespace
-
 void SampleWriter::flush_band() {
-  const std::uint64_t t0 = now_ns();
   const int n = config_.out_width();
   const int rows = band_rows_;
   const std::uint8_t* src = band_.data();
-  if (config_.interpolation == Interpolation::nearest && width_ != n) {
-    // Each output column copies the source pixel under its centre.
-    const auto* in = reinterpret_cast<const std::uint32_t*>(band_.data());
-    auto* out = reinterpret_cast<std::uint32_t*>(band_out_.data());
-    for (int r = 0; r < rows; ++r) {
-      const std::uint32_t* from = in + static_cast<std::ptrdiff_t>(r) * width_;
-      std::uint32_t* to = out + static_cast<std::ptrdiff_t>(r) * n;
-      for (int x = 0; x < n; ++x) to[x] = from[nearest_x_[static_cast<std::size_t>(x)]];
-    }
-    src = band_out_.data();
-  } else if (width_ != n) {
-    // Horizontal bilinear, by hand: libyuv's ARGBScale (kFilterLinear and
-    // kFilterBilinear alike) blends columns with 7-bit weights that sum to
-    // 127/128, so every shrunk image came out 1/128 darker (255 -> 253,
-    // 200 -> 198). Weights here sum to 256 and round half up: a constant
-    // image stays exactly constant.
-    for (int r = 0; r < rows; ++r) {
-      const std::uint8_t* from = band_.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(width_) * 4;
-      std::uint8_t* to = band_out_.data() + static_cast<std::size_t>(r) * un_bytes(n);
-      int x = 0;
-#if defined(__SSE2__)
-      if (width_ > 1) {  // every x0 + 1 is inside the row: an 8-byte load reads pixels x0 and x0 + 1
-        const __m128i zero = _mm_setzero_si128(), half = _mm_set1_epi32(128);
-        for (; x + 2 <= n; x += 2) {
-          const auto ux = static_cast<std::size_t>(x);
-          const __m128i p0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(from + 4 * static_cast<std::size_t>(linear_x_[ux])));
-          const __m128i p1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(from + 4 * static_cast<std::size_t>(linear_x_[ux + 1])));
-          // a0 b0 a1 b1 a2 b2 a3 b3 per output pixel, as 16-bit lanes: madd
-          // with (256 - f, f) pairs gives each channel's weighted sum.
-          const __m128i q = _mm_unpacklo_epi64(_mm_unpacklo_epi8(p0, _mm_srli_si128(p0, 4)),
-                                               _mm_unpacklo_epi8(p1, _mm_srli_si128(p1, 4)));
-          __m128i s0 = _mm_madd_epi16(_mm_unpacklo_epi8(q, zero), _mm_set1_epi32(linear_w_[ux]));
-          __m128i s1 = _mm_madd_epi16(_mm_unpackhi_epi8(q, zero), _mm_set1_epi32(linear_w_[ux + 1]));
-          s0 = _mm_srli_epi32(_mm_add_epi32(s0, half), 8);
-          s1 = _mm_srli_epi32(_mm_add_epi32(s1, half), 8);
-          const __m128i px = _mm_packs_epi32(s0, s1);
-          _mm_storel_epi64(reinterpret_cast<__m128i*>(to + 4 * ux), _mm_packus_epi16(px, px));
-        }
-      }
-#endif
-      for (; x < n; ++x) {
-        const auto ux = static_cast<std::size_t>(x);
-        const std::uint8_t* a = from + static_cast<std::size_t>(linear_x_[ux]) * 4;
-        const int f = linear_f_[ux];
-        const std::uint8_t* b = f == 0 ? a : a + 4;
-        for (std::size_t ch = 0; ch < 4; ++ch) {
-          to[ux * 4 + ch] = static_cast<std::uint8_t>((a[ch] * (256 - f) + b[ch] * f + 128) >> 8);
-        }
-      }
-    }
-    src = band_out_.data();
-  }
   const auto un = static_cast<std::size_t>(n);
   const std::size_t first = static_cast<std::size_t>(next_out_ - rows);
   if (config_.layout == Layout::nhwc_u8) {
@@ -478,7 +654,6 @@ void SampleWriter::flush_band() {
     if (next_out_ == config_.out_height()) stream_fence();
   }
   band_rows_ = 0;
-  output_ns_ += now_ns() - t0;
 }
 
 void SampleWriter::write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out) {

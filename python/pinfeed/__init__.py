@@ -273,7 +273,7 @@ class Loader:
         shards (numeric labels), a label past the list's end is refused.
 
     Any other loader option of the table below is a keyword argument too
-    (max_replacements=4, dct_scaling=False, ...).
+    (max_replacements=4, dct_scaling=True, ...).
 
     Waiting for a batch never blocks Ctrl-C: KeyboardInterrupt comes within
     ~50 ms and the loader stays usable. One iteration runs at a time: iter()

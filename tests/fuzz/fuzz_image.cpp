@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         bytes,
         [&](const ImageHeader& h) {
           const CropPlan plan = plan_crop(h, config, rng);
-          writer.prepare(plan.flip, out);
+          writer.prepare(plan, out);
           return JpegDecoder::Plan{plan.region, plan.scale};
         },
         writer.sink(), "fuzz.png");

@@ -45,7 +45,7 @@ TEST(TransformTest, RandomResizedCropFollowsTorchvisionBounds) {
   EXPECT_EQ(pa.flip, pb.flip);
 }
 
-TEST(TransformTest, CenterCropKeepsTheResizeFraction) {
+TEST(TransformTest, CenterCropIsTorchvisionsResizeThenCenterCrop) {
   TransformConfig c;
   c.crop = CropMode::center;
   ImageHeader h;
@@ -53,15 +53,49 @@ TEST(TransformTest, CenterCropKeepsTheResizeFraction) {
   h.height = 384;
   SampleRng rng(0, 0, 0);
   const CropPlan p = plan_crop(h, c, rng);
-  EXPECT_EQ(p.region.width, 336);  // 384 * 224 / 256
-  EXPECT_EQ(p.region.x, (512 - 336) / 2);
+  // Resize(256): 384 -> 256, 512 -> int(256 * 512 / 384) = 341 (truncated);
+  // CenterCrop(224): round((341 - 224) / 2) = round(58.5) = 58 (half to
+  // even, as Python rounds), round((256 - 224) / 2) = 16.
+  EXPECT_DOUBLE_EQ(p.x.scale, 512.0 / 341);
+  EXPECT_DOUBLE_EQ(p.y.scale, 384.0 / 256);
+  EXPECT_EQ(p.x.offset, 58);
+  EXPECT_EQ(p.y.offset, 16);
+  // The decoded region is what the taps read: output column 0's centre is
+  // at 58.5 * 512/341 = 87.8 with a half-width of 1.5 source pixels.
+  EXPECT_EQ(p.region.x, 86);
+  EXPECT_EQ(p.region.x + p.region.width, axis_taps(p.x, 223, false).last);
   EXPECT_FALSE(p.flip);
+  h.width = 513;  // 342 - 224 = 118: 59, no tie
+  EXPECT_EQ(plan_crop(h, c, rng).x.offset, 59);
+  h.width = 518;  // int(256 * 518 / 384) = 345: round(60.5) = 60
+  EXPECT_EQ(plan_crop(h, c, rng).x.offset, 60);
+}
+
+TEST(TransformTest, ARandomCropDecodesExactlyTheCropAndResizesOnlyIt) {
+  // RandomResizedCrop crops, then resizes the crop: the filter's taps stop
+  // at the crop's edges (PIL resizes the cropped image), so the decoded
+  // region is the crop itself, at every scale.
+  TransformConfig c;
+  ImageHeader h;
+  h.width = 500;
+  h.height = 375;
+  for (std::uint64_t i = 0; i < 64; ++i) {
+    SampleRng rng(3, 0, i);
+    const CropPlan p = plan_crop(h, c, rng);
+    EXPECT_EQ(p.region.x, p.x.lo);
+    EXPECT_EQ(p.region.y, p.y.lo);
+    EXPECT_EQ(p.region.x + p.region.width, p.x.hi);
+    EXPECT_EQ(p.region.y + p.region.height, p.y.hi);
+    EXPECT_DOUBLE_EQ(p.x.scale, static_cast<double>(p.x.hi - p.x.lo) / 224);
+  }
 }
 
 TEST(TransformTest, DownscalingIsAntialiased) {
-  // Noise shrunk exactly 4x (both axes, columns only, rows only) must come out
-  // as the mean of each source block (a box filter). Two-tap bilinear sampling
-  // would read 2 of the pixels and land far from the block means.
+  // Noise shrunk 4x (both axes, columns only, rows only): PIL's triangle
+  // filter widened to the shrink averages about 8 source pixels per axis, so
+  // the output's spread falls to 0.41x the source's per shrunk axis (0.16x
+  // for both). Two-tap bilinear sampling, not antialiased, would keep 0.71x
+  // (0.5x): aliasing. The mean stays the source's.
   TransformConfig c;
   c.size = 56;
   c.layout = Layout::nhwc_u8;
@@ -71,26 +105,27 @@ TEST(TransformTest, DownscalingIsAntialiased) {
     img.height = 56 * fy;
     img.pixels.resize(static_cast<std::size_t>(img.width * img.height * 4));
     SampleRng rng(1, 2, 3);
+    double in_sum = 0, in_sq = 0;
     for (std::size_t i = 0; i < img.pixels.size(); i += 4) {
       const auto v = static_cast<std::uint8_t>(rng.below(256));
       img.pixels[i] = img.pixels[i + 1] = img.pixels[i + 2] = v;
       img.pixels[i + 3] = 255;
+      in_sum += v;
+      in_sq += static_cast<double>(v) * v;
     }
     std::vector<std::byte> out(c.sample_bytes());
     SampleWriter(c).write(img, Region{}, false, out);
-    double diff = 0;
-    for (int y = 0; y < 56; ++y) {
-      for (int x = 0; x < 56; ++x) {
-        int sum = 0;
-        for (int dy = 0; dy < fy; ++dy) {
-          for (int dx = 0; dx < fx; ++dx) {
-            sum += img.pixels[static_cast<std::size_t>(((y * fy + dy) * img.width + x * fx + dx) * 4)];
-          }
-        }
-        diff += std::abs(static_cast<double>(sum) / (fx * fy) - static_cast<double>(out[static_cast<std::size_t>((y * 56 + x) * 3)]));
-      }
+    double sum = 0, sq = 0;
+    for (std::size_t i = 0; i < out.size(); i += 3) {
+      const auto v = static_cast<double>(out[i]);
+      sum += v;
+      sq += v * v;
     }
-    EXPECT_LT(diff / (56 * 56), 3.0) << "mean distance from the " << fx << "x" << fy << " block means";
+    const double n_in = static_cast<double>(img.pixels.size() / 4), n = static_cast<double>(out.size() / 3);
+    const double in_mean = in_sum / n_in, mean = sum / n;
+    const double ratio = std::sqrt(sq / n - mean * mean) / std::sqrt(in_sq / n_in - in_mean * in_mean);
+    EXPECT_LT(ratio, fx == fy ? 0.2 : 0.45) << fx << "x" << fy << ": spread of the output / spread of the source";
+    EXPECT_NEAR(mean, in_mean, 1.0) << fx << "x" << fy;
   }
 }
 
@@ -124,10 +159,12 @@ TEST(TransformTest, AConstantImageStaysExactlyConstantAtEveryScale) {
   }
 }
 
-TEST(TransformTest, ColumnsAreBlendedWithWeightsThatSumTo256) {
+TEST(TransformTest, ColumnsFollowPilsTriangleFilter) {
   // Only the columns scale (100 -> 56, rows 56 -> 56): each output pixel is
-  // the two source columns around (x + 0.5) * 100/56 - 0.5, weighted in
-  // 256ths and rounded, whichever code path (SIMD or not) computes it.
+  // PIL's BILINEAR resample, the source pixels within max(scale, 1) of its
+  // centre (x + 0.5) * 100/56 weighted by a triangle, computed here in
+  // double precision. The writer's 14-bit weights may round a value the
+  // other way, never further, and never all one way.
   TransformConfig c;
   c.size = 56;
   c.layout = Layout::nhwc_u8;
@@ -139,23 +176,32 @@ TEST(TransformTest, ColumnsAreBlendedWithWeightsThatSumTo256) {
   for (auto& p : img.pixels) p = static_cast<std::uint8_t>(rng.below(256));
   std::vector<std::byte> out(c.sample_bytes());
   SampleWriter(c).write(img, Region{}, false, out);
+  const double scale = 100.0 / 56, support = scale;
+  double signed_sum = 0;
+  int off_by_one = 0;
   for (int y = 0; y < 56; ++y) {
     for (int x = 0; x < 56; ++x) {
-      const double pos = std::clamp((x + 0.5) * 100.0 / 56 - 0.5, 0.0, 99.0);
-      const int x0 = static_cast<int>(pos);
-      const int f = static_cast<int>(std::lround((pos - x0) * 256.0));
-      const int x1 = std::min(x0 + 1, 99);
+      const double center = (x + 0.5) * scale;
+      const int first = std::max(static_cast<int>(center - support + 0.5), 0);
+      const int last = std::min(static_cast<int>(center + support + 0.5), 100);
       for (int ch = 0; ch < 3; ++ch) {
         const int bgra = 2 - ch;  // RGB out of BGRA
-        const auto at = [&](int col) {
-          return static_cast<int>(img.pixels[static_cast<std::size_t>((y * 100 + col) * 4 + bgra)]);
-        };
-        const int want = (at(x0) * (256 - f) + at(x1) * f + 128) >> 8;
-        ASSERT_EQ(static_cast<int>(out[static_cast<std::size_t>((y * 56 + x) * 3 + ch)]), want)
-            << "pixel " << x << "," << y << " channel " << ch;
+        double acc = 0, total = 0;
+        for (int i = first; i < last; ++i) {
+          const double w = std::max(0.0, 1.0 - std::abs((i + 0.5 - center) / support));
+          acc += w * img.pixels[static_cast<std::size_t>((y * 100 + i) * 4 + bgra)];
+          total += w;
+        }
+        const double want = acc / total;
+        const int got = static_cast<int>(out[static_cast<std::size_t>((y * 56 + x) * 3 + ch)]);
+        ASSERT_LE(std::abs(got - want), 1.0) << "pixel " << x << "," << y << " channel " << ch;
+        signed_sum += got - want;
+        off_by_one += std::abs(got - std::lround(want)) > 0 ? 1 : 0;
       }
     }
   }
+  EXPECT_LT(std::abs(signed_sum / (56 * 56 * 3)), 0.02) << "a bias, not rounding";
+  EXPECT_LT(off_by_one, 56 * 56 * 3 / 50) << "rounded the other way more than 2% of the time";
 }
 
 TEST(TransformTest, WritesNormalizedPlanarFloatAndInterleavedBytes) {
@@ -261,11 +307,12 @@ TEST(TransformTest, NonSquareOutputsHaveTheirHeightAndWidth) {
   for (int y = 0; y < 24; ++y) {
     for (int x = 0; x < 48; ++x) {
       const std::uint8_t* px = u + (static_cast<std::size_t>(y) * 48 + static_cast<std::size_t>(x)) * 3;
-      ASSERT_NEAR(px[0], 2 * x + 0.5, 2.0) << x << "," << y;  // R: columns 2x, 2x+1 (libyuv's linear phase)
-      ASSERT_NEAR(px[1], 2 * y + 0.5, 1.0) << x << "," << y;  // G: mean of rows 2y, 2y+1
+      ASSERT_NEAR(px[0], 2 * x + 0.5, 1.0) << x << "," << y;  // R: centred on columns 2x, 2x+1
+      ASSERT_NEAR(px[1], 2 * y + 0.5, 1.0) << x << "," << y;  // G: centred on rows 2y, 2y+1
     }
   }
-  // The center crop keeps height/resize and width/resize of the shorter side.
+  // The center crop: Resize(64) makes 400 x 200 into 128 x 64, and the
+  // 48 x 24 window starts at (40, 20) of it.
   c.crop = CropMode::center;
   c.resize = 64;
   ImageHeader h;
@@ -273,9 +320,11 @@ TEST(TransformTest, NonSquareOutputsHaveTheirHeightAndWidth) {
   h.height = 200;
   SampleRng rng(0, 0, 0);
   const CropPlan p = plan_crop(h, c, rng);
-  EXPECT_EQ(p.region.width, 150);  // 48 * 200 / 64
-  EXPECT_EQ(p.region.height, 75);  // 24 * 200 / 64
-  EXPECT_EQ(p.region.x, (400 - 150) / 2);
+  EXPECT_DOUBLE_EQ(p.x.scale, 400.0 / 128);
+  EXPECT_DOUBLE_EQ(p.y.scale, 200.0 / 64);
+  EXPECT_EQ(p.x.offset, 40);
+  EXPECT_EQ(p.y.offset, 20);
+  EXPECT_EQ(p.region.x, 123);  // (40.5 * 3.125 = 126.6) - 3.125, rounded
   c.resize = 40;  // under the crop's longer side
   EXPECT_THROW(c.validate(), ConfigError);
   c.crop = CropMode::random_resized;

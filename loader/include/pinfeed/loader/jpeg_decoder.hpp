@@ -29,6 +29,7 @@ struct ImageHeader {
   int components = 0;        ///< 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
   bool progressive = false;
   std::string color_space;   ///< "gray", "ycbcr", "rgb", "cmyk", "ycck"
+  bool scalable = true;      ///< decodes at 1/2, 1/4, 1/8 size (JPEG; PNG and WebP do not)
 };
 
 /// A rectangle in full-resolution pixel coordinates.

@@ -3,19 +3,23 @@
 //
 // plan_crop() is torchvision's geometry: RandomResizedCrop (scale 0.08-1.0,
 // ratio 3/4-4/3, 10 tries then the centre fallback), Resize(shorter side) +
-// CenterCrop (expressed as the centre region of the original that the resize
-// would keep, so only that region is decoded), or the whole image. It also
-// picks the DCT scale (1/2, 1/4, 1/8 only, and only while the scaled region
-// still covers the output) and the horizontal flip (p = 0.5). Randomness comes
-// from a SampleRng of (seed, epoch, sample index) alone.
+// CenterCrop (the output pixels torchvision's Resize would compute inside
+// its CenterCrop window, with its rounding: the long side truncated, the
+// offsets rounded half to even), or the whole image (Resize((h, w))). Only
+// the pixels the resize reads are decoded. It also picks the DCT scale (1/2,
+// 1/4, 1/8 only, JPEG only, and only while the scaled crop still covers the
+// output) and the horizontal flip (p = 0.5). Randomness comes from a
+// SampleRng of (seed, epoch, sample index) alone.
 //
-// SampleWriter takes the decoded region's rows as the decoder produces them
-// and resizes them to the output size on the way: exact 2:1 box averages
-// while the shrink exceeds 2x (so downscaling is antialiased), then bilinear
-// (rows here, columns with libyuv a band at a time), flips, and writes each
-// band of output rows in the output layout straight into the sample's place
-// in the batch: uint8 NHWC (normalize later on the device) or float32 NCHW
-// with (x / 255 - mean) / std.
+// SampleWriter takes the decoded rows as the decoder produces them and
+// resamples them as PIL's resize does (what torchvision's transforms call on
+// PIL images): a separable triangle filter widened to the shrink factor
+// (antialiased), pixel centres aligned, horizontal pass first; bilinear
+// weights in 14-bit fixed point summing exactly to one, so a constant image
+// stays exactly constant and the mean over a picture is PIL's. Then it flips
+// and writes each band of output rows in the output layout straight into
+// the sample's place in the batch: uint8 NHWC (normalize later on the
+// device) or float32 NCHW with (x / 255 - mean) / std.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -68,7 +72,7 @@ struct TransformConfig {
   Layout layout = Layout::nchw_f32;          ///< output layout and type
   std::array<float, 3> mean{0.485F, 0.456F, 0.406F};  ///< RGB, in [0, 1] units
   std::array<float, 3> std{0.229F, 0.224F, 0.225F};   ///< RGB, in [0, 1] units
-  bool dct_scaling = true;                   ///< allow 1/2, 1/4, 1/8 decode (measurable trick)
+  bool dct_scaling = false;                  ///< allow 1/2, 1/4, 1/8 decode: faster on large images, pixels no longer PIL's (opt-in)
   bool roi_decode = true;                    ///< decode only the region (measurable trick)
   void validate() const;                     ///< ConfigError naming the field
 
@@ -79,10 +83,31 @@ struct TransformConfig {
   [[nodiscard]] std::size_t element_bytes() const noexcept { return layout == Layout::nhwc_u8 ? 1 : 4; }
 };
 
+/// One axis of a resize, as PIL's resample sees it: output pixel k has its
+/// centre at origin + (offset + k + 0.5) * scale in source pixels, and reads
+/// the source pixels under a triangle of half-width max(scale, 1) there (one
+/// pixel for nearest), clamped to [lo, hi). RandomResizedCrop crops, then
+/// resizes: its taps stop at the crop. Resize + CenterCrop resizes the whole
+/// image: taps reach past the crop window into the rest of the image, and
+/// `offset` is the window's first column (row) in the resized image.
+struct ResampleAxis {
+  double scale = 1;
+  int offset = 0;
+  int origin = 0;
+  int lo = 0, hi = 0;
+};
+
+/// [first, last) source pixels of output pixel k (source coordinates).
+struct Taps {
+  int first = 0, last = 0;
+};
+Taps axis_taps(const ResampleAxis& axis, int k, bool nearest) noexcept;
+
 struct CropPlan {
-  Region region;   ///< in full-resolution pixels of the source image
+  Region region;   ///< what to decode, in full-resolution pixels: every source pixel the resize reads
   int scale = 1;   ///< DCT scale denominator: 1, 2, 4 or 8
   bool flip = false;
+  ResampleAxis x, y;  ///< the resize, in full-resolution source coordinates
 };
 
 /// `region` clamped to a width x height image; an empty region is the whole image.
@@ -93,11 +118,11 @@ Region clamp_region(const Region& region, int width, int height) noexcept;
 CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, SampleRng& rng);
 
 /// Resizes decoded regions and writes them into output samples, streaming:
-/// rows are reduced as they arrive from the decoder (exact 2:1 averages
-/// while the shrink exceeds 2x, so downscaling is antialiased, then bilinear:
-/// vertically here, horizontally by libyuv a band of rows at a time), and
-/// each band of output rows is flipped, converted and written to the sample
-/// at once. Per-thread memory is a few rows, whatever the image size; the
+/// each row is resampled horizontally as it arrives from the decoder into a
+/// ring of rows, each output row is resampled vertically from the ring once
+/// its last source row arrived, and each band of output rows is flipped,
+/// converted and written to the sample at once. Per-thread memory is a few
+/// rows, whatever the image size; the
 /// decoded region never exists whole. One per thread.
 class SampleWriter : private RowSink {
  public:
@@ -107,47 +132,56 @@ class SampleWriter : private RowSink {
   /// `out` (exactly config.sample_bytes() bytes).
   void write(const DecodedImage& image, const Region& crop, bool flip, std::span<std::byte> out);
 
-  /// Streaming: sets up the next sample (flip, where it goes); the rows then
-  /// come through sink(), begin() first (JpegDecoder::decode_planned).
+  /// Streaming: sets up the next sample: the plan's resize (its axes in
+  /// source coordinates; the rows that come are its region, at 1/plan.scale
+  /// size), flip, and where it goes. The rows then come through sink(),
+  /// begin() first (JpegDecoder::decode_planned).
+  void prepare(const CropPlan& plan, std::span<std::byte> out);
+  /// The same, resizing whatever region comes to the output (its taps
+  /// stopping at its edges, as a crop followed by a resize).
   void prepare(bool flip, std::span<std::byte> out);
   [[nodiscard]] RowSink& sink() noexcept { return *this; }
   /// Whether the prepared sample has received all its rows and is written.
   [[nodiscard]] bool complete() const noexcept { return started_ && next_out_ == config_.out_height() && band_rows_ == 0; }
-  /// Nanoseconds spent in the horizontal resize and the output writes since
-  /// the last call: the rest of the transform runs between decoded rows.
+  /// Nanoseconds spent in the vertical resample and the output writes
+  /// since the last call: the rest of the sample's time (the horizontal
+  /// pass runs between decoded rows) is counted as the decoder's.
   [[nodiscard]] std::uint64_t take_output_ns() noexcept;
+
+  /// One axis's taps in the decoded rows' coordinates, weights in 14-bit
+  /// fixed point summing to 1 << 14 (for tests and the benchmarks).
+  struct Kernel {
+    std::vector<int> first;              ///< per output pixel: its first source pixel
+    std::vector<int> count;              ///< and how many (nearest: 1)
+    std::vector<std::int16_t> weights;   ///< per output pixel, `stride` of them (zero past count)
+    std::vector<std::int32_t> pairs;     ///< per output pixel, stride / 2 pairs (w0 | w1 << 16), four copies each
+    std::vector<std::int32_t> pairs2;    ///< outputs 2m and 2m + 1 interleaved: per pair, four copies of each
+    int stride = 0;
+    bool even = false;                   ///< every count is even (the SIMD path)
+  };
 
  private:
   void begin(int width, int height) override;
   void row(const std::uint8_t* bgra) override;
-  void push_level(std::size_t level, const std::uint8_t* row);
-  void push_final(const std::uint8_t* row);
+  void emit_rows();
   void flush_band();
 
   TransformConfig config_;
   std::array<float, 3> scale_{}, bias_{};  // x * scale + bias == (x / 255 - mean) / std
   // The sample in progress.
-  bool flip_ = false, started_ = false;
+  bool flip_ = false, started_ = false, planned_ = false;
+  CropPlan plan_;
   std::span<std::byte> out_;
   int src_w_ = 0, src_h_ = 0;
-  int col_halvings_ = 0, width_ = 0;       // after the 2:1 column averages
-  std::size_t row_halvings_ = 0;
-  int final_height_ = 0, final_rows_ = 0;  // rows after the 2:1 row averages; received so far
+  int rows_in_ = 0;                        // decoded rows received
   int next_out_ = 0, band_rows_ = 0;
   std::uint64_t output_ns_ = 0;
+  Kernel kx_, ky_;
+  int ring_rows_ = 0;                      // capacity of the ring (the largest vertical tap count)
   // Scratch, reused: a few rows each.
-  ScratchBytes cols_a_, cols_b_;               // a row after each column halving (ping-pong)
-  std::vector<ScratchBytes> pending_, averaged_;  // per row-halving level: the row waiting for its pair, the pair's average
-  std::vector<char> has_pending_;
-  ScratchBytes final_[2];                      // rows after halving, by parity of their index
-  const std::uint8_t* recent_[2] = {nullptr, nullptr};  // the last two of them, wherever they lie
-  ScratchBytes band_;                          // vertically resized rows (width_ wide), kBand of them
-  ScratchBytes band_out_;                      // the same rows at the output width
-  ScratchBytes mirrored_;                      // one flipped output row (uint8 output)
-  std::vector<int> nearest_x_;                 // nearest: the source column of each output column
-  std::vector<int> linear_x_;                  // bilinear: the left source column of each output column
-  std::vector<int> linear_f_;                  // bilinear: the right column's weight, 0..256
-  std::vector<std::int32_t> linear_w_;         // bilinear: (256 - f) | f << 16, two 16-bit weights for madd
+  ScratchBytes ring_;                      // horizontally resampled rows (output width), by source row % ring_rows_
+  ScratchBytes band_;                      // finished output rows, kBand of them
+  ScratchBytes mirrored_;                  // one flipped output row (uint8 output)
 };
 
 }  // namespace pinfeed::loader
