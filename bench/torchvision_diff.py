@@ -27,7 +27,8 @@ def main() -> None:
 
     tf = transforms.Compose([transforms.Resize(a.size * 256 // 224), transforms.CenterCrop(a.size)])
     ref = torchvision.datasets.ImageFolder(a.data, transform=tf)
-    ours = pinfeed.Loader(a.data, batch_size=64, transform="center", size=a.size, layout="nhwc-u8", shuffle=False)
+    ours = pinfeed.Loader(a.data, batch_size=64, transform="center", size=a.size, resize=a.size * 256 // 224,
+                          layout="nhwc-u8", shuffle=False)
     if len(ours.samples) != len(ref):
         raise SystemExit(f"torchvision_diff: {len(ours.samples)} samples against torchvision's {len(ref)}")
     total, signed, count, i = 0.0, 0.0, 0, 0

@@ -55,6 +55,51 @@ void read_whole_file(const fs::path& path, std::vector<std::byte>& out) {
   read_regular_file(path, "one sample (an image file)", kMaxSampleBytes, out);
 }
 
+/// The next code point of `s` at `i` as Python's os.fsdecode gives it (UTF-8
+/// with surrogateescape: a byte that does not start a valid sequence is
+/// U+DC80..U+DCFF), advancing `i`.
+char32_t next_code_point(std::string_view s, std::size_t& i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char b = byte(i);
+  const auto cont = [&](std::size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) {
+    return k < s.size() && byte(k) >= lo && byte(k) <= hi;
+  };
+  if (b < 0x80) {
+    ++i;
+    return b;
+  }
+  if (b >= 0xC2 && b <= 0xDF && cont(i + 1)) {
+    const char32_t c = (char32_t{b} & 0x1FU) << 6U | (char32_t{byte(i + 1)} & 0x3FU);
+    i += 2;
+    return c;
+  }
+  if (b >= 0xE0 && b <= 0xEF && cont(i + 1, b == 0xE0 ? 0xA0 : 0x80, b == 0xED ? 0x9F : 0xBF) && cont(i + 2)) {
+    const char32_t c = (char32_t{b} & 0x0FU) << 12U | (char32_t{byte(i + 1)} & 0x3FU) << 6U | (char32_t{byte(i + 2)} & 0x3FU);
+    i += 3;
+    return c;
+  }
+  if (b >= 0xF0 && b <= 0xF4 && cont(i + 1, b == 0xF0 ? 0x90 : 0x80, b == 0xF4 ? 0x8F : 0xBF) && cont(i + 2) &&
+      cont(i + 3)) {
+    const char32_t c = (char32_t{b} & 0x07U) << 18U | (char32_t{byte(i + 1)} & 0x3FU) << 12U |
+                       (char32_t{byte(i + 2)} & 0x3FU) << 6U | (char32_t{byte(i + 3)} & 0x3FU);
+    i += 4;
+    return c;
+  }
+  ++i;
+  return 0xDC00U + b;
+}
+
+/// Python's order of the names os.fsdecode makes (code points): byte order,
+/// except where a name is not UTF-8 (a Latin-1 "\xa9" sorts after "é" there).
+int python_compare(std::string_view a, std::string_view b) {
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const char32_t x = next_code_point(a, i), y = next_code_point(b, j);
+    if (x != y) return x < y ? -1 : 1;
+  }
+  return (i < a.size()) - (j < b.size());
+}
+
 /// A file's size, following symlinks as reading it does.
 std::uint64_t file_size_or_unknown(const fs::path& p) {
   struct stat st {};
@@ -105,7 +150,8 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
     throw DataError(root_, fmt::format("has {} class folders, over the limit of {} (max_classes / --max-classes)",
                                        classes_.size(), max_classes));
   }
-  std::sort(classes_.begin(), classes_.end());
+  std::sort(classes_.begin(), classes_.end(),
+            [](const std::string& x, const std::string& y) { return python_compare(x, y) < 0; });
   // torchvision's ImageFolder takes every sub-folder as a class, hidden ones
   // too (Jupyter's .ipynb_checkpoints), and refuses the dataset when one has
   // no image: an empty class would silently shift every label after it.
@@ -138,8 +184,8 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
     // folder's files by name (cls/z.jpg before cls/a/1.jpg; cls/a-b/ before
     // cls/a/x/). Sorting whole paths by component would interleave them.
     std::sort(files.begin(), files.end(), [](const fs::path& x, const fs::path& y) {
-      const int by_folder = x.parent_path().native().compare(y.parent_path().native());
-      return by_folder != 0 ? by_folder < 0 : x.filename().native() < y.filename().native();
+      const int by_folder = python_compare(x.parent_path().native(), y.parent_path().native());
+      return by_folder != 0 ? by_folder < 0 : python_compare(x.filename().native(), y.filename().native()) < 0;
     });
     for (auto& f : files) {
       files_.push_back(std::move(f));
@@ -205,6 +251,7 @@ FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes)
     }
     check_label(*label, max_classes, list, fmt::format("line {}", lineno));
     std::string rel = body.substr(0, body.find_last_not_of(" \t", sep) + 1);
+    absolute_.push_back(static_cast<char>(fs::path(rel).is_absolute()));
     files_.push_back(root / rel);
     labels_.push_back(*label);
     max_label = std::max(max_label, *label);
@@ -218,9 +265,10 @@ void FileList::read(std::size_t i, std::vector<std::byte>& out) const { read_who
 std::uint64_t FileList::stored_size(std::size_t i) const { return file_size_or_unknown(files_.at(i)); }
 
 std::string FileList::relative_name(std::size_t i) const {
+  // As the list names it: an absolute path stays itself, so a list moved to
+  // another folder keeps its fingerprint.
   const fs::path& f = files_.at(i);
-  fs::path rel = f.lexically_relative(root_);
-  return rel.empty() ? f.native() : rel.native();  // an absolute path in the list stays itself
+  return absolute_.at(i) != 0 ? f.native() : f.lexically_relative(root_).native();
 }
 
 std::string FileList::summary() const {

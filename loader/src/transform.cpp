@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #if defined(__SSE2__)
@@ -102,7 +103,13 @@ int round_half_even(int twice) {
 void center_axes(int width, int height, const TransformConfig& c, CropPlan& p) {
   const bool portrait = width <= height;
   const std::int64_t shorter = portrait ? width : height, longer = portrait ? height : width;
-  const auto new_long = static_cast<int>(std::int64_t{c.resize} * longer / shorter);
+  const std::int64_t resized_long = std::int64_t{c.resize} * longer / shorter;
+  if (resized_long > std::numeric_limits<int>::max() / 2) {
+    throw DataError("", fmt::format("Resize({}) would make this {}x{} image {} pixels long (torchvision's Resize keeps "
+                                    "the aspect ratio): refused",
+                                    c.resize, width, height, resized_long));
+  }
+  const auto new_long = static_cast<int>(resized_long);
   const int new_w = portrait ? c.resize : new_long, new_h = portrait ? new_long : c.resize;
   p.x = ResampleAxis{static_cast<double>(width) / new_w, round_half_even(new_w - c.out_width()), 0, 0, width};
   p.y = ResampleAxis{static_cast<double>(height) / new_h, round_half_even(new_h - c.out_height()), 0, 0, height};
@@ -155,6 +162,14 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRn
       p.x = crop_axis(0, header.width, ow);
       p.y = crop_axis(0, header.height, oh);
       break;
+  }
+  // The filter reads about twice the shrink in source pixels per output
+  // pixel, and the writer keeps that many rows: an absurd shrink (a
+  // 1 x 100,000,000 strip) would take gigabytes per thread.
+  if (p.x.scale > kMaxShrink || p.y.scale > kMaxShrink) {
+    throw DataError("", fmt::format("the resize would shrink this {}x{} image {:.0f} times along one side, over the "
+                                    "limit of {}: shrink such images first (pinfeed-data pack --max-side N)",
+                                    header.width, header.height, std::max(p.x.scale, p.y.scale), kMaxShrink));
   }
   // Decode what the resize reads: from the first output pixel's first tap to
   // the last one's last.
@@ -284,12 +299,16 @@ constexpr int kOne = 1 << kWeightBits;
 /// `size` of them. Weights: PIL's triangle, normalized, in 14-bit fixed
 /// point with the rounding remainder on the largest tap, so each pixel's
 /// weights sum to exactly 1 << 14; taps padded to a multiple of `multiple`
-/// (zero weights on the side that stays inside the row) for SIMD, and the
-/// weights of each pair of taps also kept as four copies of (w0 | w1 << 16),
-/// ready for madd.
+/// (zero weights on the side that stays inside the row) for SIMD. Memory:
+/// n x stride weights, stride about twice the shrink (capped, kMaxShrink).
 void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size, bool nearest, int multiple,
                  SampleWriter::Kernel& k) {
   const double support = nearest ? 0.5 : std::max(axis.scale / dct, 1.0);
+  if (support > kMaxShrink) {
+    throw DataError("", fmt::format("the resize would shrink {} pixels to {}, over {} times: shrink such images first "
+                                    "(pinfeed-data pack --max-side N)",
+                                    size, n, kMaxShrink));
+  }
   k.stride = 2 * (static_cast<int>(std::ceil(support)) + 1) + 4;
   k.first.assign(static_cast<std::size_t>(n), 0);
   k.count.assign(static_cast<std::size_t>(n), 0);
@@ -359,48 +378,44 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
     k.count[static_cast<std::size_t>(i)] = count;
   }
   k.even = std::all_of(k.count.begin(), k.count.end(), [](int c) { return c % 2 == 0; });
-  const auto half = static_cast<std::size_t>(k.stride / 2);
-  k.pairs.assign(static_cast<std::size_t>(n) * half * 4, 0);
-  for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
-    const std::int16_t* kw = k.weights.data() + i * static_cast<std::size_t>(k.stride);
-    for (std::size_t t = 0; t + 1 < static_cast<std::size_t>(k.stride); t += 2) {
-      const auto pair = static_cast<std::int32_t>(static_cast<std::uint16_t>(kw[t]) |
-                                                  (static_cast<std::uint32_t>(static_cast<std::uint16_t>(kw[t + 1])) << 16));
-      std::fill_n(k.pairs.begin() + static_cast<std::ptrdiff_t>((i * half + t / 2) * 4), 4, pair);
-    }
-  }
-  // Outputs 2m and 2m + 1 side by side (AVX2: one per 128-bit lane).
-  k.pairs2.assign(static_cast<std::size_t>(n / 2) * half * 8, 0);
-  for (std::size_t m = 0; m < static_cast<std::size_t>(n / 2); ++m) {
-    for (std::size_t q = 0; q < half; ++q) {
-      for (std::size_t lane = 0; lane < 2; ++lane) {
-        std::copy_n(k.pairs.begin() + static_cast<std::ptrdiff_t>(((2 * m + lane) * half + q) * 4), 4,
-                    k.pairs2.begin() + static_cast<std::ptrdiff_t>((m * half + q) * 8 + lane * 4));
-      }
-    }
-  }
 }
 
 #if defined(__SSE2__)
-/// One output pixel's four channel sums (before the shift): four taps at a
-/// time (16 bytes loaded, the pixel pairs (0, 1) and (2, 3) interleaved per
-/// channel, two madds with the pairs' weights), then a last pair if the
-/// count is 2 mod 4 (8 bytes: never past the taps, which stay in the row).
-inline __m128i tap_sums(const std::uint8_t* src, const __m128i* w, int count) {
+/// Taps t..t+3's weights as two madd operands: (w0, w1) and (w2, w3) in
+/// every 32-bit lane.
+inline void weight_pairs(const std::int16_t* w, __m128i& w01, __m128i& w23) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w));
+  w01 = _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 0, 0, 0));
+  w23 = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 1, 1));
+}
+
+inline __m128i weight_pair(const std::int16_t* w) {
+  std::int32_t pair = 0;
+  std::memcpy(&pair, w, sizeof pair);
+  return _mm_shuffle_epi32(_mm_cvtsi32_si128(pair), 0);
+}
+
+/// One output pixel's four channel sums (shifted back to 0..255): four taps
+/// at a time (16 bytes loaded, the pixel pairs (0, 1) and (2, 3) interleaved
+/// per channel, two madds), then a last pair if the count is 2 mod 4 (8
+/// bytes: never past the taps, which stay in the row).
+inline __m128i tap_sums(const std::uint8_t* src, const std::int16_t* w, int count) {
   const __m128i zero = _mm_setzero_si128();
   __m128i acc = _mm_set1_epi32(kOne / 2);
   int t = 0;
-  for (; t + 4 <= count; t += 4, w += 2) {
+  for (; t + 4 <= count; t += 4) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 4 * t));  // pixels t..t+3
     const __m128i x = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 1, 2, 0));                   // 0 2 1 3
     const __m128i y = _mm_unpacklo_epi8(x, _mm_srli_si128(x, 8));  // b0 b1 g0 g1 r0 r1 a0 a1 b2 b3 ...
-    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi8(y, zero), _mm_loadu_si128(w)));
-    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpackhi_epi8(y, zero), _mm_loadu_si128(w + 1)));
+    __m128i w01, w23;
+    weight_pairs(w + t, w01, w23);
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi8(y, zero), w01));
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpackhi_epi8(y, zero), w23));
   }
   if (t < count) {
     const __m128i p = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 4 * t));  // pixels t, t+1
     const __m128i y = _mm_unpacklo_epi8(_mm_unpacklo_epi8(p, _mm_srli_si128(p, 4)), zero);
-    acc = _mm_add_epi32(acc, _mm_madd_epi16(y, _mm_loadu_si128(w)));
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(y, weight_pair(w + t)));
   }
   return _mm_srai_epi32(acc, kWeightBits);
 }
@@ -419,33 +434,39 @@ const bool kHasAvx2 = __builtin_cpu_supports("avx2") != 0 && std::getenv("PINFEE
 /// (the larger of their counts: the other's extra weights are zero, and
 /// the caller checked that both windows' reads stay in the row).
 __attribute__((target("avx2"))) void tap_sums_x2(const std::uint8_t* a, const std::uint8_t* b,
-                                                 const std::int32_t* w, int count, std::uint8_t* out) {
+                                                 const std::int16_t* wa, const std::int16_t* wb, int count,
+                                                 std::uint8_t* out) {
   const __m256i zero = _mm256_setzero_si256();
   __m256i acc = _mm256_set1_epi32(kOne / 2);
-  const auto* wv = reinterpret_cast<const __m256i*>(w);
   int t = 0;
-  for (; t + 4 <= count; t += 4, wv += 2) {
+  for (; t + 4 <= count; t += 4) {
+    const __m256i wv = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wa + t))),
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + t)), 1);
     const __m256i v = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4 * t))),
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4 * t)), 1);
     const __m256i x = _mm256_shuffle_epi32(v, _MM_SHUFFLE(3, 1, 2, 0));
     const __m256i y = _mm256_unpacklo_epi8(x, _mm256_srli_si256(x, 8));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(y, zero), _mm256_loadu_si256(wv)));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(y, zero), _mm256_loadu_si256(wv + 1)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(y, zero), _mm256_shuffle_epi32(wv, 0x00)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(y, zero), _mm256_shuffle_epi32(wv, 0x55)));
   }
   if (t < count) {
     const __m256i p = _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a + 4 * t))),
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 4 * t)), 1);
     const __m256i y = _mm256_unpacklo_epi8(_mm256_unpacklo_epi8(p, _mm256_srli_si256(p, 4)), zero);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(y, _mm256_loadu_si256(wv)));
+    std::int32_t pa = 0, pb = 0;
+    std::memcpy(&pa, wa + t, sizeof pa);
+    std::memcpy(&pb, wb + t, sizeof pb);
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(y, _mm256_setr_epi32(pa, pa, pa, pa, pb, pb, pb, pb)));
   }
   acc = _mm256_srai_epi32(acc, kWeightBits);
   acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), zero);
-  const int pa = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
-  const int pb = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
-  std::memcpy(out, &pa, 4);
-  std::memcpy(out + 4, &pb, 4);
+  const int first = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
+  const int second = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
+  std::memcpy(out, &first, 4);
+  std::memcpy(out + 4, &second, 4);
 }
 
 /// The vertical pass, 32 bytes at a time; returns how many bytes it did.
@@ -481,7 +502,7 @@ __attribute__((target("avx2"))) std::size_t resample_rows_avx2(const std::uint8_
 /// two output pixels at a time, packed and stored together.
 void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& k, std::uint8_t* out) {
   const int n = static_cast<int>(k.first.size());
-  const auto half = static_cast<std::size_t>(k.stride / 2);
+  const auto stride = static_cast<std::size_t>(k.stride);
   int i = 0;
 #if defined(__SSE2__)
   if (k.even) {
@@ -491,14 +512,15 @@ void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& 
       const int both = std::max(k.count[ui], k.count[ui + 1]);
       if (kHasAvx2 && k.first[ui] + both <= size && k.first[ui + 1] + both <= size) {
         tap_sums_x2(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]),
-                    k.pairs2.data() + (ui / 2) * half * 8, both, out + 4 * static_cast<std::ptrdiff_t>(i));
+                    k.weights.data() + ui * stride, k.weights.data() + (ui + 1) * stride, both,
+                    out + 4 * static_cast<std::ptrdiff_t>(i));
         continue;
       }
 #endif
-      const auto* w = reinterpret_cast<const __m128i*>(k.pairs.data() + ui * half * 4);
-      const __m128i a = tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), w, k.count[ui]);
+      const __m128i a = tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), k.weights.data() + ui * stride,
+                                 k.count[ui]);
       const __m128i b = tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]),
-                                 reinterpret_cast<const __m128i*>(k.pairs.data() + (ui + 1) * half * 4), k.count[ui + 1]);
+                                 k.weights.data() + (ui + 1) * stride, k.count[ui + 1]);
       const __m128i px = _mm_packs_epi32(a, b);
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 4 * static_cast<std::ptrdiff_t>(i)), _mm_packus_epi16(px, px));
     }
@@ -514,7 +536,7 @@ void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& 
       out[4 * i + ch] = static_cast<std::uint8_t>(std::clamp(acc >> kWeightBits, 0, 255));
     }
   }
-  (void)half;
+  (void)stride;
   (void)size;
 }
 

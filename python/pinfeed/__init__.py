@@ -459,14 +459,16 @@ class Loader:
 
     def _check_classes(self, expected):
         if isinstance(expected, Loader):
-            if expected._impl.fingerprint()["classes"] is None:
+            if not expected._impl.named_classes():
                 expected = [str(c) for c in range(expected.num_classes)]
             else:
                 expected = expected.classes
-        if isinstance(expected, (str, bytes)) or not all(isinstance(c, str) for c in expected):
+        if isinstance(expected, (str, bytes)):
             raise TypeError("classes= must be a list of class names (str) or a pinfeed.Loader to follow")
         expected = list(expected)
-        if self._impl.fingerprint()["classes"] is not None:
+        if not all(isinstance(c, str) for c in expected):
+            raise TypeError("classes= must be a list of class names (str) or a pinfeed.Loader to follow")
+        if self._impl.named_classes():
             _pinfeed.check_same_classes([os.fsencode(c) for c in expected], [os.fsencode(c) for c in self.classes])
         elif self.num_classes > len(expected):
             raise ValueError(f"this dataset's labels go up to {self.num_classes - 1}, past the {len(expected)} "
@@ -638,7 +640,9 @@ class Loader:
         load_state_dict(), a set_epoch (on the loader or its sampler) naming
         another epoch than the state's wins: that epoch runs from its start."""
         if self._resume is not None:
-            return dict(self._resume)
+            # Taken as this dataset's (strict=False accepted a change): the
+            # next load checks against this dataset, not the old one.
+            return dict(self._resume, dataset=self._fingerprint())
         state = dict(self._impl.state())
         state["dataset"] = self._fingerprint()
         if self._current is None:

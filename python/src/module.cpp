@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <optional>
 #include <utility>
@@ -427,8 +428,12 @@ class PyLoader {
   /// classes (bytes; None for numeric labels) and hash (16 hex digits).
   [[nodiscard]] py::dict fingerprint() {
     if (!fingerprint_) {
-      py::gil_scoped_release release;
-      fingerprint_ = pl::fingerprint(loader_->dataset());
+      pl::DatasetFingerprint f;
+      {
+        py::gil_scoped_release release;  // stats; another thread may run Python meanwhile
+        f = pl::fingerprint(loader_->dataset());
+      }
+      if (!fingerprint_) fingerprint_ = std::move(f);  // with the GIL: one writer
     }
     py::dict d;
     d["samples"] = fingerprint_->samples;
@@ -443,6 +448,10 @@ class PyLoader {
     d["hash"] = fmt::format("{:016x}", fingerprint_->hash);
     return d;
   }
+  /// Whether the classes have names (an ImageFolder), not label numbers.
+  [[nodiscard]] bool named_classes() const {
+    return dynamic_cast<const pl::ImageFolder*>(&loader_->dataset()) != nullptr;
+  }
   /// What changed from the fingerprint `was` (fingerprint()'s form) to this
   /// loader's dataset; "" when nothing did.
   [[nodiscard]] std::string dataset_change(const py::dict& was) {
@@ -452,13 +461,10 @@ class PyLoader {
     w.num_classes = was["num_classes"].cast<std::uint64_t>();
     if (!was["classes"].is_none()) w.classes = was["classes"].cast<std::vector<std::string>>();
     const auto hash = was["hash"].cast<std::string>();
-    std::size_t used = 0;
-    try {
-      w.hash = std::stoull(hash, &used, 16);
-    } catch (const std::exception&) {
-      used = 0;
+    const auto [end, ec] = std::from_chars(hash.data(), hash.data() + hash.size(), w.hash, 16);
+    if (ec != std::errc{} || end != hash.data() + hash.size() || hash.empty()) {
+      throw pinfeed::ConfigError(fmt::format("state_dict's dataset hash '{}' is not 16 hexadecimal digits", hash));
     }
-    if (used != hash.size() || hash.empty()) throw pinfeed::ConfigError(fmt::format("state_dict's dataset hash '{}' is not hexadecimal", hash));
     return pl::describe_change(w, *fingerprint_);
   }
   [[nodiscard]] py::dict pin_report() const {
@@ -604,6 +610,7 @@ PYBIND11_MODULE(_pinfeed, m) {
       .def("threads", &PyLoader::threads)
       .def("classes", &PyLoader::classes)
       .def("fingerprint", &PyLoader::fingerprint)
+      .def("named_classes", &PyLoader::named_classes)
       .def("dataset_change", &PyLoader::dataset_change)
       .def("describe", &PyLoader::describe)
       .def("samples", &PyLoader::samples)

@@ -364,6 +364,12 @@ TEST_F(DatasetTest, AFingerprintSurvivesAMoveAndNamesWhatChanged) {
   EXPECT_TRUE(fingerprint(list).classes.empty());
   EXPECT_EQ(fingerprint(list).num_classes, 3U);
   EXPECT_EQ(fingerprint(list), fingerprint(FileList(data_.list, dir_.path())));
+  // Absolute entries stay themselves: the list moved one folder deeper is
+  // the same dataset.
+  testing::write_file(dir_.path() / "abs.txt", (data_.folder / "class00" / "img000.jpg").string() + " 0\n");
+  testing::write_file(dir_.path() / "deeper" / "abs.txt", (data_.folder / "class00" / "img000.jpg").string() + " 0\n");
+  EXPECT_EQ(fingerprint(FileList(dir_.path() / "abs.txt", dir_.path())),
+            fingerprint(FileList(dir_.path() / "deeper" / "abs.txt", dir_.path() / "deeper")));
   const TarShards tar(expand_shard_pattern(data_.shards));
   EXPECT_EQ(fingerprint(tar).samples, 12U);
   DatasetFingerprint fewer = fingerprint(tar);

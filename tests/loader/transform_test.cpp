@@ -90,6 +90,39 @@ TEST(TransformTest, ARandomCropDecodesExactlyTheCropAndResizesOnlyIt) {
   }
 }
 
+TEST(TransformTest, AbsurdShrinksAndResizesAreDataErrorsNotGigabytes) {
+  // The filter reads about twice the shrink per output pixel and the writer
+  // keeps that many rows: a 1 x 100,000,000 strip would take gigabytes.
+  TransformConfig c;
+  c.crop = CropMode::full;
+  ImageHeader h;
+  h.width = 1;
+  h.height = 100'000'000;
+  SampleRng rng(0, 0, 0);
+  EXPECT_THROW((void)plan_crop(h, c, rng), DataError);
+  // Resize(256) of a 1 x 16,777,217 strip: 4.3 billion pixels long.
+  c.crop = CropMode::center;
+  h.height = 16'777'217;
+  try {
+    (void)plan_crop(h, c, rng);
+    FAIL() << "an int overflow became a plan";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("Resize(256) would make this 1x16777217 image"), std::string::npos) << e.reason();
+  }
+  // The writer refuses it too, whatever the caller planned.
+  c.size = 8;
+  DecodedImage img;
+  img.width = 600'000;
+  img.height = 1;
+  img.pixels.assign(static_cast<std::size_t>(img.width) * 4, 7);
+  std::vector<std::byte> out(c.sample_bytes());
+  EXPECT_THROW(SampleWriter(c).write(img, Region{}, false, out), DataError);
+  h.width = 4000;  // 500x, under the limit
+  h.height = 4000;
+  c.crop = CropMode::full;
+  EXPECT_NO_THROW((void)plan_crop(h, c, rng));
+}
+
 TEST(TransformTest, DownscalingIsAntialiased) {
   // Noise shrunk 4x (both axes, columns only, rows only): PIL's triangle
   // filter widened to the shrink averages about 8 source pixels per axis, so

@@ -146,9 +146,12 @@ def same_as_imagefolder(root):
 
 def test_names_that_are_not_utf8_cross_into_python_as_os_fsdecode_gives_them(tmp_path):
     root = tmp_path / "train"
-    make_tree(root, [b"caf\xe9/\xff.png", b"caf\xe9/b.png", "plain/a.png", b"plain/\xe9t\xe9.png"])
+    # Latin-1 "\xa9" and UTF-8 "\xc3\xa9" ("é"): byte order puts the first
+    # first, Python's code points (U+DCA9 > U+00E9) the second: labels follow.
+    make_tree(root, [b"caf\xe9/\xff.png", b"caf\xe9/b.png", "plain/a.png", b"plain/\xe9t\xe9.png", b"\xa9/x.png",
+                     "\u00e9/y.png"])
     l = same_as_imagefolder(root)
-    assert l.classes == ["caf\udce9", "plain"]
+    assert l.classes == ["caf\udce9", "plain", "\u00e9", "\udca9"]
     assert l.paths([0]) == [l.samples[0][0]]
 
 
@@ -165,6 +168,7 @@ def test_a_validation_loader_given_classes_refuses_other_class_folders(dataset, 
     val = dataset.parent / "val"
     assert pinfeed.Loader(str(val), batch_size=8, size=8, threads=1, classes=train).classes == train.classes
     pinfeed.Loader(str(val), batch_size=8, size=8, threads=1, classes=list(train.classes))
+    pinfeed.Loader(str(val), batch_size=8, size=8, threads=1, classes=(c for c in train.classes))  # any iterable
     renamed = tmp_path / "val"
     shutil.copytree(val, renamed)
     os.rename(renamed / train.classes[1], renamed / "zz")
@@ -198,6 +202,12 @@ def test_a_state_dict_refuses_another_dataset_naming_what_changed(dataset, tmp_p
         warnings.simplefilter("always")
         fresh().load_state_dict(state, strict=False)
     assert any("changed dataset" in str(w.message) for w in caught)
+    accepted = fresh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accepted.load_state_dict(state, strict=False)
+    # Taken as the new dataset's: saving it again and loading it strictly works.
+    fresh().load_state_dict(accepted.state_dict())
     os.rename(root / "renamed", root / name)
     shutil.copy(next((root / name).iterdir()), root / name / "extra.jpg")
     with pytest.raises(ValueError, match=r"1 sample added \(40 -> 41\)"):

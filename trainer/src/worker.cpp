@@ -69,6 +69,10 @@ void Worker::run() {
   const Start start = resume_or_initialize();
   allocate_buffers();
   group_.arrive_allocated();  // Note [No allocation during collectives]
+  // After the barrier: the fingerprint's parallel loop starts oneTBB on this
+  // thread, which must not race another worker's Loader setting the
+  // process's global_control (TSan saw oneTBB read its control set unlocked).
+  check_dataset();
   broadcast_start(start);
 
   const auto t_train = Clock::now();
@@ -158,7 +162,6 @@ void Worker::make_model(int image_size) {
 
 Worker::Start Worker::resume_or_initialize() {
   Start start;
-  if (!cfg_.checkpoint.empty()) fingerprint_ = loader::fingerprint(loader_->dataset());
   if (!cfg_.resume) {
     start.weights = model_->initial_weights(cfg_.loader.seed);  // rank 0's are broadcast
     start.momentum.assign(model_->param_count(), 0.0F);
@@ -183,24 +186,7 @@ Worker::Start Worker::resume_or_initialize() {
   // every field of the shape must match.
   mismatch("model", ck.model.spec(), mc.spec());
   mismatch("model buffer count", ck.buffers.size(), model_->buffer_count());
-  // Index i must still be the same sample: a renamed class permutes the
-  // labels, an added file shifts every position after it.
-  if (!ck.dataset) {
-    pinfeed::detail::log().warn("{}: the checkpoint carries no dataset fingerprint (written before 2026-12-03): "
-                                "whether the training set changed cannot be checked",
-                                cfg_.checkpoint.string());
-  } else if (const std::string change = loader::describe_change(*ck.dataset, *fingerprint_); !change.empty()) {
-    if (!cfg_.allow_dataset_change) {
-      throw ConfigError(fmt::format("{}: the training set is not the one the checkpoint was taken on: {}. Resuming "
-                                    "would put other samples and labels at the saved position; --allow-dataset-change "
-                                    "resumes anyway",
-                                    cfg_.checkpoint.string(), change));
-    }
-    if (rank_ == 0) {
-      pinfeed::detail::log().warn("{}: resuming on a changed training set (--allow-dataset-change): {}",
-                                  cfg_.checkpoint.string(), change);
-    }
-  }
+  resumed_dataset_ = ck.dataset;
   if (ck.position > loader_->samples_per_epoch()) {
     throw ConfigError(fmt::format("{}: checkpoint position {} is past the epoch's end ({} samples per rank)",
                                   cfg_.checkpoint.string(), ck.position, loader_->samples_per_epoch()));
@@ -212,6 +198,35 @@ Worker::Start Worker::resume_or_initialize() {
   start.position = ck.position;
   global_step_ = ck.step;
   return start;
+}
+
+void Worker::check_dataset() {
+  if (cfg_.checkpoint.empty()) return;
+  fingerprint_ = loader::fingerprint(loader_->dataset());
+  if (!cfg_.resume) return;
+  // Index i must still be the same sample: a renamed class permutes the
+  // labels, an added file shifts every position after it. Every rank sees
+  // the same set and the same checkpoint, so every rank refuses together.
+  if (!resumed_dataset_) {
+    if (rank_ == 0) {
+      pinfeed::detail::log().warn("{}: the checkpoint carries no dataset fingerprint (written before 2026-12-03): "
+                                  "whether the training set changed cannot be checked",
+                                  cfg_.checkpoint.string());
+    }
+    return;
+  }
+  const std::string change = loader::describe_change(*resumed_dataset_, *fingerprint_);
+  if (change.empty()) return;
+  if (!cfg_.allow_dataset_change) {
+    throw ConfigError(fmt::format("{}: the training set is not the one the checkpoint was taken on: {}. Resuming "
+                                  "would put other samples and labels at the saved position; --allow-dataset-change "
+                                  "resumes anyway",
+                                  cfg_.checkpoint.string(), change));
+  }
+  if (rank_ == 0) {
+    pinfeed::detail::log().warn("{}: resuming on a changed training set (--allow-dataset-change): {}",
+                                cfg_.checkpoint.string(), change);
+  }
 }
 
 void Worker::allocate_buffers() {

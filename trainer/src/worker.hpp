@@ -91,6 +91,9 @@ class Worker {
   /// already with SyncBN): one set for evaluation and the checkpoint.
   void average_buffers();
   [[nodiscard]] Start resume_or_initialize();
+  /// With a checkpoint: the training set's fingerprint (saved with it), and
+  /// on --resume the refusal of a changed set. After the allocation barrier.
+  void check_dataset();
   void allocate_buffers();
   void allocate_staging(std::size_t floats);
   void broadcast_start(const Start& start);
@@ -121,6 +124,7 @@ class Worker {
   // (drained) first, while every buffer their queued work touches still exists.
   std::unique_ptr<loader::Loader> loader_, val_loader_;
   std::optional<loader::DatasetFingerprint> fingerprint_;  ///< the training set's, with a checkpoint (saved, compared)
+  std::optional<loader::DatasetFingerprint> resumed_dataset_;  ///< the resumed checkpoint's
   std::unique_ptr<Model> model_;
   DeviceBuffer scratch_;
   DeviceBuffer in_[2], labels_[2], images_, step_stats_;  // training inputs, double-buffered

@@ -129,6 +129,7 @@ class FileList final : public Dataset {
 
  private:
   std::filesystem::path list_, root_;
+  std::vector<char> absolute_;  ///< per entry: the list gave an absolute path
   std::vector<std::filesystem::path> files_;
   std::vector<std::int64_t> labels_;
   std::size_t num_classes_ = 0;

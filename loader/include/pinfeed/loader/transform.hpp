@@ -36,6 +36,10 @@ namespace pinfeed::loader {
 /// Output side limits (TransformConfig::size), for validate() and every CLI.
 inline constexpr int kMinImageSize = 8;
 inline constexpr int kMaxImageSize = 4096;
+/// The most a resize may shrink along one side: the filter reads about
+/// twice that many source pixels per output pixel and the writer keeps as
+/// many output-width rows (a sample over it is a DataError naming it).
+inline constexpr double kMaxShrink = 512;
 /// The largest `resize` (center crop's shorter side) and aspect ratio bound.
 inline constexpr int kMaxResize = 8192;
 inline constexpr double kMaxAspectRatio = 100.0;
@@ -154,8 +158,6 @@ class SampleWriter : private RowSink {
     std::vector<int> first;              ///< per output pixel: its first source pixel
     std::vector<int> count;              ///< and how many (nearest: 1)
     std::vector<std::int16_t> weights;   ///< per output pixel, `stride` of them (zero past count)
-    std::vector<std::int32_t> pairs;     ///< per output pixel, stride / 2 pairs (w0 | w1 << 16), four copies each
-    std::vector<std::int32_t> pairs2;    ///< outputs 2m and 2m + 1 interleaved: per pair, four copies of each
     int stride = 0;
     bool even = false;                   ///< every count is even (the SIMD path)
   };
