@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <libyuv/convert_from_argb.h>
 #include <libyuv/planar_functions.h>
-#include <libyuv/scale_argb.h>
 
 #include <algorithm>
 #include <chrono>
