@@ -565,20 +565,18 @@ void check_same_classes(const Dataset& train, const Dataset& val) {
 }
 
 void check_same_class_names(const std::vector<std::string>& t, const std::vector<std::string>& v) {
-  {
-    if (t == v) return;
-    const std::size_t n = std::min(t.size(), v.size());
-    std::size_t k = 0;
-    while (k < n && t[k] == v[k]) ++k;
-    const std::string diff =
-        k < n ? fmt::format("class {} is '{}' in validation but '{}' in training", k, v[k], t[k])
-        : k < t.size() ? fmt::format("training's class {} '{}' has no validation folder", k, t[k])
-                       : fmt::format("validation's class {} '{}' has no training folder", k, v[k]);
-    throw ConfigError(fmt::format("the validation set's classes are not the training set's ({} in validation, {} in "
-                                  "training): {}; labels are folder positions, so every label from there on would "
-                                  "be wrong. Give both sets the same class folders",
-                                  v.size(), t.size(), diff));
-  }
+  if (t == v) return;
+  const std::size_t n = std::min(t.size(), v.size());
+  std::size_t k = 0;
+  while (k < n && t[k] == v[k]) ++k;
+  const std::string diff =
+      k < n ? fmt::format("class {} is '{}' in validation but '{}' in training", k, v[k], t[k])
+      : k < t.size() ? fmt::format("training's class {} '{}' has no validation folder", k, t[k])
+                     : fmt::format("validation's class {} '{}' has no training folder", k, v[k]);
+  throw ConfigError(fmt::format("the validation set's classes are not the training set's ({} in validation, {} in "
+                                "training): {}; labels are folder positions, so every label from there on would "
+                                "be wrong. Give both sets the same class folders",
+                                v.size(), t.size(), diff));
 }
 
 // ---------------------------------------------------------------- fingerprints
