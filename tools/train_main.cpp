@@ -235,6 +235,11 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", config.profile,
                "break each step down: wait for the batch, H2D copy, forward, backward, all-reduce (and its exposed "
                "part), optimizer; per epoch, in ms per step (host callbacks in stream order: a little GPU latency)");
+  double comm_timeout_s = 300;
+  app.add_option("--comm-timeout", comm_timeout_s,
+                 "seconds the rendezvous and each collective may wait for the other ranks; then every rank stops "
+                 "with a message (torch's init_process_group timeout)")
+      ->check(CLI::Range(1.0, 86400.0));
   app.add_flag("--json", as_json, "print a JSON summary at the end (and no per-epoch lines)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
 
@@ -253,6 +258,7 @@ int main(int argc, char** argv) {
       throw pinfeed::ConfigError("--sync-bn is for --model cnn (the MLP has no BatchNorm)");
     }
     config.devices = pt::parse_devices(devices);
+    config.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(comm_timeout_s * 1000));
     config.device_normalize = !host_normalize;
     config.ddp.bucket_cap_bytes = static_cast<std::size_t>(bucket_mb * 1024 * 1024);
     config.ddp.first_bucket_bytes = std::min(config.ddp.first_bucket_bytes, config.ddp.bucket_cap_bytes);

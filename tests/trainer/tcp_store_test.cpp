@@ -13,7 +13,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "pinfeed/error.hpp"
@@ -278,6 +280,167 @@ TEST(TcpStoreTest, ExternalStoreFromTorch) {
   EXPECT_EQ(store.add("counter", 2), 2);
   EXPECT_EQ(store.add("counter", 3), 5);
   EXPECT_THROW((void)store.get("never-set"), CommError);
+}
+
+/// Polls `done` for up to 5 s.
+template <typename F>
+bool eventually(F done) {
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+/// This process's thread count (/proc/self/status).
+int threads_now() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST(TcpStoreTest, OneThreadServesEveryConnectionAndTheCapRefusesMore) {
+  auto o = options(29571, true);
+  o.limits.max_connections = 8;
+  TcpStore server(o);  // its own client holds one of the 8
+  const int before = threads_now();
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) idle.push_back(raw_connect(29571));
+  const TcpStoreServer& s = *server.server();
+  ASSERT_TRUE(eventually([&] { return s.stats().accepted >= 21; })) << s.stats().accepted;
+  EXPECT_EQ(s.stats().connections, 8U);
+  EXPECT_EQ(s.stats().refused, 13U);
+  EXPECT_EQ(threads_now(), before);  // no thread per connection
+  // The ones over the cap were closed; the ones under it stay.
+  int closed = 0;
+  for (const int fd : idle) {
+    timeval tv{0, 200000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char byte = 0;
+    closed += ::recv(fd, &byte, 1, 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(closed, 13);
+  // 2000 connect/close cycles leave nothing behind.
+  for (const int fd : idle) ::close(fd);
+  for (int i = 0; i < 2000; ++i) ::close(raw_connect(29571));
+  ASSERT_TRUE(eventually([&] { return s.stats().connections == 1; })) << s.stats().connections;
+  EXPECT_EQ(threads_now(), before);
+  EXPECT_EQ(server.add("alive", 1), 1);
+}
+
+TEST(TcpStoreTest, SilentStalledAndOversizedClientsAreDropped) {
+  auto o = options(29572, true);
+  o.limits.first_request = 300ms;
+  o.limits.stall = 300ms;
+  o.limits.max_bytes = 1U << 20U;
+  TcpStore server(o);
+  const TcpStoreServer& s = *server.server();
+  // Says nothing: dropped after first_request.
+  const int silent = raw_connect(29572);
+  EXPECT_TRUE(closed_by_server(silent));
+  ::close(silent);
+  // Half a SET, then nothing: dropped after stall.
+  const int half = raw_connect(29572);
+  const std::uint8_t set = 0;
+  const std::uint64_t len = 10;
+  ASSERT_EQ(::send(half, &set, 1, 0), 1);
+  ASSERT_EQ(::send(half, &len, sizeof len, 0), 8);
+  ASSERT_EQ(::send(half, "abc", 3, 0), 3);
+  EXPECT_TRUE(closed_by_server(half));
+  ::close(half);
+  // A SET over the store's byte cap: that client dropped, nothing stored.
+  auto co = options(29572, false);
+  TcpStore big(co);
+  big.set("big", std::vector<char>(2U << 20U, 'x'));
+  EXPECT_THROW((void)big.add("after", 1), CommError);
+  EXPECT_LT(s.stats().stored_bytes, 1U << 20U);
+  EXPECT_EQ(s.stats().dropped, 3U);
+  // A WAIT that can wait forever holds its keys, not a thread; it goes with
+  // its connection.
+  const int waiter = raw_connect(29572);
+  const std::uint8_t wait = 5;
+  const std::uint64_t one = 1, klen = 5;
+  ASSERT_EQ(::send(waiter, &wait, 1, 0), 1);
+  ASSERT_EQ(::send(waiter, &one, 8, 0), 8);
+  ASSERT_EQ(::send(waiter, &klen, 8, 0), 8);
+  ASSERT_EQ(::send(waiter, "never", 5, 0), 5);
+  std::this_thread::sleep_for(500ms);  // past first_request and stall: a WAIT is neither
+  EXPECT_EQ(s.stats().dropped, 3U);
+  ::close(waiter);
+  // And the store still serves its own client.
+  EXPECT_EQ(server.add("alive", 2), 2);
+  EXPECT_TRUE(eventually([&] { return s.stats().connections == 1; }));
+}
+
+TEST(TcpStoreTest, ItListensOnlyWhereTheHostResolves) {
+  auto o = options(29573, true);
+  o.host = "127.0.0.1";
+  TcpStore server(o);
+  // 127.0.0.2 is this host's loopback too, but not the address named.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(0x7f000002U);
+  a.sin_port = htons(29573);
+  EXPECT_NE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(errno, ECONNREFUSED);
+  ::close(fd);
+  // An address that is not this host's: an error naming it, at once.
+  auto far = options(29574, true);
+  far.host = "192.0.2.1";  // TEST-NET-1
+  try {
+    TcpStore bad(far);
+    FAIL() << "listened on another host's address";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("192.0.2.1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MASTER_ADDR"), std::string::npos) << e.what();
+  }
+  auto zero = options(0, true);
+  EXPECT_THROW(TcpStore bad(zero), ConfigError);
+}
+
+TEST(TcpStoreTest, AServiceThatIsNotAStoreIsNamedWithinSeconds) {
+  // Something on MASTER_PORT that answers like a web server.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(29575);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  std::thread web([&] {
+    for (int i = 0; i < 2; ++i) {
+      const int fd = ::accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      char buf[256];
+      (void)::recv(fd, buf, sizeof buf, 0);
+      const char reply[] = "HTTP/1.0 400 Bad Request\r\n\r\n";
+      (void)::send(fd, reply, sizeof reply - 1, MSG_NOSIGNAL);
+      ::close(fd);
+    }
+  });
+  auto o = options(29575, false);
+  o.timeout = 60s;
+  o.rank = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    TcpStore http(o);
+    FAIL() << "a web server taken for a store";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a TCPStore"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("web server"), std::string::npos) << e.what();
+    EXPECT_EQ(e.rank(), 1);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  ::shutdown(listener, SHUT_RDWR);
+  web.join();
+  ::close(listener);
 }
 
 TEST(TcpStoreTest, ALaunchWithoutTheStoreVariablesIsAConfigError) {

@@ -17,12 +17,19 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string_view>
+#include <utility>
 
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
@@ -32,39 +39,113 @@
 namespace pinfeed::trainer {
 namespace {
 
-/// Gloo's rendezvous over pinfeed's store.
+/// Gloo's rendezvous over pinfeed's store. Gloo trusts what it reads: a
+/// peer's address record of the wrong size fails deep inside it ("enforce
+/// fail ... address.cc"). So every value read is checked against the shape
+/// of the one this rank wrote for the same mesh (each rank writes its
+/// listening addresses, one record per peer, under its rank's number), and
+/// a malformed one is an error naming the key and the rank it belongs to.
 class StoreAdaptor final : public gloo::rendezvous::Store {
  public:
-  explicit StoreAdaptor(detail::TcpStore& store) : store_(store) {}
-  void set(const std::string& key, const std::vector<char>& data) override { store_.set(key, data); }
-  std::vector<char> get(const std::string& key) override { return store_.get(key); }
+  StoreAdaptor(detail::TcpStore& store, int rank, int size) : store_(store), rank_(rank), size_(size) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    if (const auto [mesh, r] = split(key); r == rank_) written_[mesh] = data.size();
+    store_.set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::vector<char> v = store_.get(key);
+    check(key, v);
+    return v;
+  }
   void wait(const std::vector<std::string>& keys) override { store_.wait(keys, store_.options().timeout); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     store_.wait(keys, timeout);
   }
 
  private:
+  /// "gloo/collectives/3" -> ("gloo/collectives/", 3); no rank: -1.
+  static std::pair<std::string, int> split(const std::string& key) {
+    const auto slash = key.find_last_of('/');
+    const std::string_view tail = std::string_view(key).substr(slash == std::string::npos ? 0 : slash + 1);
+    int r = -1;
+    const auto [end, ec] = std::from_chars(tail.data(), tail.data() + tail.size(), r);
+    if (ec != std::errc() || end != tail.data() + tail.size() || tail.empty()) return {key, -1};
+    return {key.substr(0, key.size() - tail.size()), r};
+  }
+  void check(const std::string& key, const std::vector<char>& v) const {
+    const auto [mesh, r] = split(key);
+    const auto mine = written_.find(mesh);
+    if (r < 0 || mine == written_.end()) return;
+    const std::string full = store_.options().prefix + key;
+    const auto bad = [&](const std::string& why) {
+      return CommError(rank_, "gloo connect", 0,
+                       fmt::format("the store key '{}' (rank {}'s peer addresses) is malformed: {}; something other "
+                                   "than rank {} wrote it (a stray process on MASTER_PORT, or two runs with the same "
+                                   "TORCHELASTIC_RUN_ID?)",
+                                   full, r, why, r));
+    };
+    if (r >= size_ || r == rank_) throw bad(fmt::format("rank {} is not a peer in a world of {}", r, size_));
+    if (v.size() != mine->second) {
+      throw bad(fmt::format("{} bytes where every rank writes {}", v.size(), mine->second));
+    }
+    const std::size_t peers = static_cast<std::size_t>(size_ - 1);
+    if (peers == 0 || v.size() % peers != 0) return;
+    const std::size_t record = v.size() / peers;
+    for (std::size_t i = 0; i + sizeof(sa_family_t) <= v.size(); i += record) {
+      sa_family_t family = 0;
+      std::memcpy(&family, v.data() + i, sizeof family);
+      if (family != AF_INET && family != AF_INET6) {
+        throw bad(fmt::format("record {} has address family {}, not IPv4 or IPv6", i / record, family));
+      }
+    }
+  }
+
   detail::TcpStore& store_;
+  int rank_, size_;
+  std::map<std::string, std::size_t> written_;  // mesh prefix -> the size this rank wrote
 };
 
+/// The local address that reaches `host` (the route the kernel picks for
+/// it), numeric; empty when it cannot be found.
+std::string address_toward(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return {};
+  std::string local;
+  for (addrinfo* a = found; a != nullptr && local.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage me{};
+    socklen_t len = sizeof me;
+    char text[NI_MAXHOST] = {};
+    // A UDP connect sends nothing: it only picks the route and source.
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&me), len, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0) {
+      local = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return local;
+}
+
 /// The TCP device: GLOO_SOCKET_IFNAME's interface when set (as PyTorch's
-/// gloo backend reads it), else this host's name, else the loopback.
-std::shared_ptr<gloo::transport::Device> make_device() {
+/// gloo backend reads it), else the local address of the route to the
+/// store's host (MASTER_ADDR), which every peer can reach if the store's
+/// host can, else the loopback. Not the host name: on many hosts it
+/// resolves to 127.0.1.1 or to an interface the peers cannot reach.
+std::shared_ptr<gloo::transport::Device> make_device(const detail::TcpStore& store) {
   gloo::transport::tcp::attr attr;
   if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface != '\0') {
     attr.iface = iface;
     return gloo::transport::tcp::CreateDevice(attr);
   }
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) == 0) {
-    try {
-      attr.hostname = host;
-      return gloo::transport::tcp::CreateDevice(attr);
-    } catch (const std::exception& e) {
-      pinfeed::detail::log().debug("gloo: host name '{}' is not usable ({}); using 127.0.0.1", host, e.what());
-    }
-  }
-  attr.hostname = "127.0.0.1";
+  std::string local = address_toward(store.options().host, store.options().port);
+  if (local.empty()) local = "127.0.0.1";
+  pinfeed::detail::log().debug("gloo: listening on {} (the route to MASTER_ADDR {})", local, store.options().host);
+  attr.hostname = local;
   return gloo::transport::tcp::CreateDevice(attr);
 }
 
@@ -74,8 +155,8 @@ class GlooCommunicator final : public Communicator {
       : backend_(&backend), rank_(env.rank), size_(env.world_size), timeout_(config.timeout) {
     try {
       store_ = detail::connect_launch_store(env, config.timeout);
-      StoreAdaptor adaptor(*store_);
-      auto device = make_device();
+      StoreAdaptor adaptor(*store_, rank_, size_);
+      auto device = make_device(*store_);
       const auto mesh = [&](const char* name) {
         gloo::rendezvous::PrefixStore prefixed(name, adaptor);
         auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
@@ -89,6 +170,8 @@ class GlooCommunicator final : public Communicator {
       store_->barrier("gloo/ready", size_);
     } catch (const CommError&) {
       throw;
+    } catch (const ConfigError&) {
+      throw;  // MASTER_PORT and friends: the operator's to fix (exit 2)
     } catch (const std::exception& e) {
       throw CommError(rank_, "gloo connect", 0, fmt::format("{} ranks: {}", size_, e.what()));
     }

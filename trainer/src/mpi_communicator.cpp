@@ -1,11 +1,23 @@
 // MpiCommunicator: one CPU rank per process under mpirun. Collectives run on
 // the rank's comm stream (a CpuBackend worker thread) while barrier() runs
 // on the calling thread, so MPI is initialized with MPI_THREAD_MULTIPLE.
+//
+// MPI has no timeouts, and a blocking collective busy-polls: a stopped or
+// lost peer would keep this rank at 100% of a core forever. So every
+// collective is non-blocking (MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier)
+// and is waited for by wait(): MPI_Test back to back for the first 100 ms
+// (a healthy collective's latency is untouched), then with sleeps growing
+// to 1 ms (a long wait costs ~0.1% of a core), and at CommConfig::timeout
+// every rank is aborted with a message saying which collective did not
+// complete.
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "mpi_init.hpp"
 #include "pinfeed/log.hpp"
@@ -58,7 +70,7 @@ namespace {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(CpuBackend& backend) : backend_(&backend) {
+  MpiCommunicator(CpuBackend& backend, CommConfig config) : backend_(&backend), timeout_(config.timeout) {
     detail::mpi_init();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -70,8 +82,10 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(Stream& s, float* data, std::size_t count, ReduceOp op) override {
     backend_->enqueue(s, [this, data, count, op] {
       const std::size_t bytes = count * sizeof(float);
-      check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), rank_,
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), rank_,
             "all_reduce", bytes);
+      wait(r, "all_reduce", bytes);
       if (op == ReduceOp::average) {
         for (std::size_t i = 0; i < count; ++i) data[i] /= static_cast<float>(size_);
       }
@@ -80,15 +94,45 @@ class MpiCommunicator final : public Communicator {
   void broadcast(Stream& s, float* data, std::size_t count, int root) override {
     if (root < 0 || root >= size_) throw ConfigError(fmt::format("broadcast root {} is not a rank of {}", root, size_));
     backend_->enqueue(s, [this, data, count, root] {
-      check(MPI_Bcast(data, static_cast<int>(count), MPI_FLOAT, root, MPI_COMM_WORLD), rank_, "broadcast",
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(MPI_Ibcast(data, static_cast<int>(count), MPI_FLOAT, root, MPI_COMM_WORLD, &r), rank_, "broadcast",
             count * sizeof(float));
+      wait(r, "broadcast", count * sizeof(float));
     });
   }
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), rank_, "barrier", 0); }
+  void barrier() override {
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(MPI_COMM_WORLD, &r), rank_, "barrier", 0);
+    wait(r, "barrier", 0);
+  }
   void abort(const std::string& why) noexcept override { detail::mpi_abort(rank_, why); }
 
  private:
+  /// Until `r` completes (see the top of this file); past the timeout,
+  /// every rank is aborted.
+  void wait(MPI_Request& r, const char* op, std::size_t bytes) const {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto deadline = start + timeout_;
+    std::chrono::microseconds pause{0};
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), rank_, op, bytes);
+      if (done != 0) return;
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        detail::mpi_abort(rank_, fmt::format("{} of {} bytes did not complete within {} s: a rank stopped, hung or was "
+                                             "lost",
+                                             op, bytes, std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
+      }
+      if (now - start < std::chrono::milliseconds(100)) continue;
+      pause = std::clamp(pause * 2, std::chrono::microseconds(10), std::chrono::microseconds(1000));
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
   CpuBackend* backend_;
+  std::chrono::milliseconds timeout_;
   int rank_ = 0, size_ = 1;
 };
 
@@ -96,10 +140,10 @@ class MpiCommunicator final : public Communicator {
 
 bool mpi_compiled() noexcept { return true; }
 
-std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& backend, CommConfig /*config*/) {
+std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& backend, CommConfig config) {
   auto* cpu = dynamic_cast<CpuBackend*>(&backend);
   if (cpu == nullptr) throw ConfigError(fmt::format("mpi communicator: {} is not a CPU backend", backend.name()));
-  return std::make_unique<MpiCommunicator>(*cpu);
+  return std::make_unique<MpiCommunicator>(*cpu, config);
 }
 
 }  // namespace pinfeed::trainer

@@ -15,10 +15,9 @@
 #include <vector>
 
 #include "pinfeed/launch_env.hpp"
+#include "tcp_store_server.hpp"
 
 namespace pinfeed::trainer::detail {
-
-class TcpStoreServer;
 
 class TcpStore {
  public:
@@ -28,10 +27,14 @@ class TcpStore {
   struct Options {
     std::string host = "127.0.0.1";
     int port = 29500;
-    bool serve = false;  ///< this process hosts the store on `port`
+    bool serve = false;  ///< this process hosts the store on `port`, listening where `host` resolves
+    StoreLimits limits;  ///< the server's caps (tcp_store_server.hpp)
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< connect and wait limit
+    /// A line in the log this often while connecting or waiting.
+    std::chrono::milliseconds progress{std::chrono::seconds(15)};
     std::string prefix;  ///< put before every key (torch's "/" included)
     Dialect dialect = Dialect::automatic;  ///< as a client; the server speaks both
+    int rank = -1;  ///< this process's rank, for messages
   };
   explicit TcpStore(Options options);
   ~TcpStore();
@@ -52,6 +55,8 @@ class TcpStore {
   [[nodiscard]] const Options& options() const noexcept { return options_; }
   /// The dialect the client speaks (v1 or v2 once connected).
   [[nodiscard]] Dialect dialect() const noexcept { return dialect_; }
+  /// The server this process hosts (serve), else null.
+  [[nodiscard]] const TcpStoreServer* server() const noexcept { return server_.get(); }
 
  private:
   void send_bytes(const void* data, std::size_t n);
@@ -59,6 +64,10 @@ class TcpStore {
   void recv_bytes(void* data, std::size_t n, const char* op);
   [[noreturn]] void recv_error(const char* op, int e) const;
   std::vector<char> recv_vector(const char* op);
+  bool check(const std::vector<std::string>& keys);
+  void probe_dialect();
+  void handshake();
+  [[nodiscard]] std::string where() const;
 
   Options options_;
   std::unique_ptr<TcpStoreServer> server_;
