@@ -21,13 +21,15 @@ int run_tool(const char* name, CLI::App& app, int argc, char** argv, Body&& body
     const int rc = app.exit(e);  // prints help, version, or the parse error
     return rc == 0 ? 0 : 2;
   }
+  // Descriptors: a dataset of many tar shards, sockets to many ranks.
+  raise_open_file_limit();
   try {
     return body();
   } catch (const ConfigError& e) {
     fmt::print(stderr, "{}: {}\n", name, e.what());
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}: {}\n", name, e.what());
+    fmt::print(stderr, "{}: {}\n", name, describe_failure(e));
     return 1;
   }
 }

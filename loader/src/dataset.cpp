@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -436,7 +437,24 @@ std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs
   return members;
 }
 
+/// How many shard descriptors a TarShards keeps open: a quarter of the
+/// soft RLIMIT_NOFILE (the decoders, sockets and the rest of the program
+/// need the others), at least 8.
+std::size_t open_file_budget() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 4096;
+  return std::max<std::size_t>(8, static_cast<std::size_t>(r.rlim_cur) / 4);
+}
+
 }  // namespace
+
+TarShards::Identity TarShards::identity_of(int fd, const fs::path& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw DataError(path, fmt::format("fstat: {}", std::strerror(errno)));
+  return Identity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                  static_cast<std::uint64_t>(st.st_size),
+                  static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
 
 std::vector<TarShards::Member> TarShards::scan(const fs::path& tar) {
   const RegularFile file(tar, "a tar shard");
@@ -447,13 +465,16 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
   check_max_classes(max_classes);
   if (shards_.empty()) throw ConfigError("tar shards: no shard given");
   std::int64_t max_label = -1;
-  {  // the descriptors are owned by fds_ from the start: a throw closes them
+  max_open_ = open_file_budget();
+  fds_.resize(shards_.size());
+  where_.resize(shards_.size(), recent_.end());
+  {
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       const fs::path& path = shards_[s];
       RegularFile file(path, "a tar shard");
       const std::uint64_t file_size = file.size();
-      fds_.push_back(file.take());
-      const int fd = fds_.back().get();
+      identity_.push_back(identity_of(file.fd(), path));
+      const int fd = file.fd();
       // key -> (image member, label); WebDataset keys are the name up to the
       // first dot of the base name.
       std::map<std::string, std::pair<std::optional<Member>, std::optional<std::int64_t>>> by_key;
@@ -487,6 +508,12 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
         samples_.push_back(Sample{static_cast<std::uint32_t>(s), image->offset, image->size, *label, image->name});
         max_label = std::max(max_label, *label);
       }
+      // Kept open while the cache has room (most datasets: every shard).
+      if (s < max_open_) {
+        fds_[s] = std::make_shared<const UniqueFd>(file.take());
+        recent_.push_front(static_cast<std::uint32_t>(s));
+        where_[s] = recent_.begin();
+      }
     }
   }
   if (samples_.empty()) {
@@ -511,7 +538,39 @@ void TarShards::read(std::size_t i, std::vector<std::byte>& out) const {
   const Sample& s = samples_.at(i);
   if (s.size > kMaxSampleBytes) throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
   out.resize(s.size);
-  pread_exact(fds_[s.shard].get(), out.data(), s.size, s.offset, shards_[s.shard], s.key.c_str());
+  const auto fd = shard_fd(s.shard);
+  pread_exact(fd->get(), out.data(), s.size, s.offset, shards_[s.shard], s.key.c_str());
+}
+
+std::shared_ptr<const UniqueFd> TarShards::shard_fd(std::uint32_t s) const {
+  {
+    const std::scoped_lock lock(fd_mutex_);
+    if (fds_[s]) {
+      recent_.splice(recent_.begin(), recent_, where_[s]);
+      return fds_[s];
+    }
+  }
+  // Opened outside the lock (a slow disk must not stall the other readers).
+  const fs::path& path = shards_[s];
+  RegularFile file(path, "a tar shard");
+  const Identity now = identity_of(file.fd(), path);
+  const Identity& then = identity_[s];
+  if (now.device != then.device || now.inode != then.inode || now.size != then.size || now.mtime_ns != then.mtime_ns) {
+    throw DataError(path, "changed since it was indexed (a new file, size or modification time): restart to index it again");
+  }
+  auto fd = std::make_shared<const UniqueFd>(file.take());
+  const std::scoped_lock lock(fd_mutex_);
+  if (fds_[s]) return fds_[s];  // another reader opened it meanwhile
+  while (recent_.size() >= max_open_) {
+    const std::uint32_t oldest = recent_.back();
+    recent_.pop_back();
+    where_[oldest] = recent_.end();
+    fds_[oldest].reset();  // closed when its last reader is done
+  }
+  fds_[s] = fd;
+  recent_.push_front(s);
+  where_[s] = recent_.begin();
+  return fd;
 }
 
 std::string TarShards::summary() const {
@@ -589,6 +648,8 @@ DatasetFingerprint fingerprint(const Dataset& d) {
   // One hash per sample, in parallel (a stat each: a network filesystem's
   // latency is hidden across cores), then one hash over them in order.
   std::vector<std::uint64_t> each(d.size());
+  check_worker_threads_usable("dataset fingerprint");
+  note_worker_threads();
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, d.size(), 256), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t i = r.begin(); i != r.end(); ++i) {
       const std::string name = d.relative_name(i);

@@ -527,7 +527,7 @@ SamplerConfig sampler_config(const LoaderConfig& c, std::size_t n) {
 }  // namespace
 
 Loader::Loader(LoaderConfig config)
-    : config_((config.validate(), std::move(config))),
+    : config_((check_worker_threads_usable("pinfeed loader"), config.validate(), std::move(config))),
       dataset_(open_dataset(config_.dataset, config_.list_root, config_.max_classes)),
       sampler_(sampler_config(config_, dataset_->size())),
       pinned_(pinned_config(config_)) {
@@ -645,6 +645,7 @@ void Loader::start(std::uint64_t epoch, std::size_t position) {
   run->start = position;
   const std::size_t left = run->order.size() - position, b = config_.batch_size;
   run->num_batches = config_.drop_last_batch ? left / b : (left + b - 1) / b;
+  note_worker_threads();
   engine_->arena.execute([&] { run->build_graph(config_.prefetch); });
   run_ = std::move(run);
 }

@@ -25,6 +25,7 @@ import contextlib
 import json
 import numbers
 import os
+import threading
 import warnings
 
 import torch
@@ -216,6 +217,13 @@ class Loader:
         the first batch) does not, so ranks stay in step. set_epoch(e) pins
         it, as DistributedSampler users do every epoch (on the loader or on
         the sampler passed to it).
+    Threads and processes: a Loader may be shared by threads. Batches are
+        taken one at a time, each whole; iter() on one thread while another
+        waits in next() lets that batch finish, then restarts the epoch, and
+        the older iterator raises RuntimeError ("superseded") when asked
+        again. A Loader belongs to the process that made it: used in a
+        forked child (multiprocessing's 'fork') it raises RuntimeError; make
+        it in the child instead.
     transform: "random" (RandomResizedCrop(size, scale, ratio) + horizontal
         flip), "center" (Resize(resize) + CenterCrop(size)) or "full" (the
         whole image resized). size: an int or (height, width); scale=(0.08,
@@ -448,6 +456,10 @@ class Loader:
         self._sampler = sampler
         self._resume = None
         self._active = None  # the running iteration's token
+        # Threads: one batch is taken at a time (next() and iter() of any
+        # thread hold it); processes: only this one has the decode threads.
+        self._lock = threading.RLock()  # reentrant: a generator finalized by GC under it
+        self._pid = os.getpid()
         self._classes = None
         if classes is not None:
             self._check_classes(classes)
@@ -538,13 +550,25 @@ class Loader:
     def num_classes(self):
         return self._impl.num_classes()
 
+    def _check_process(self):
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"pinfeed.Loader: this loader was created in process {self._pid} and is used in process "
+                f"{os.getpid()}, a fork of it (multiprocessing's 'fork' start method, os.fork, a DataLoader worker). "
+                "Its decode threads do not exist in a forked process, so it would wait forever: create the Loader "
+                "in the child process (or use the 'spawn' start method)")
+
     def __iter__(self):
         # One epoch runs at a time: a new iteration supersedes an older one,
         # which raises RuntimeError if asked for more instead of silently
-        # taking batches of the new run.
-        delivered = self._start()
-        token = object()
-        self._active = token
+        # taking batches of the new run. Across threads too: iter() waits
+        # for a next() in flight on another thread (that batch is whole),
+        # then that thread's iterator is superseded.
+        self._check_process()
+        with self._lock:
+            delivered = self._start()
+            token = object()
+            self._active = token
         return self._batches(token, delivered)
 
     def _epoch_end(self):
@@ -589,27 +613,29 @@ class Loader:
         last = len(self)
         try:
             while True:
-                if self._active is not token:
-                    raise RuntimeError("this iterator of a pinfeed.Loader was superseded: iter() was called again on "
-                                       "the loader, which restarted the epoch there. One iteration runs at a time; "
-                                       "use the newest iterator")
-                if self._device is not None:
-                    item = self._impl.next_device(self._consumer())
-                    if item is None:
+                self._check_process()
+                with self._lock:
+                    if self._active is not token:
+                        raise RuntimeError("this iterator of a pinfeed.Loader was superseded: iter() was called again "
+                                           "on the loader (here or on another thread), which restarted the epoch "
+                                           "there. One iteration runs at a time; use the newest iterator")
+                    if self._device is not None:
+                        item = self._impl.next_device(self._consumer())
+                        if item is None:
+                            self._finished()
+                            return
+                        images_capsule, labels_capsule, host_labels, indices, pinned = item
+                    else:
+                        item = self._impl.next(self._host_consumer())
+                        if item is None:
+                            self._finished()
+                            return
+                        images_capsule, labels_capsule, indices, pinned = item
+                    delivered += 1
+                    if delivered >= last:
+                        # Done with the last batch, even if the loop stops at it
+                        # (itertools.islice, a step count) and never asks again.
                         self._finished()
-                        return
-                    images_capsule, labels_capsule, host_labels, indices, pinned = item
-                else:
-                    item = self._impl.next(self._host_consumer())
-                    if item is None:
-                        self._finished()
-                        return
-                    images_capsule, labels_capsule, indices, pinned = item
-                delivered += 1
-                if delivered >= last:
-                    # Done with the last batch, even if the loop stops at it
-                    # (itertools.islice, a step count) and never asks again.
-                    self._finished()
                 images, labels = from_dlpack(images_capsule), from_dlpack(labels_capsule)
                 del images_capsule, labels_capsule
                 if self._device is not None and self._memory_format is not None:
@@ -629,8 +655,10 @@ class Loader:
                     out += ([os.fsdecode(path) for path in self._impl.describe(indices)],)
                 yield out
         finally:
-            if self._active is token:
-                self._active = None
+            if self._active is token and os.getpid() == self._pid:
+                with self._lock:
+                    if self._active is token:
+                        self._active = None
 
     def state_dict(self):
         """Where the loader stands: load_state_dict() continues from here. Once

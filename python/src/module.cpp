@@ -5,6 +5,7 @@
 // The Python-facing API (torch tensors, iteration, state_dict) is in
 // pinfeed/__init__.py.
 #include <dlpack/dlpack.h>
+#include <unistd.h>
 #include <chrono>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <thread>
 #include <string>
+#include <system_error>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
@@ -284,6 +286,15 @@ class PyLoader {
     loader_ = std::make_shared<pl::Loader>(std::move(c));
   }
   ~PyLoader() {
+    if (::getpid() != pid_) {
+      // A forked child's copy: the threads these objects would join and the
+      // streams they would wait for do not exist here. Destroying them would
+      // hang or abort; they are left to the process's end instead.
+      (void)new std::shared_ptr<pl::Loader>(std::move(loader_));
+      (void)new std::shared_ptr<pt::DeviceFeed>(std::move(feed_));
+      (void)new std::optional<Submitted>(std::move(ahead_));
+      return;
+    }
     py::gil_scoped_release release;  // the feed waits for its copies
     ahead_.reset();
     feed_.reset();
@@ -291,12 +302,25 @@ class PyLoader {
   PyLoader(const PyLoader&) = delete;
   PyLoader& operator=(const PyLoader&) = delete;
 
+  /// The loader's threads exist only in the process that created it.
+  void check_process() const {
+    if (::getpid() == pid_) return;
+    throw pinfeed::Error(fmt::format(
+        "pinfeed.Loader: this loader was created in process {} and is used in process {}, a fork of it "
+        "(multiprocessing's 'fork' start method, os.fork, a DataLoader worker). Its decode threads do not exist in a "
+        "forked process, so it would wait forever: create the Loader in the child process (or use the 'spawn' start "
+        "method)",
+        pid_, ::getpid()));
+  }
+
   void begin_epoch(std::uint64_t epoch) {
+    check_process();
     py::gil_scoped_release release;
     ahead_.reset();
     loader_->begin_epoch(epoch);
   }
   void restore(std::uint64_t seed, std::uint64_t epoch, std::size_t position, unsigned world_size, unsigned rank) {
+    check_process();
     py::gil_scoped_release release;
     ahead_.reset();
     loader_->restore(pl::LoaderState{seed, epoch, position, world_size, rank});
@@ -307,6 +331,7 @@ class PyLoader {
   /// where the batch may be read asynchronously, so that its slot goes back
   /// after that stream's work at the tensors' death, not at their death.
   py::object next(const py::object& consumer) {
+    check_process();
     if (static_cast<std::size_t>(live_->load()) >= prefetch_) {
       throw pinfeed::ConfigError(fmt::format(
           "all {} pool slots are held by live batches: the next batch cannot be made until one is freed. Drop the "
@@ -336,6 +361,7 @@ class PyLoader {
   /// (Note [Consumer streams]), or None at the end. One batch is copied
   /// ahead, so its copy overlaps the consumer's work on this one.
   py::object next_device(std::uintptr_t consumer) {
+    check_process();
     if (!feed_) throw pinfeed::ConfigError("this loader has no device");
     if (!ahead_) ahead_ = submit_next();
     if (!ahead_) return py::none();
@@ -548,6 +574,7 @@ class PyLoader {
     return s;
   }
 
+  pid_t pid_ = ::getpid();  // the process whose threads the loader has
   // Declared first, destroyed last: batches and the feed go before the loader.
   std::shared_ptr<pl::Loader> loader_;
   std::shared_ptr<pt::DeviceFeed> feed_;
@@ -588,6 +615,11 @@ PYBIND11_MODULE(_pinfeed, m) {
       raise(data_error, e.what());
     } catch (const pinfeed::Error& e) {
       raise(base, e.what());
+    } catch (const std::system_error& e) {
+      // A thread that could not start: which limit, and what to lower.
+      PyErr_SetString(PyExc_RuntimeError, pinfeed::describe_failure(e).c_str());
+    } catch (const std::bad_alloc& e) {
+      PyErr_SetString(PyExc_MemoryError, pinfeed::describe_failure(e).c_str());
     }
   });
   py::class_<CpuConsumer>(m, "CpuConsumer")

@@ -129,3 +129,96 @@ def test_ranks_on_one_host_split_its_memory(dataset):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, **env))
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == expected, env
+
+
+FORK_CHILD = r"""
+import multiprocessing as mp, os, sys
+import pinfeed
+
+def use_inherited(loader, q):
+    try:
+        next(iter(loader))
+        q.put("no error")
+    except RuntimeError as e:
+        q.put("RuntimeError: " + str(e))
+
+def make_own(root, q):
+    try:
+        loader = pinfeed.Loader(root, batch_size=8, size=32, threads=2)
+        q.put(sum(len(labels) for _, labels in loader))
+    except Exception as e:
+        q.put(type(e).__name__ + ": " + str(e))
+
+if __name__ == "__main__":
+    root, iterate = sys.argv[1], sys.argv[2] == "1"
+    loader = pinfeed.Loader(root, batch_size=8, size=32, threads=2)
+    if iterate:
+        for _ in loader:
+            pass
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    for target, args in ((use_inherited, (loader, q)), (make_own, (root, q))):
+        p = ctx.Process(target=target, args=args)
+        p.start()
+        print(q.get(timeout=60), flush=True)
+        p.join(timeout=60)
+        print("exit", p.exitcode, flush=True)
+    # The parent's loader still works.
+    print("parent", sum(len(labels) for _, labels in loader), flush=True)
+"""
+
+
+@pytest.mark.parametrize("iterate", [False, True], ids=["fresh", "iterated"])
+def test_a_loader_used_in_a_forked_child_says_so_and_one_made_there_works(dataset, tmp_path, iterate):
+    """Inherited loaders raise in the child. A new one works in the child of
+    a parent whose decode threads never ran; once they ran, oneTBB cannot
+    start them again in a fork, and making one says so (spawn instead)."""
+    script = tmp_path / "fork_child.py"
+    script.write_text(FORK_CHILD)
+    out = subprocess.run([sys.executable, str(script), str(dataset), "1" if iterate else "0"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("RuntimeError: pinfeed.Loader: this loader was created in process"), lines
+    assert "create the Loader in the child process" in lines[0]
+    assert lines[1] == "exit 0"
+    n = len(pinfeed.Loader(str(dataset), batch_size=8, size=32, threads=2).samples)
+    if iterate:
+        assert lines[2].startswith("ConfigError: pinfeed loader: this process"), lines
+        assert "'spawn'" in lines[2] and "oneTBB" in lines[2], lines
+    else:
+        assert lines[2] == str(n), lines
+    assert lines[3] == "exit 0"
+    assert lines[4] == f"parent {n}"
+
+
+def test_iter_on_another_thread_while_next_waits_supersedes_it_cleanly(dataset):
+    """Thread A waits in next(); thread B calls iter(). A's batch is whole,
+    A's next ask says "superseded", B gets the whole epoch. Every time."""
+    for _ in range(10):
+        loader = small(dataset, batch_size=8, shuffle=True, threads=1)
+        first = iter(loader)
+        got, errors = [], []
+        started = threading.Event()
+
+        def take():
+            started.set()
+            try:
+                while True:
+                    images, labels = next(first)
+                    got.append(len(labels))
+            except StopIteration:
+                errors.append("stop")
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        a = threading.Thread(target=take)
+        a.start()
+        started.wait()
+        second = iter(loader)  # while A is (most likely) inside next()
+        b_counts = [len(labels) for _, labels in second]
+        a.join(timeout=60)
+        assert not a.is_alive()
+        assert all(n == 8 for n in got[:-1]) and all(0 < n <= 8 for n in got), got
+        assert sum(b_counts) == len(loader.samples), b_counts
+        assert errors and ("superseded" in errors[0] or errors[0] == "stop"), errors

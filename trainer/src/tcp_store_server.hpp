@@ -34,7 +34,7 @@ namespace pinfeed::trainer::detail {
 
 struct StoreLimits {
   std::size_t max_connections = 64;
-  std::size_t max_bytes = std::size_t{256} << 20U;
+  std::size_t max_bytes = std::size_t{64} << 20U;
   std::chrono::milliseconds first_request{std::chrono::seconds(30)};
   std::chrono::milliseconds stall{std::chrono::seconds(30)};
 };

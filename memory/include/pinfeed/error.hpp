@@ -2,6 +2,8 @@
 // pinfeed's exception hierarchy. Every error the library throws derives from
 // pinfeed::Error; callers that react to running out of memory catch
 // OutOfMemory, which carries a short machine-readable reason.
+#include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -55,5 +57,28 @@ class Cancelled : public Error {
  public:
   using Error::Error;
 };
+
+/// The message of `e`, and when it is the process running into one of its
+/// limits, which limit and what to lower: a thread that could not start
+/// (std::system_error EAGAIN: RLIMIT_NPROC, or RLIMIT_AS with no room for
+/// its stack) or memory that could not be had (std::bad_alloc: RLIMIT_AS).
+/// What tools print and the Python module raises instead of a bare
+/// "Resource temporarily unavailable".
+std::string describe_failure(const std::exception& e);
+
+/// Records that this process has started oneTBB's worker threads (call
+/// before handing work to TBB). oneTBB cannot start them again in a forked
+/// child: its workers are gone there, but TBB believes they sleep, so work
+/// given to it would wait forever.
+void note_worker_threads() noexcept;
+/// ConfigError when this process is a fork of one in which
+/// note_worker_threads() was called: `what` cannot run here, and the
+/// message says what to do instead (spawn, or fork before the first use).
+void check_worker_threads_usable(const char* what);
+
+/// Raises the soft RLIMIT_NOFILE to the hard one (at most 1 Mi), as servers
+/// do: the default soft limit (1024) is a leftover of select(2). Returns the
+/// soft limit now in force.
+std::uint64_t raise_open_file_limit() noexcept;
 
 }  // namespace pinfeed

@@ -20,7 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -167,8 +169,26 @@ class TarShards final : public Dataset {
     std::int64_t label = 0;
     std::string key;
   };
+  /// What a shard was when indexed: a reopened one must still be it.
+  struct Identity {
+    std::uint64_t device = 0, inode = 0, size = 0;
+    std::int64_t mtime_ns = 0;
+  };
+  static Identity identity_of(int fd, const std::filesystem::path& path);
+  /// A descriptor of shard `s`, opened again if the cache closed it.
+  [[nodiscard]] std::shared_ptr<const UniqueFd> shard_fd(std::uint32_t s) const;
+
   std::vector<std::filesystem::path> shards_;
-  std::vector<UniqueFd> fds_;  // one per shard, open for the dataset's life
+  std::vector<Identity> identity_;
+  // Open descriptors, at most max_open_ (a quarter of RLIMIT_NOFILE's soft
+  // limit, at least 8): a dataset of more shards than the process may open
+  // still loads, least recently read shards closed first. A reader holds
+  // its shared_ptr while it reads, so closing never races a pread.
+  mutable std::mutex fd_mutex_;
+  mutable std::vector<std::shared_ptr<const UniqueFd>> fds_;
+  mutable std::list<std::uint32_t> recent_;  // front: most recently read
+  mutable std::vector<std::list<std::uint32_t>::iterator> where_;
+  std::size_t max_open_ = 0;
   std::vector<Sample> samples_;
   std::size_t num_classes_ = 0;
 };
