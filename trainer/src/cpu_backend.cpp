@@ -1,6 +1,8 @@
 #include "pinfeed/trainer/cpu_backend.hpp"
 
 #include <cblas.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -181,12 +184,40 @@ void post(Stream& s, F&& f) {
 
 }  // namespace
 
+namespace {
+std::atomic<std::size_t> g_backends{0};  // CpuBackends alive in this process
+
+/// OpenBLAS maps a 128 MiB buffer in each thread that first calls it, and
+/// when that mmap fails it retries forever: under a tight RLIMIT_AS a
+/// compute thread would spin in sgemm and the process hang at exit. So with
+/// a finite limit, room for every backend's buffer (and a margin) is
+/// reserved once here, then given back: no room is an error now, naming
+/// the limit, not a hang later.
+void check_room_for_openblas(std::size_t backends) {
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return;
+  constexpr std::size_t kPerThread = std::size_t{192} << 20U;  // OpenBLAS's 128 MiB buffer + a margin
+  const std::size_t bytes = backends * kPerThread;
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p != MAP_FAILED) {
+    ::munmap(p, bytes);
+    return;
+  }
+  throw OutOfMemory("limit", fmt::format(
+      "cpu backend: no room for {} MiB of address space (OpenBLAS's 128 MiB buffer per compute thread and a margin, "
+      "for {} CPU worker(s)): {}",
+      bytes >> 20U, backends, describe_failure(std::bad_alloc())));
+}
+}  // namespace
+
 CpuBackend::CpuBackend(CpuBackendConfig config) : config_(config), streams_(std::make_shared<StreamSet>()) {
+  check_room_for_openblas(g_backends.load() + 1);
+  ++g_backends;
   // One rank is one thread here; OpenBLAS's own threads would fight them.
   openblas_set_num_threads(1);
 }
 
-CpuBackend::~CpuBackend() = default;
+CpuBackend::~CpuBackend() { --g_backends; }
 
 std::string CpuBackend::name() const { return fmt::format("cpu:{}", config_.index); }
 

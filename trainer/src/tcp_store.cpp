@@ -286,7 +286,7 @@ void TcpStore::probe_dialect() {
   }
   if (e == 0) {
     throw CommError(options_.rank, "rendezvous connect", 0,
-                    fmt::format("{} answered but is not a TCPStore: {} (is another service on MASTER_PORT?)", where(),
+                    fmt::format("{} answered, but it is not a TCPStore: {} (is another service on MASTER_PORT?)", where(),
                                 not_a_store(&deleted, sizeof deleted)));
   }
   if (dialect_ == Dialect::v1) recv_error("probe", e);
@@ -320,14 +320,14 @@ void TcpStore::handshake() {
   const int e = read_all(fd_, &count, sizeof count);
   if (e == EAGAIN || e == EWOULDBLOCK) {
     throw CommError(options_.rank, "rendezvous connect", 0,
-                    fmt::format("{} accepted the connection but did not answer a TCPStore request within {} s: not a "
-                                "TCPStore (is another service on MASTER_PORT?)",
+                    fmt::format("{} accepted the connection but did not answer a TCPStore request within {} s, so it "
+                                "is not a TCPStore (is another service on MASTER_PORT?)",
                                 where(), std::min(options_.timeout, kAnswerWait).count() / 1000));
   }
   if (e != 0) recv_error("connect", e);
   if (count < 1 || count > (std::int64_t{1} << 40)) {
     throw CommError(options_.rank, "rendezvous connect", 0,
-                    fmt::format("{} answered but is not a TCPStore: {} (is another service on MASTER_PORT?)", where(),
+                    fmt::format("{} answered, but it is not a TCPStore: {} (is another service on MASTER_PORT?)", where(),
                                 not_a_store(&count, sizeof count)));
   }
   set_receive_timeout(fd_, options_.timeout);
