@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <charconv>
 #include <cstdio>
@@ -72,7 +73,7 @@ class StoreAdaptor final : public gloo::rendezvous::Store {
     if (ec != std::errc() || end != tail.data() + tail.size() || tail.empty()) return {key, -1};
     return {key.substr(0, key.size() - tail.size()), r};
   }
-  void check(const std::string& key, const std::vector<char>& v) const {
+  void check(const std::string& key, const std::vector<char>& v) {
     const auto [mesh, r] = split(key);
     const auto mine = written_.find(mesh);
     if (r < 0 || mine == written_.end()) return;
@@ -98,7 +99,25 @@ class StoreAdaptor final : public gloo::rendezvous::Store {
         throw bad(fmt::format("record {} has address family {}, not IPv4 or IPv6", i / record, family));
       }
     }
+    // Where rank r listens: to name it when a connection to it fails.
+    if (record >= sizeof(sockaddr_storage)) {
+      sockaddr_storage ss{};
+      std::memcpy(&ss, v.data(), sizeof ss);
+      char host[NI_MAXHOST] = {}, port[NI_MAXSERV] = {};
+      const socklen_t len = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+      if (::getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof host, port, sizeof port,
+                        NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+        where_[r] = {host, port};
+      }
+    }
   }
+
+ public:
+  /// rank -> (address, port) of every peer whose record was read.
+  [[nodiscard]] const std::map<int, std::pair<std::string, std::string>>& peers() const noexcept { return where_; }
+
+ private:
+  std::map<int, std::pair<std::string, std::string>> where_;
 
   detail::TcpStore& store_;
   int rank_, size_;
@@ -166,6 +185,7 @@ class GlooCommunicator final : public Communicator {
       };
       collectives_ = mesh("gloo/collectives");
       barriers_ = mesh("gloo/barrier");
+      peers_ = adaptor.peers();
       // Every rank has its meshes before rank 0 may take the store down.
       store_->barrier("gloo/ready", size_);
     } catch (const CommError&) {
@@ -219,7 +239,7 @@ class GlooCommunicator final : public Communicator {
   /// ranks' connections to it close, so their collectives fail at once
   /// instead of at the timeout, and torchrun stops the rest.
   void abort(const std::string& why) noexcept override {
-    pinfeed::detail::log().error("rank {}: ending this process so that every rank stops: {}", rank_, why);
+    pinfeed::detail::log().error("ending this process so that every rank stops: {}", why);
     pinfeed::detail::log().flush();
     std::fflush(nullptr);
     std::_Exit(1);
@@ -235,8 +255,24 @@ class GlooCommunicator final : public Communicator {
     try {
       f();
     } catch (const std::exception& e) {
-      throw CommError(rank_, op, bytes, fmt::format("gloo: {}", e.what()));
+      throw CommError(rank_, op, bytes, fmt::format("gloo: {}{}", e.what(), lost_ranks(e.what())));
     }
+  }
+
+  /// " (rank 2 or 3 at 10.0.0.2: ...)" when Gloo's message names a peer's
+  /// address ("Connection closed by peer [10.0.0.2]:51234"; the port is
+  /// the connection's, not the rank's): which ranks were lost, stopped or
+  /// failed, not only where.
+  std::string lost_ranks(std::string_view what) const {
+    std::map<std::string, std::vector<int>> by_host;
+    for (const auto& [r, at] : peers_) by_host[at.first].push_back(r);
+    std::vector<std::string> named;
+    for (const auto& [host, ranks] : by_host) {
+      if (what.find("[" + host + "]") == std::string_view::npos) continue;
+      named.push_back(fmt::format("{} {} at {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, " or "), host));
+    }
+    if (named.empty()) return {};
+    return fmt::format(" (the peer is {}: lost, stopped or failed)", fmt::join(named, "; "));
   }
 
   CpuBackend* backend_;
@@ -244,6 +280,7 @@ class GlooCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   std::unique_ptr<detail::TcpStore> store_;
   std::shared_ptr<gloo::Context> collectives_, barriers_;
+  std::map<int, std::pair<std::string, std::string>> peers_;
   std::uint32_t tag_ = 0;
 };
 

@@ -140,7 +140,9 @@ void run_workers(detail::WorkerGroup& group, const std::vector<std::unique_ptr<D
         } catch (...) {
         }
         group.fail(std::current_exception());
-        for (const auto& c : comms) c->abort(fmt::format("rank {}: {}", group.first_rank + static_cast<int>(i), what));
+        // A CommError's text already begins with its rank.
+        const std::string rank = fmt::format("rank {}: ", group.first_rank + static_cast<int>(i));
+        for (const auto& c : comms) c->abort(what.rfind(rank, 0) == 0 ? what : rank + what);
       }
     });
   }
