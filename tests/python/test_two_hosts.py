@@ -184,6 +184,37 @@ def test_pinfeed_train_on_two_hosts_equals_four_ranks_on_one(hosts, dataset, tmp
     assert (tmp_path / "two.ckpt").read_bytes() == (tmp_path / "one.ckpt").read_bytes()
 
 
+def test_mpirun_across_two_hosts_equals_four_ranks_on_one(hosts, dataset, tmp_path):
+    """mpirun on host-a starts host-b's daemon through an rsh agent that
+    enters host-b's namespace (what ssh would do between machines)."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun is not installed")
+    agent = tmp_path / "agent.sh"
+    agent.write_text("#!/bin/sh\nhost=$1; shift\ncase $host in\n"
+                     + "".join(f"  {h}) ns={ns};;\n" for h, ns in hosts.ns.items())
+                     + '  *) echo "unknown host $host" >&2; exit 1;;\nesac\n'
+                     'exec ip netns exec $ns unshare --uts sh -c "hostname $host; $*"\n')
+    agent.chmod(0o755)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("host-a slots=2\nhost-b slots=2\n")
+    env = clean_env(OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    program = [train_tool(), "--data", str(dataset), *TRAIN, "--epochs", "3"]
+    p = hosts.start("host-a", [mpirun, "--allow-run-as-root", "--hostfile", str(hostfile), "-np", "4", "--mca",
+                               "plm_rsh_agent", str(agent), "--mca", "btl_tcp_if_include", "10.77.0.0/24", "--mca",
+                               "oob_tcp_if_include", "10.77.0.0/24", *program,
+                               "--checkpoint", str(tmp_path / "two.ckpt")], env)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    one = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "4", *program, "--checkpoint",
+                          str(tmp_path / "one.ckpt")], env=env, capture_output=True, text=True, timeout=180)
+    assert one.returncode == 0, one.stderr
+    two, single = summary(out), summary(one.stdout)
+    assert two["communicator"] == single["communicator"] == "mpi" and two["world_size"] == 4
+    assert [e["loss"] for e in two["epochs"]] == [e["loss"] for e in single["epochs"]]
+    assert (tmp_path / "two.ckpt").read_bytes() == (tmp_path / "one.ckpt").read_bytes()
+
+
 def test_a_torch_ddp_script_on_two_hosts_shards_like_one_host(hosts, dataset, tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
