@@ -535,6 +535,9 @@ Loader::Loader(LoaderConfig config)
       config_.local_ranks != 0 ? config_.local_ranks : static_cast<unsigned>(std::max(1, read_launch_env().local_size));
   const unsigned threads = default_threads(config_.threads, local_ranks);
   threads_ = threads;
+  // The decode threads, the pool's and the monitor's, and a few for the
+  // program around it (a trainer's stream threads).
+  check_thread_room(threads + 6, "the loader");
 
   memory::BufferPool::Config pc;
   pc.slots = config_.prefetch;

@@ -92,6 +92,18 @@ std::string describe_failure(const std::exception& e) {
   return what;
 }
 
+void check_thread_room(std::size_t threads, const char* what) {
+  rlimit nproc{};
+  if (::geteuid() == 0 || ::getrlimit(RLIMIT_NPROC, &nproc) != 0 || nproc.rlim_cur == RLIM_INFINITY) return;
+  const std::size_t running = user_tasks();
+  const auto limit = static_cast<std::size_t>(nproc.rlim_cur);
+  if (running + threads <= limit) return;
+  throw ConfigError(fmt::format(
+      "{} needs {} more threads, but the user's process and thread limit (RLIMIT_NPROC, ulimit -u) is {} and it runs "
+      "{} already: lower --threads / --loader-threads (num_workers in Python) or raise the limit",
+      what, threads, limit, running));
+}
+
 namespace {
 std::atomic<pid_t> g_worker_threads_pid{0};
 }  // namespace

@@ -327,3 +327,32 @@ def test_an_address_space_limit_too_low_is_named_not_a_hang(dataset):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, (out.returncode, out.stderr)
     assert "RLIMIT_AS" in out.stderr and "OpenBLAS" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("nproc", [4, 8])
+def test_a_process_limit_too_low_names_rlimit_nproc_and_never_hangs(dataset, tmp_path, nproc):
+    """RLIMIT_NPROC binds only unprivileged users: run as nobody (setpriv),
+    with the binary and the data copied where nobody can read them. With 8,
+    the std::threads start and oneTBB's workers would not: the work given
+    to them would never run, so the loader checks for room first."""
+    import shutil
+    import tempfile
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as nobody (RLIMIT_NPROC does not bind root)")
+    room = tempfile.mkdtemp(prefix="pinfeed-nproc-")
+    try:
+        os.chmod(room, 0o755)
+        binary = shutil.copy(train_tool(), os.path.join(room, "pinfeed-train"))
+        data = shutil.copytree(dataset, os.path.join(room, "data"))
+        for root, dirs, files in os.walk(room):
+            for name in dirs + files:
+                os.chmod(os.path.join(root, name), 0o755)
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "prlimit",
+                              f"--nproc={nproc}", binary, "--data", data, *TRAIN, "--epochs", "1"], env=env,
+                             capture_output=True, text=True, timeout=60, cwd=room)
+        assert out.returncode in (1, 2), (out.returncode, out.stderr)
+        assert f"RLIMIT_NPROC, ulimit -u) is {nproc}" in out.stderr, out.stderr
+        assert "--loader-threads" in out.stderr, out.stderr
+    finally:
+        shutil.rmtree(room, ignore_errors=True)

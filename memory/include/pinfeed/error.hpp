@@ -66,6 +66,12 @@ class Cancelled : public Error {
 /// "Resource temporarily unavailable".
 std::string describe_failure(const std::exception& e);
 
+/// ConfigError when RLIMIT_NPROC (the user's processes and threads) leaves
+/// no room for `threads` more: a thread oneTBB cannot start is not an error
+/// it reports, work given to it just never runs. `what` names the user of
+/// the threads. Nothing for root (the limit does not bind it).
+void check_thread_room(std::size_t threads, const char* what);
+
 /// Records that this process has started oneTBB's worker threads (call
 /// before handing work to TBB). oneTBB cannot start them again in a forked
 /// child: its workers are gone there, but TBB believes they sleep, so work
