@@ -7,7 +7,8 @@
 // collective is non-blocking (MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier)
 // and is waited for by wait(): MPI_Test back to back for the first 100 ms
 // (a healthy collective's latency is untouched), then with sleeps growing
-// to 1 ms (a long wait costs ~0.1% of a core), and at CommConfig::timeout
+// to 1 ms, and to 10 ms after a second (a long wait costs <1% of a core:
+// MPI_Test itself runs Open MPI's progress engine), and at CommConfig::timeout
 // every rank is aborted with a message saying which collective did not
 // complete.
 #include <fmt/format.h>
@@ -125,8 +126,10 @@ class MpiCommunicator final : public Communicator {
                                              "lost",
                                              op, bytes, std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
       }
-      if (now - start < std::chrono::milliseconds(100)) continue;
-      pause = std::clamp(pause * 2, std::chrono::microseconds(10), std::chrono::microseconds(1000));
+      const auto waited = now - start;
+      if (waited < std::chrono::milliseconds(100)) continue;
+      const std::chrono::microseconds cap{waited < std::chrono::seconds(1) ? 1000 : 10000};
+      pause = std::clamp(pause * 2, std::chrono::microseconds(10), cap);
       std::this_thread::sleep_for(pause);
     }
   }

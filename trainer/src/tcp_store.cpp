@@ -272,13 +272,18 @@ void TcpStore::probe_dialect() {
   std::random_device entropy;
   const std::uint64_t nonce = (std::uint64_t{entropy()} << 32U) ^ entropy();
   const std::string probe = fmt::format("pinfeed/dialect/{}-{:016x}", ::getpid(), nonce);
-  const std::uint8_t set_code = kSet, delete_code = kDelete;
   const std::uint64_t n = probe.size(), empty = 0;
+  // One write: a server that answers the first bytes and closes (a web
+  // server) must not turn the rest of the probe into a reset that hides
+  // its answer.
+  std::string request;
+  request.push_back(static_cast<char>(kSet));
+  request.append(reinterpret_cast<const char*>(&n), sizeof n).append(probe);
+  request.append(reinterpret_cast<const char*>(&empty), sizeof empty);
+  request.push_back(static_cast<char>(kDelete));
+  request.append(reinterpret_cast<const char*>(&n), sizeof n).append(probe);
   std::int64_t deleted = 0;
-  const bool sent = write_all(fd_, &set_code, 1) && write_all(fd_, &n, sizeof n) &&
-                    write_all(fd_, probe.data(), probe.size()) && write_all(fd_, &empty, sizeof empty) &&
-                    write_all(fd_, &delete_code, 1) && write_all(fd_, &n, sizeof n) &&
-                    write_all(fd_, probe.data(), probe.size());
+  const bool sent = write_all(fd_, request.data(), request.size());
   const int e = sent ? read_all(fd_, &deleted, sizeof deleted) : ECONNRESET;
   if (e == 0 && deleted == 1) {
     dialect_ = Dialect::v1;
@@ -305,19 +310,21 @@ void TcpStore::probe_dialect() {
 void TcpStore::handshake() {
   constexpr milliseconds kAnswerWait{10000};
   set_receive_timeout(fd_, std::min(options_.timeout, kAnswerWait));
+  // One write, as the probe's: VALIDATE (v2), then ADD "init/" 1 (as
+  // torch's clients: no prefix).
+  std::string request;
   if (dialect_ == Dialect::v2) {
-    const std::uint8_t q = kV2Validate;
-    send_bytes(&q, 1);
-    send_bytes(&kV2Magic, sizeof kV2Magic);
+    request.push_back(static_cast<char>(kV2Validate));
+    request.append(reinterpret_cast<const char*>(&kV2Magic), sizeof kV2Magic);
   }
-  const std::uint8_t q = wire_code(dialect_, kAdd);
-  const std::string key = "init/";  // as torch's clients: no prefix
+  const std::string key = "init/";
+  const std::uint64_t key_size = key.size();
   const std::int64_t one = 1;
-  send_bytes(&q, 1);
-  send_string(key);
-  send_bytes(&one, sizeof one);
+  request.push_back(static_cast<char>(wire_code(dialect_, kAdd)));
+  request.append(reinterpret_cast<const char*>(&key_size), sizeof key_size).append(key);
+  request.append(reinterpret_cast<const char*>(&one), sizeof one);
   std::int64_t count = 0;
-  const int e = read_all(fd_, &count, sizeof count);
+  const int e = write_all(fd_, request.data(), request.size()) ? read_all(fd_, &count, sizeof count) : ECONNRESET;
   if (e == EAGAIN || e == EWOULDBLOCK) {
     throw CommError(options_.rank, "rendezvous connect", 0,
                     fmt::format("{} accepted the connection but did not answer a TCPStore request within {} s, so it "
