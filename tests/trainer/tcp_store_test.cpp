@@ -376,6 +376,52 @@ TEST(TcpStoreTest, SilentStalledAndOversizedClientsAreDropped) {
   EXPECT_TRUE(eventually([&] { return s.stats().connections == 1; }));
 }
 
+TEST(TcpStoreTest, ABurstOfSmallRequestsAndAHalfClosedClientAreServedInFull) {
+  TcpStore server(options(29576, true));
+  const TcpStoreServer& s = *server.server();
+  // 300,000 pipelined SETs of an empty key (5 MB): served in one pass over
+  // the buffer, not by moving the rest of it after each request.
+  {
+    std::string burst;
+    const std::uint64_t zero = 0;
+    for (int i = 0; i < 300000; ++i) {
+      burst.push_back('\0');
+      burst.append(reinterpret_cast<const char*>(&zero), 8).append(reinterpret_cast<const char*>(&zero), 8);
+    }
+    burst.push_back('\x06');  // GETNUMKEYS
+    const int fd = raw_connect(29576);
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(::send(fd, burst.data(), burst.size(), 0), static_cast<ssize_t>(burst.size()));
+    std::int64_t keys = 0;
+    ASSERT_EQ(::recv(fd, &keys, sizeof keys, MSG_WAITALL), 8);
+    EXPECT_GE(keys, 1);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);  // minutes when quadratic
+    ::close(fd);
+  }
+  // A GET of a 4 MiB value (its answer fills the socket: the connection
+  // blocks), a SET behind it, then the client closes its side: the SET is
+  // still applied.
+  server.set("big", std::vector<char>(4U << 20U, 'b'));
+  const int fd = raw_connect(29576);
+  std::string req;
+  const std::string key = "/test/big", key2 = "/test/after";
+  const std::uint64_t n = key.size(), n2 = key2.size(), one = 1;
+  req.push_back('\x02');
+  req.append(reinterpret_cast<const char*>(&n), 8).append(key);
+  req.push_back('\0');
+  req.append(reinterpret_cast<const char*>(&n2), 8).append(key2);
+  req.append(reinterpret_cast<const char*>(&one), 8).push_back('x');
+  ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  ::shutdown(fd, SHUT_WR);
+  std::vector<char> sink(1U << 20U);
+  std::size_t got = 0;
+  for (ssize_t r; (r = ::recv(fd, sink.data(), sink.size(), 0)) > 0;) got += static_cast<std::size_t>(r);
+  EXPECT_EQ(got, 8U + (4U << 20U));
+  ::close(fd);
+  EXPECT_EQ(server.get("after"), std::vector<char>{'x'});
+  EXPECT_TRUE(eventually([&] { return s.stats().connections == 1; }));
+}
+
 TEST(TcpStoreTest, ItListensOnlyWhereTheHostResolves) {
   auto o = options(29573, true);
   o.host = "127.0.0.1";

@@ -75,6 +75,10 @@ class MpiCommunicator final : public Communicator {
     detail::mpi_init();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // Barriers run on the caller's thread while collectives run on the
+    // comm stream's: on one communicator their order could differ between
+    // ranks, which MPI forbids. Each gets its own (as Gloo's two meshes).
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &barriers_), rank_, "comm dup", 0);
   }
   [[nodiscard]] int rank() const noexcept override { return rank_; }
   [[nodiscard]] int size() const noexcept override { return size_; }
@@ -103,7 +107,7 @@ class MpiCommunicator final : public Communicator {
   }
   void barrier() override {
     MPI_Request r = MPI_REQUEST_NULL;
-    check(MPI_Ibarrier(MPI_COMM_WORLD, &r), rank_, "barrier", 0);
+    check(MPI_Ibarrier(barriers_, &r), rank_, "barrier", 0);
     wait(r, "barrier", 0);
   }
   void abort(const std::string& why) noexcept override { detail::mpi_abort(rank_, why); }
@@ -137,6 +141,7 @@ class MpiCommunicator final : public Communicator {
   CpuBackend* backend_;
   std::chrono::milliseconds timeout_;
   int rank_ = 0, size_ = 1;
+  MPI_Comm barriers_ = MPI_COMM_NULL;  // not freed: the process may be past MPI_Finalize when this goes
 };
 
 }  // namespace

@@ -169,6 +169,17 @@ class Progress {
   Clock::time_point next_;
 };
 
+/// Whether a connected TCP socket's two ends are the same address and port.
+bool connected_to_itself(int fd) {
+  sockaddr_storage me{}, peer{};
+  socklen_t a = sizeof me, b = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &a) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &b) != 0) {
+    return false;
+  }
+  return a == b && std::memcmp(&me, &peer, a) == 0;
+}
+
 /// A connected socket to host:port, retrying refused connections (the
 /// server may not listen yet) and unanswered name lookups until `timeout`,
 /// with a line every `progress` saying so.
@@ -192,10 +203,21 @@ int connect_to(const TcpStore::Options& o, const std::string& host) {
       if (fd.fd < 0) continue;
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       const int e = connect_within(fd.fd, a->ai_addr, a->ai_addrlen, std::clamp(left, milliseconds(1), milliseconds(10000)));
+      if (e == 0 && connected_to_itself(fd.fd)) {
+        // MASTER_PORT in the ephemeral range, nobody listening yet: the
+        // kernel may pick the port itself and "connect" the socket to itself.
+        last = "connected to itself (MASTER_PORT is in the ephemeral port range and nothing listens yet)";
+        continue;
+      }
       if (e == 0) {
         ::freeaddrinfo(found);
         const int one = 1;
         ::setsockopt(fd.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        // Sends are bounded too: a server that stops reading cannot hold a
+        // rank in send() forever.
+        const auto t = std::max(o.timeout, milliseconds(1000));
+        timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};
+        ::setsockopt(fd.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         return fd.release();
       }
       last = errno_text(e);
@@ -233,8 +255,10 @@ TcpStore::TcpStore(Options options) : options_(std::move(options)) {
   }
   if (options_.serve) {
     const char* bind = std::getenv("PINFEED_STORE_BIND");
-    server_ = std::make_unique<TcpStoreServer>(bind != nullptr && *bind != '\0' ? std::string(bind) : options_.host,
-                                               options_.port, options_.limits);
+    const std::string where = bind != nullptr && *bind != '\0' ? std::string(bind)
+                              : options_.bind.empty()          ? options_.host
+                                                               : options_.bind;
+    server_ = std::make_unique<TcpStoreServer>(where, options_.port, options_.limits);
   }
   dialect_ = options_.dialect;
   if (dialect_ == Dialect::automatic) {
@@ -469,6 +493,28 @@ void TcpStore::barrier(const std::string& name, int world) {
 
 // ---- torchrun's store --------------------------------------------------------
 
+namespace {
+/// True when every address `host` resolves to is a loopback one.
+bool resolves_to_loopback_only(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool loopback = found != nullptr;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24U) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      loopback = loopback && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    }
+  }
+  ::freeaddrinfo(found);
+  return loopback;
+}
+}  // namespace
+
 bool use_mpi_bootstrap(const LaunchEnv& env) {
   if (!env.mpi_launch()) return false;
   if (mpi_compiled()) return true;
@@ -499,6 +545,16 @@ std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono
   o.serve = !(agent != nullptr && std::string_view(agent) == "True") && env.rank == 0;
   o.timeout = timeout;
   o.rank = env.rank;
+  // A launch over several hosts whose MASTER_ADDR resolves to loopback
+  // here (Debian maps the host's own name to 127.0.1.1) would listen where
+  // no other host can reach: then every interface, as torch's store does.
+  if (o.serve && env.world_size > std::max(env.local_size, 1) && resolves_to_loopback_only(o.host)) {
+    pinfeed::detail::log().warn("rendezvous: MASTER_ADDR '{}' resolves to loopback on rank 0's host, but the launch spans "
+                                "{} ranks of which {} are here: the store listens on every interface (set MASTER_ADDR "
+                                "to this host's address, or PINFEED_STORE_BIND)",
+                                o.host, env.world_size, env.local_size);
+    o.bind = "::";
+  }
   // A few connections per rank (pinfeed's own, and torch's when a script
   // shares the store), and room for tools that look at it.
   o.limits.max_connections = 4 * static_cast<std::size_t>(std::max(env.world_size, 1)) + 16;

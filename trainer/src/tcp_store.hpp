@@ -28,6 +28,7 @@ class TcpStore {
     std::string host = "127.0.0.1";
     int port = 29500;
     bool serve = false;  ///< this process hosts the store on `port`, listening where `host` resolves
+    std::string bind;    ///< where to listen instead of `host` ("::": everywhere); PINFEED_STORE_BIND wins
     StoreLimits limits;  ///< the server's caps (tcp_store_server.hpp)
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< connect and wait limit
     /// A line in the log this often while connecting or waiting.

@@ -37,6 +37,9 @@ constexpr std::size_t kReadChunk = 64U << 10U;
 constexpr std::size_t kOutHigh = 64U << 10U;
 /// The largest legal request (COMPARE_SET: a key and two values).
 constexpr std::size_t kMaxRequest = 1 + 3 * 8 + kMaxKey + 2 * kMaxValue;
+/// What a key costs beyond its bytes (the map's node), so that many tiny
+/// keys count too.
+constexpr std::size_t kKeyOverhead = 64;
 /// A connection buffering more than this counts against max_bytes.
 constexpr std::size_t kSmallRequest = 1U << 20U;
 
@@ -140,6 +143,7 @@ struct Connection {
   bool spoke = false;                 ///< a complete request came
   bool first = true;                  ///< no request yet (v2's VALIDATE comes first)
   bool closing = false;               ///< the peer closed its side
+  Clock::time_point accepted;
   Clock::time_point progress;         ///< accepted, or the last byte moved
   std::vector<std::string> waiting;   ///< WAIT's keys, until all exist
   std::size_t waiting_bytes = 0;
@@ -238,9 +242,14 @@ class TcpStoreServer::Loop {
     for (;;) {
       fds.clear();
       fds.push_back({wake_, POLLIN, 0});
-      for (const int fd : listeners_) fds.push_back({fd, POLLIN, 0});
+      // Out of descriptors, a pending connection stays readable: the
+      // listeners rest a tick instead of waking the loop every turn.
+      const bool accepting = Clock::now() >= accept_again_;
+      for (const int fd : listeners_) fds.push_back({fd, static_cast<short>(accepting ? POLLIN : 0), 0});
       for (auto& c : connections_) {
-        short events = POLLRDHUP;
+        // A closing connection is only written to (RDHUP is level-triggered:
+        // asked for, it would wake every turn).
+        short events = c.closing ? 0 : POLLRDHUP;
         if (!c.blocked() && !c.closing) events = static_cast<short>(events | POLLIN);
         if (c.unsent() > 0) events = static_cast<short>(events | POLLOUT);
         fds.push_back({c.fd, events, 0});
@@ -276,7 +285,10 @@ class TcpStoreServer::Loop {
       const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE) note_drop("-", "no file descriptor left for another client");
+        if (errno == EMFILE || errno == ENFILE) {
+          note_drop("-", "no file descriptor left for another client");
+          accept_again_ = Clock::now() + std::chrono::milliseconds(100);
+        }
         return;  // EAGAIN: none left
       }
       const std::string peer = describe(reinterpret_cast<sockaddr*>(&from));
@@ -292,19 +304,20 @@ class TcpStoreServer::Loop {
       Connection c;
       c.fd = fd;
       c.peer = peer;
-      c.progress = Clock::now();
+      c.accepted = c.progress = Clock::now();
       connections_.push_back(std::move(c));
     }
   }
 
   void on_events(Connection& c, short revents) {
     if (c.fd < 0) return;
-    if ((revents & POLLIN) != 0) read_from(c);
-    if (c.fd >= 0 && (revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0 && (revents & POLLIN) == 0) {
-      c.closing = true;  // gone while blocked (an abandoned WAIT) or idle
-    }
+    // Closed by the peer (while blocked, too): what it sent before is read
+    // to the end and served.
+    if ((revents & (POLLIN | POLLHUP | POLLERR | POLLRDHUP)) != 0 && !c.closing) read_from(c);
+    if (c.fd >= 0 && (revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0) c.closing = true;
     if (c.fd >= 0) serve(c);
     if (c.fd >= 0 && c.unsent() > 0) write_to(c);
+    if (c.fd >= 0 && !c.blocked() && !c.in.empty()) serve(c);  // unblocked by that write
     // Gone: what it sent before closing was served; a partial request is dropped.
     if (c.fd >= 0 && c.closing && (c.unsent() == 0 || (revents & (POLLHUP | POLLERR)) != 0)) close(c);
   }
@@ -360,24 +373,29 @@ class TcpStoreServer::Loop {
   // ---- requests ------------------------------------------------------------
 
   /// Every complete request of `c`, until it blocks or its input runs out.
+  /// Requests are parsed from a running offset and the served bytes erased
+  /// once at the end: erasing per request would move the rest of the
+  /// buffer each time (quadratic in a burst of small requests).
   void serve(Connection& c) {
-    while (c.fd >= 0 && !c.blocked() && !c.in.empty()) {
+    std::size_t at = 0;
+    while (c.fd >= 0 && !c.blocked() && at < c.in.size()) {
       Request r;
-      Cursor cur(c.in);
+      Cursor cur(std::string_view(c.in).substr(at));
       const Parse p = parse(c, cur, r);
       if (p == Parse::incomplete) {
-        if (c.in.size() > kMaxRequest + 64) drop(c, "a request larger than any legal one");
-        return;
+        if (c.in.size() - at > kMaxRequest + 64) drop(c, "a request larger than any legal one");
+        break;
       }
       if (p == Parse::bad) {
         drop(c, "a malformed request or one over a size cap");
         return;
       }
-      c.in.erase(0, cur.used());
+      at += cur.used();
       c.first = false;
       c.spoke = true;
       handle(c, r);
     }
+    if (c.fd >= 0 && at > 0) c.in.erase(0, at);
     if (c.fd >= 0 && c.unsent() > 0) write_to(c);
   }
 
@@ -455,7 +473,12 @@ class TcpStoreServer::Loop {
   void on_add(Connection& c, const Request& r) {
     std::int64_t current = 0;
     if (const auto it = data_.find(r.key); it != data_.end()) {
-      std::from_chars(it->second.data(), it->second.data() + it->second.size(), current);
+      const char* end = it->second.data() + it->second.size();
+      const auto [last, ec] = std::from_chars(it->second.data(), end, current);
+      if (ec != std::errc() || last != end) {
+        drop(c, "an ADD to a key whose value is not a number (as torch's store does)");
+        return;
+      }
     }
     // Wraps like torch's (no undefined behaviour on overflow).
     const auto sum = static_cast<std::int64_t>(static_cast<std::uint64_t>(current) + static_cast<std::uint64_t>(r.delta));
@@ -475,7 +498,7 @@ class TcpStoreServer::Loop {
     const auto it = data_.find(r.key);
     std::int64_t n = 0;
     if (it != data_.end()) {
-      stored_ -= it->first.size() + it->second.size();
+      stored_ -= kKeyOverhead + it->first.size() + it->second.size();
       data_.erase(it);
       n = 1;
     }
@@ -485,8 +508,8 @@ class TcpStoreServer::Loop {
   /// data_[key] = value within max_bytes; else `c` is dropped (false).
   bool store(Connection& c, std::string key, std::string value) {
     const auto it = data_.find(key);
-    const std::size_t old = it == data_.end() ? 0 : key.size() + it->second.size();
-    const std::size_t next = stored_ - old + key.size() + value.size();
+    const std::size_t old = it == data_.end() ? 0 : kKeyOverhead + key.size() + it->second.size();
+    const std::size_t next = stored_ - old + kKeyOverhead + key.size() + value.size();
     if (next > limits_.max_bytes) {
       drop(c, fmt::format("a SET that would make the store hold {} bytes (the cap is {})", next, limits_.max_bytes));
       return false;
@@ -510,6 +533,12 @@ class TcpStoreServer::Loop {
     c.out.append(reinterpret_cast<const char*>(&v), sizeof v);
   }
   void answer_string(Connection& c, const std::string& s) {
+    // A large answer counts against max_bytes like a large request.
+    if (s.size() > kSmallRequest && buffered() + s.size() > limits_.max_bytes) {
+      drop(c, fmt::format("an answer of {} bytes while the store's buffers hold {} (the cap is {})", s.size(),
+                          buffered(), limits_.max_bytes));
+      return;
+    }
     answer(c, static_cast<std::uint64_t>(s.size()));
     c.out.append(s);
   }
@@ -541,9 +570,9 @@ class TcpStoreServer::Loop {
     const auto now = Clock::now();
     for (auto& c : connections_) {
       if (c.fd < 0) continue;
-      if (!c.spoke && now - c.progress > limits_.first_request) {
+      if (!c.spoke && now - c.accepted > limits_.first_request) {
         drop(c, fmt::format("no request within {} ms of connecting", limits_.first_request.count()));
-      } else if ((!c.in.empty() || c.unsent() > 0) && now - c.progress > limits_.stall) {
+      } else if (((!c.in.empty() && c.waiting.empty()) || c.unsent() > 0) && now - c.progress > limits_.stall) {
         drop(c, fmt::format("a request or answer stalled for {} ms", limits_.stall.count()));
       }
     }
@@ -589,6 +618,7 @@ class TcpStoreServer::Loop {
   std::map<std::string, std::string> data_;
   std::size_t stored_ = 0;
   bool changed_ = false;
+  Clock::time_point accept_again_{};
   std::uint64_t notes_ = 0;
   StoreServerStats stats_;  // the loop's own
   mutable std::mutex stats_mutex_;
