@@ -317,16 +317,19 @@ def test_more_tar_shards_than_open_files_still_load(dataset, tmp_path):
     assert out.stdout.split() == [str(2 * n)]
 
 
-def test_an_address_space_limit_too_low_is_named_not_a_hang(dataset):
+@pytest.mark.parametrize("limit", [400_000_000, 650_000_000, 800_000_000])
+def test_an_address_space_limit_is_named_or_met_never_a_hang(dataset, limit):
     """Under a tight RLIMIT_AS, OpenBLAS would retry its buffer's mmap
-    forever in a compute thread (and the process hang at exit): the backend
-    checks for room first, and the message names the limit."""
+    forever in a compute thread (and the process hang at exit), and glibc's
+    per-thread arenas would eat the space first: the tools cap the arenas,
+    the backend checks room, and the run either trains or names the limit."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    out = subprocess.run(["prlimit", "--as=400000000", train_tool(), "--data", str(dataset), "--devices", "cpu:2",
+    out = subprocess.run(["prlimit", f"--as={limit}", train_tool(), "--data", str(dataset), "--devices", "cpu:2",
                           "--batch-size", "16", "--size", "16", "--pool", "2", "--epochs", "1", "--json"], env=env,
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1, (out.returncode, out.stderr)
-    assert "RLIMIT_AS" in out.stderr and "OpenBLAS" in out.stderr, out.stderr
+    assert out.returncode in (0, 1), (out.returncode, out.stderr)
+    if limit == 400_000_000 or out.returncode == 1:
+        assert out.returncode == 1 and "RLIMIT_AS" in out.stderr and "OpenBLAS" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("nproc", [4, 8])
