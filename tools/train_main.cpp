@@ -17,6 +17,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
+#include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/compare.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
@@ -181,7 +182,10 @@ int run_training(const pt::TrainConfig& config, const pt::TrainCallbacks& cb, bo
 
 int main(int argc, char** argv) {
   CLI::App app{"pinfeed-train: data-parallel training of the reference classifier, fed by the pinfeed loader"};
-  app.set_version_flag("--version", "pinfeed-train 0.1.0");
+  // The version names the communicators this build has: a wheel has no MPI
+  // (its plugins live at Debian's paths), and a launcher can ask first.
+  app.set_version_flag("--version", fmt::format("pinfeed-train 0.1.0 (communicators: threads{}{})",
+                                                pt::gloo_compiled() ? ", gloo" : "", pt::mpi_compiled() ? ", mpi" : ""));
   pt::TrainConfig config;
   config.loader.transform.size = 64;
   config.model.pool = 4;

@@ -27,6 +27,25 @@ def capi():
     return path
 
 
+def train_tool():
+    """pinfeed-train: the build tree's, else the installed package's."""
+    return os.environ.get("PINFEED_TRAIN_TOOL") or _tools.path("pinfeed-train")
+
+
+@pytest.fixture(scope="session")
+def mpirun():
+    """mpirun's path, when it is installed and pinfeed-train was built with
+    MPI (a wheel is not: OpenMPI's plugins live at Debian's paths)."""
+    import shutil
+    path = shutil.which("mpirun")
+    if path is None:
+        pytest.skip("mpirun is not installed")
+    version = subprocess.run([train_tool(), "--version"], capture_output=True, text=True, check=True).stdout
+    if "mpi" not in version.split("communicators:", 1)[-1]:
+        pytest.skip(f"this pinfeed-train was built without MPI ({version.strip()})")
+    return path
+
+
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory):
     """4 classes x 12 JPEGs (+ a val split), written by pinfeed-data."""

@@ -239,14 +239,11 @@ def ranks_of(parent):
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
-def test_a_stopped_rank_makes_the_other_fail_within_the_timeout_without_spinning(dataset, launcher):
+def test_a_stopped_rank_makes_the_other_fail_within_the_timeout_without_spinning(dataset, launcher, request):
     args = ["--data", str(dataset), *TRAIN, "--epochs", "100000", "--comm-timeout", "4"]
     port = free_port()
     if launcher == "mpi":
-        import shutil
-        mpirun = shutil.which("mpirun")
-        if mpirun is None:
-            pytest.skip("no mpirun")
+        mpirun = request.getfixturevalue("mpirun")
         env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
         env.update(OMPI_MCA_btl_vader_single_copy_mechanism="none", MASTER_PORT=str(port))
         procs = [subprocess.Popen([mpirun, "--allow-run-as-root", "--oversubscribe", "-x", "MASTER_PORT", "-np", "2",

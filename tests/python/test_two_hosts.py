@@ -184,12 +184,9 @@ def test_pinfeed_train_on_two_hosts_equals_four_ranks_on_one(hosts, dataset, tmp
     assert (tmp_path / "two.ckpt").read_bytes() == (tmp_path / "one.ckpt").read_bytes()
 
 
-def test_mpirun_across_two_hosts_equals_four_ranks_on_one(hosts, dataset, tmp_path):
+def test_mpirun_across_two_hosts_equals_four_ranks_on_one(hosts, dataset, tmp_path, mpirun):
     """mpirun on host-a starts host-b's daemon through an rsh agent that
     enters host-b's namespace (what ssh would do between machines)."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun is not installed")
     agent = tmp_path / "agent.sh"
     agent.write_text("#!/bin/sh\nhost=$1; shift\ncase $host in\n"
                      + "".join(f"  {h}) ns={ns};;\n" for h, ns in hosts.ns.items())
