@@ -74,8 +74,11 @@ class StoreAdaptor final : public gloo::rendezvous::Store {
     return {key.substr(0, key.size() - tail.size()), r};
   }
   void check(const std::string& key, const std::vector<char>& v) {
-    const auto [mesh, r] = split(key);
-    const auto mine = written_.find(mesh);
+    // Not a structured binding: the lambda below captures the rank, and
+    // clang 14 (the fuzz build) cannot capture a binding.
+    const std::pair<std::string, int> parts = split(key);
+    const int r = parts.second;
+    const auto mine = written_.find(parts.first);
     if (r < 0 || mine == written_.end()) return;
     const std::string full = store_.options().prefix + key;
     const auto bad = [&](const std::string& why) {
