@@ -33,7 +33,7 @@ trap 'rm -rf "$(dirname "$venv")"' EXIT
 # From a folder outside the checkout, without PYTHONPATH: the installed copy.
 work=$(mktemp -d)
 (cd "$work" && env -u PYTHONPATH PINFEED_EXPECT_INSTALLED="$venv" \
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/tests/python")
+  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python")
 "$venv/bin/pinfeed-diag" --json --sample-ms 0 >/dev/null
 "$venv/bin/pinfeed-train" --help | head -n 1
 "$venv/bin/pinfeed-data" -q make --out "$work/data" --classes 2 --per-class 16 --seed 1

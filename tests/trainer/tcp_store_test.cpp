@@ -376,6 +376,55 @@ TEST(TcpStoreTest, SilentStalledAndOversizedClientsAreDropped) {
   EXPECT_TRUE(eventually([&] { return s.stats().connections == 1; }));
 }
 
+// What a connection holds is its buffers' real size: a client that set and
+// read back a large value and then idles gives the memory back, and a
+// client that reads its answers steadily but never quite to the end (the
+// next answers queue behind the unread bytes) is served in full within a
+// few answers' worth of memory, never the sum of everything it was sent.
+TEST(TcpStoreTest, LargeAnswersAreGivenBackAndASlowReaderNeverGrowsTheServer) {
+  auto o = options(29577, true);
+  o.limits.max_bytes = 16U << 20U;
+  TcpStore server(o);
+  const TcpStoreServer& s = *server.server();
+  TcpStore big(options(29577, false));
+  const std::vector<char> value(6U << 20U, 'v');
+  big.set("big", value);
+  EXPECT_EQ(big.get("big"), value);
+  // Idle now: its 6 MiB request and 6 MiB answer are no longer held.
+  EXPECT_TRUE(eventually([&] { return s.stats().buffered_bytes < (1U << 20U); })) << s.stats().buffered_bytes;
+  server.set("quarter", std::vector<char>(512U << 10U, 'q'));
+  // 64 GETs of 512 KiB (32 MiB in all, twice the cap) pipelined, read in
+  // 100 KiB pieces.
+  const int fd = raw_connect(29577);
+  const std::string key = "/test/quarter";
+  std::string requests;
+  for (int i = 0; i < 64; ++i) {
+    const std::uint8_t get = 2;
+    const std::uint64_t n = key.size();
+    requests.append(reinterpret_cast<const char*>(&get), 1);
+    requests.append(reinterpret_cast<const char*>(&n), 8);
+    requests.append(key);
+  }
+  ASSERT_EQ(::send(fd, requests.data(), requests.size(), 0), static_cast<ssize_t>(requests.size()));
+  const std::size_t expected = 64 * (8 + (512U << 10U));
+  std::vector<char> piece(100U << 10U);
+  std::size_t got = 0, peak = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (got < expected) {
+    const ssize_t r = ::recv(fd, piece.data(), std::min(piece.size(), expected - got), 0);
+    ASSERT_GT(r, 0) << "dropped after " << got << " of " << expected << " bytes";
+    got += static_cast<std::size_t>(r);
+    peak = std::max(peak, s.stats().buffered_bytes);
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_LT(peak, 4U << 20U);
+  // Not a speed bound: requests already buffered used to wait for the
+  // loop's 1 s tick, two answers a second (32 s here).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "pipelined requests waited for bytes that never come";
+  ::close(fd);
+  EXPECT_EQ(server.add("alive", 1), 1);
+}
+
 TEST(TcpStoreTest, ABurstOfSmallRequestsAndAHalfClosedClientAreServedInFull) {
   TcpStore server(options(29576, true));
   const TcpStoreServer& s = *server.server();

@@ -261,10 +261,7 @@ class GlooCommunicator final : public Communicator {
       const std::string_view what = e.what();
       // A timeout says so as MpiCommunicator's and the thread group's do.
       const std::string timed_out =
-          what.find("imed out") != std::string_view::npos
-              ? fmt::format("did not complete within {} s: a rank stopped, hung or was lost; ",
-                            std::chrono::duration_cast<std::chrono::seconds>(timeout_).count())
-              : std::string();
+          what.find("imed out") != std::string_view::npos ? timeout_reason(timeout_) + "; " : std::string();
       throw CommError(rank_, op, bytes, fmt::format("{}gloo: {}{}", timed_out, what, lost_ranks(what)));
     }
   }

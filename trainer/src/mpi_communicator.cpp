@@ -126,9 +126,7 @@ class MpiCommunicator final : public Communicator {
       if (done != 0) return;
       const auto now = Clock::now();
       if (now >= deadline) {
-        detail::mpi_abort(rank_, fmt::format("{} of {} bytes did not complete within {} s: a rank stopped, hung or was "
-                                             "lost",
-                                             op, bytes, std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()));
+        detail::mpi_abort(rank_, fmt::format("{} of {} bytes {}", op, bytes, timeout_reason(timeout_)));
       }
       const auto waited = now - start;
       if (waited < std::chrono::milliseconds(100)) continue;

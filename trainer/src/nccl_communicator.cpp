@@ -229,8 +229,8 @@ class NcclCommunicator final : public Communicator {
                                Nccl::get().error_string(async));
       } else {
         const Pending& p = pending_.front();
-        failure_ = fmt::format("{} of {} bytes did not finish within {} ms (NCCL async state: {}); communicator aborted",
-                               p.op, p.bytes, config_.timeout.count(), Nccl::get().error_string(async));
+        failure_ = fmt::format("{} of {} bytes {} (NCCL async state: {}); communicator aborted", p.op, p.bytes,
+                               timeout_reason(config_.timeout), Nccl::get().error_string(async));
       }
       pinfeed::detail::log().error("nccl rank {}: {}", rank_, failure_);
       (void)Nccl::get().abort(comm_);

@@ -150,7 +150,23 @@ struct Connection {
 
   [[nodiscard]] std::size_t unsent() const noexcept { return out.size() - sent; }
   [[nodiscard]] bool blocked() const noexcept { return !waiting.empty() || unsent() > kOutHigh; }
-  [[nodiscard]] std::size_t held() const noexcept { return in.size() + unsent() + waiting_bytes; }
+  /// The memory the connection holds: its buffers' capacity (a buffer that
+  /// once held a 16 MiB request keeps its size until released, see
+  /// trim()), and its WAIT's keys.
+  [[nodiscard]] std::size_t held() const noexcept { return in.capacity() + out.capacity() + waiting_bytes; }
+
+  /// Gives back what the buffers no longer need: the sent front of `out`
+  /// (a client that always leaves a little unread never lets `out` empty),
+  /// and the capacity of a buffer that held a large request or answer.
+  void trim() {
+    if (sent > 0 && (sent == out.size() || sent >= kOutHigh)) {
+      out.erase(0, sent);
+      sent = 0;
+    }
+    for (std::string* b : {&in, &out}) {
+      if (b->capacity() > 2 * kReadChunk && b->size() < b->capacity() / 4) b->shrink_to_fit();
+    }
+  }
 };
 
 }  // namespace
@@ -315,9 +331,8 @@ class TcpStoreServer::Loop {
     // to the end and served.
     if ((revents & (POLLIN | POLLHUP | POLLERR | POLLRDHUP)) != 0 && !c.closing) read_from(c);
     if (c.fd >= 0 && (revents & (POLLHUP | POLLERR | POLLRDHUP)) != 0) c.closing = true;
-    if (c.fd >= 0) serve(c);
     if (c.fd >= 0 && c.unsent() > 0) write_to(c);
-    if (c.fd >= 0 && !c.blocked() && !c.in.empty()) serve(c);  // unblocked by that write
+    serve_all(c);
     // Gone: what it sent before closing was served; a partial request is dropped.
     if (c.fd >= 0 && c.closing && (c.unsent() == 0 || (revents & (POLLHUP | POLLERR)) != 0)) close(c);
   }
@@ -335,6 +350,14 @@ class TcpStoreServer::Loop {
         return;
       }
       const std::size_t old = c.in.size();
+      if (old + room > c.in.capacity()) {
+        // Grown by a quarter, not doubled: what a connection holds is its
+        // buffers' capacity (held()), and a 16 MiB SET must not count as 32.
+        std::string bigger;
+        bigger.reserve(std::max(old + room, old + old / 4));
+        bigger.append(c.in);
+        c.in.swap(bigger);
+      }
       c.in.resize(old + room);
       const ssize_t r = ::recv(c.fd, c.in.data() + old, room, 0);
       c.in.resize(old + static_cast<std::size_t>(std::max<ssize_t>(r, 0)));
@@ -364,10 +387,7 @@ class TcpStoreServer::Loop {
       close(c);  // the peer is gone
       return;
     }
-    if (c.unsent() == 0) {
-      c.out.clear();
-      c.sent = 0;
-    }
+    c.trim();
   }
 
   // ---- requests ------------------------------------------------------------
@@ -395,8 +415,22 @@ class TcpStoreServer::Loop {
       c.spoke = true;
       handle(c, r);
     }
-    if (c.fd >= 0 && at > 0) c.in.erase(0, at);
+    if (c.fd >= 0 && at > 0) {
+      c.in.erase(0, at);
+      c.trim();
+    }
     if (c.fd >= 0 && c.unsent() > 0) write_to(c);
+  }
+
+  /// serve() until `c` blocks on an unsent answer or a WAIT, or its input
+  /// holds no complete request: requests a client pipelined may all be in
+  /// `c.in` already, and no byte more will come to wake the loop for them.
+  void serve_all(Connection& c) {
+    while (c.fd >= 0) {
+      const std::size_t before = c.in.size();
+      serve(c);
+      if (c.fd < 0 || c.blocked() || c.in.empty() || c.in.size() == before) return;
+    }
   }
 
   /// A request from the front of `c.in`: v2's VALIDATE and PING, or any v1
@@ -552,7 +586,7 @@ class TcpStoreServer::Loop {
         c.waiting.clear();
         c.waiting_bytes = 0;
         answer(c, std::uint8_t{0});
-        serve(c);
+        serve_all(c);
       }
     }
   }

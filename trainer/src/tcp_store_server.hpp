@@ -6,7 +6,8 @@
 //
 //   connections      max_connections; one more is accepted and closed at once
 //   stored bytes     keys + values held, max_bytes; a SET over it is dropped
-//   buffered bytes   half-received requests + unsent answers + pending
+//   buffered bytes   every buffer at its capacity (half-received requests,
+//                    unsent answers) + pending
 //                    WAITs, max_bytes too; the connection that would pass it
 //                    is dropped
 //   one request      a key 64 KiB, a value 16 MiB, a WAIT/CHECK 4096 keys and
@@ -22,7 +23,7 @@
 // Trust: like torch's TCPStore, the store has no authentication. Anyone who
 // can reach the port can read and change keys, so it listens only on the
 // addresses MASTER_ADDR resolves to (loopback for a single-host launch) and
-// must be on a trusted network (docs/launching.md).
+// must be on a trusted network (README, "What the store trusts").
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

@@ -22,6 +22,12 @@ CommError::CommError(int rank, std::string op, std::size_t bytes, const std::str
       op_(std::move(op)),
       bytes_(bytes) {}
 
+std::string timeout_reason(std::chrono::milliseconds timeout) {
+  const auto n = timeout.count();
+  return fmt::format("did not complete within {}: a rank stopped, hung or was lost",
+                     n % 1000 == 0 ? fmt::format("{} s", n / 1000) : fmt::format("{} ms", n));
+}
+
 namespace {
 
 struct Call {
@@ -111,7 +117,7 @@ class Group {
     for (int k = 0; k < size_; ++k) {
       if (!arrived_[static_cast<std::size_t>(k)]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", k);
     }
-    const std::string why = fmt::format("timed out after {} ms waiting for rank(s) {}", config_.timeout.count(), missing);
+    const std::string why = fmt::format("{} (waiting for rank(s) {})", timeout_reason(config_.timeout), missing);
     aborted_ = fmt::format("rank {}: {} {}", rank, c.op, why);
     cv_.notify_all();
     throw CommError(rank, c.op, c.count * sizeof(float), why);

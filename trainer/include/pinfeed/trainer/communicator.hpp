@@ -48,6 +48,11 @@ class CommError : public Error {
   std::size_t bytes_;
 };
 
+/// Every communicator's words for a collective past its timeout: "did not
+/// complete within 4 s: a rank stopped, hung or was lost" (ms when the
+/// timeout is not whole seconds).
+std::string timeout_reason(std::chrono::milliseconds timeout);
+
 struct CommConfig {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< a collective not done by then is an error
 };
