@@ -80,16 +80,44 @@ std::vector<DeviceInfo> devices() {
   return out;
 }
 
+bool context_current() noexcept {
+  // The driver's cuCtxGetCurrent through the runtime's entry-point lookup:
+  // the static runtime links no libcuda, and this asks without creating.
+  using GetCurrent = int (*)(void**);
+  static const GetCurrent get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return GetCurrent{nullptr};
+    }
+    return reinterpret_cast<GetCurrent>(fn);
+  }();
+  if (get_current == nullptr) return true;  // cannot tell: behave as if the thread had one (restore its device)
+  void* ctx = nullptr;
+  return get_current(&ctx) == 0 && ctx != nullptr;
+}
+
+DeviceGuard::DeviceGuard(int device) noexcept {
+  if (device < 0) return;
+  int previous = -1;
+  if (context_current() && cudaGetDevice(&previous) == cudaSuccess && previous != device) previous_ = previous;
+  ok_ = cudaSetDevice(device) == cudaSuccess;
+  (void)cudaGetLastError();
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  (void)cudaGetLastError();
+}
+
 void host_register(void* ptr, std::size_t bytes, int device) {
   if (!runtime_status().available) {
     throw CudaError(fmt::format("cudaHostRegister: CUDA not available ({})", runtime_status().message));
   }
-  if (device >= 0) {
-    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw CudaError(fmt::format("cudaSetDevice({}) before cudaHostRegister failed: {}", device, describe(e)));
-    }
-  }
+  const DeviceGuard guard(device);
+  if (!guard.ok()) throw CudaError(fmt::format("cudaSetDevice({}) before cudaHostRegister failed", device));
   if (const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable); e != cudaSuccess) {
     (void)cudaGetLastError();
     const std::string what = fmt::format("cudaHostRegister of {} bytes on cuda:{} failed: {}", bytes, device, describe(e));
@@ -105,7 +133,7 @@ void host_register(void* ptr, std::size_t bytes, int device) {
 }
 
 void host_unregister(void* ptr, int device) noexcept {
-  if (device >= 0 && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+  const DeviceGuard guard(device);
   const cudaError_t e = cudaHostUnregister(ptr);
   if (e == cudaSuccess || e == cudaErrorCudartUnloading) return;  // shutting down: nothing to do
   (void)cudaGetLastError();

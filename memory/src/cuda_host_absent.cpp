@@ -20,4 +20,8 @@ void host_register(void* /*ptr*/, std::size_t bytes, int /*device*/) {
 
 void host_unregister(void* /*ptr*/, int /*device*/) noexcept {}
 
+DeviceGuard::DeviceGuard(int /*device*/) noexcept {}
+DeviceGuard::~DeviceGuard() = default;
+bool context_current() noexcept { return false; }
+
 }  // namespace pinfeed::memory::cuda

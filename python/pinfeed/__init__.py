@@ -427,6 +427,16 @@ class Loader:
             raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
         elif dtype not in (None, torch.float32) or memory_format not in (None, torch.contiguous_format):
             raise ValueError("dtype= and memory_format= go with device= (convert CPU batches yourself)")
+        # The GPU the pinned slots are registered with: the device= one, else
+        # torch's current device once torch has a context, else the local
+        # rank's (DDP's convention; none on a host without it). Not device 0
+        # in every rank.
+        if self._device is not None:
+            cuda_device = self._device.index if self._device.type == "cuda" else None
+        elif torch.cuda.is_initialized():
+            cuda_device = torch.cuda.current_device()
+        else:
+            cuda_device = self.local_rank
         self._stream, self._labels_device = stream, bool(labels_device)
         self._cuda_seen = False  # CUDA was initialized once: stays so
         self._dtype = None if dtype in (None, torch.float32) else dtype
@@ -435,7 +445,7 @@ class Loader:
         # (ConfigError is a ValueError; a wrong type is a TypeError), named.
         self._impl = _pinfeed.Loader({
             "dataset": os.fsencode(data), "list_root": None if list_root is None else os.fsencode(list_root),
-            "rank": rank, "world_size": world_size, "mean": list(mean), "std": list(std),
+            "rank": rank, "world_size": world_size, "mean": list(mean), "std": list(std), "cuda_device": cuda_device,
             "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "shuffle": shuffle,
             "drop_last": sampler_trim, "drop_last_batch": drop_last, "seed": seed, "crop": transform,
             "size": size, "resize": resize, "flip": flip, "layout": layout, "bad_sample": bad_sample,

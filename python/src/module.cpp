@@ -24,6 +24,7 @@
 #include <string>
 #include <system_error>
 
+#include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
 #include "pinfeed/loader/loader.hpp"
@@ -184,10 +185,20 @@ pl::LoaderConfig to_config(const py::dict& d) {
   if (d.contains("list_root") && !d["list_root"].is_none()) c.list_root = d["list_root"].cast<std::string>();
   if (d.contains("rank")) c.rank = d["rank"].cast<unsigned>();
   if (d.contains("world_size")) c.world_size = d["world_size"].cast<unsigned>();
+  // The GPU the slots are registered with (its NUMA node, its context): the
+  // rank's own, never a default device 0 in every rank. None or a device
+  // this process cannot see (a CPU-only host): none.
+  if (d.contains("cuda_device") && !d["cuda_device"].is_none()) {
+    const int dev = d["cuda_device"].cast<int>();
+    c.cuda_device = dev >= 0 && dev < pinfeed::memory::cuda::runtime_status().device_count ? dev : -1;
+  }
   // Every other key is an option of the table; an unknown one is an error.
   for (const auto& [key, value] : d) {
     const auto name = key.cast<std::string>();
-    if (name == "dataset" || name == "list_root" || name == "rank" || name == "world_size" || name == "mean" || name == "std") continue;
+    if (name == "dataset" || name == "list_root" || name == "rank" || name == "world_size" || name == "mean" ||
+        name == "std" || name == "cuda_device") {
+      continue;
+    }
     set_option(c, pl::loader_option(name), value);
   }
   if (d.contains("mean")) {
@@ -267,6 +278,7 @@ class PyLoader {
       options.keep_caller_device = true;  // torch's current device stays torch's
       const pt::DeviceType& dt = pt::device_type(type);
       const int index = d["index"].cast<int>();
+      if (dt.indexed) c.cuda_device = index;  // the slots belong to the device the batches go to
       if (dt.visible() <= (dt.indexed ? index : 0)) {
         throw pinfeed::ConfigError(fmt::format("device='{}:{}': {}", type, index,
                                                dt.visible() == 0 ? fmt::format("no {} device is visible to pinfeed", type)
@@ -502,6 +514,7 @@ class PyLoader {
     d["budget_bytes"] = r.budget_bytes;
     d["limiting"] = r.limiting;
     d["local_ranks"] = r.local_ranks;
+    d["cuda_device"] = loader_->config().cuda_device;
     d["reason"] = r.reason;
     d["note"] = r.note;
     return d;

@@ -81,3 +81,19 @@ def test_stream_argument_and_dtype_on_cuda(dataset):
         for (a, _, _), (c, _, _) in zip(want, l):
             assert c.dtype == torch.float16 and c.is_contiguous(memory_format=torch.channels_last)
             assert torch.allclose(c.float(), a.cuda(), atol=0.01, rtol=0.001)
+
+
+def test_slots_belong_to_the_rank_s_gpu_and_torch_keeps_its_device(dataset):
+    """The pool registers its slots with the GPU the batches go to (device=),
+    else the local rank's: never device 0 in every rank. Making a loader and
+    its feed, iterating and dropping them leave torch's current device as
+    torch set it."""
+    last = torch.cuda.device_count() - 1
+    torch.cuda.set_device(last)
+    feed = loader(dataset, device=f"cuda:{last}")
+    assert feed.pin_report()["cuda_device"] == last
+    assert sum(1 for _ in feed) > 0 and torch.cuda.current_device() == last
+    plain = loader(dataset, local_rank=last)
+    assert plain.pin_report()["cuda_device"] == last  # torch has a context: its current device
+    del feed, plain
+    assert torch.cuda.current_device() == last

@@ -121,6 +121,27 @@ TEST(ThreadCommunicatorTest, AbortReleasesRanksWaitingInACollective) {
   }
 }
 
+// The NCCL communicator's abort must not wait for a rank blocked in a
+// collective either (it only tries the enqueue lock); its CPU twin: a rank
+// blocked in barrier() is released by another rank's abort, promptly.
+TEST(ThreadCommunicatorTest, AbortReleasesARankBlockedInABarrier) {
+  Group g(2);
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread blocked([&] {
+    try {
+      g.comms[0]->barrier();  // rank 1 never comes
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  g.comms[1]->abort("rank 1 lost its GPU");
+  blocked.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_NE(error.find("rank 1 lost its GPU"), std::string::npos) << error;
+}
+
 TEST(SoloCommunicatorTest, AWorldOfOneIsTheIdentityAndAbortFailsLaterCalls) {
   CpuBackend b;
   auto s = b.create_stream();

@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
 #include "train_fixtures.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/model.hpp"
 #include "pinfeed/trainer/trainer.hpp"
@@ -19,7 +22,7 @@ namespace {
 TEST(DdpGpuTest, CudaWorkersWithNcclMatchTheCpuBackend) {
   const int gpus = cuda_device_count();
   if (gpus == 0) GTEST_SKIP() << "no CUDA device on this machine";
-  if (!nccl_available()) GTEST_SKIP() << "NCCL (libnccl.so.2) cannot be loaded";
+  if (gpus >= 2 && !nccl_available()) GTEST_SKIP() << "NCCL (libnccl.so.2) cannot be loaded";
   testing::TempDir dir;
   const auto data = testing::make_small_dataset(dir.path(), 4, 16);
   const int workers = gpus >= 2 ? 2 : 1;
@@ -51,6 +54,38 @@ TEST(DdpGpuTest, TheCnnWithSyncBnOnGpusMatchesOneCpuWorker) {
   const TrainResult cpu = train(c);
   EXPECT_LE(testing::relative_difference(gpu.weights, cpu.weights), 1e-3) << gpu.world_size << " GPU(s)";
   EXPECT_NEAR(gpu.epochs.back().loss, cpu.epochs.back().loss, 1e-3);
+}
+
+// One GPU exercises NCCL nowhere else (one worker trains with the solo
+// communicator): a one-rank NCCL communicator is legal, and every call of
+// ours on it must work, then abort must fail later calls, and destroying an
+// aborted one must not hang. On a GPU host NCCL must load: no skip.
+TEST(NcclGpuTest, AOneRankCommunicatorReducesBroadcastsWaitsAndAborts) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  ASSERT_TRUE(nccl_available()) << "NCCL (libnccl.so.2) cannot be loaded: put its folder on LD_LIBRARY_PATH";
+  auto backend = make_cuda_backend(0);
+  auto comms = make_nccl_group({backend.get()});
+  ASSERT_EQ(comms.size(), 1U);
+  Communicator& comm = *comms[0];
+  EXPECT_EQ(comm.name(), "nccl");
+  EXPECT_EQ(comm.size(), 1);
+  auto stream = backend->create_stream();
+  const std::vector<float> host = {1.5F, -2.0F, 3.25F, 0.0F, 7.0F};
+  DeviceBuffer buf = backend->allocate(host.size() * sizeof(float));
+  backend->copy_h2d(*stream, buf.get(), host.data(), host.size() * sizeof(float));
+  comm.all_reduce(*stream, buf.as<float>(), host.size(), ReduceOp::sum);
+  comm.all_reduce(*stream, buf.as<float>(), host.size(), ReduceOp::average);
+  comm.broadcast(*stream, buf.as<float>(), host.size(), 0);
+  std::vector<float> back(host.size());
+  backend->copy_d2h(*stream, back.data(), buf.get(), back.size() * sizeof(float));
+  backend->synchronize(*stream);
+  EXPECT_EQ(back, host) << "a world of one: sum, average and broadcast are the identity";
+  comm.barrier();
+  EXPECT_THROW(comm.broadcast(*stream, buf.as<float>(), host.size(), 1), ConfigError);
+  comm.abort("the test aborts");
+  EXPECT_THROW(comm.all_reduce(*stream, buf.as<float>(), host.size(), ReduceOp::sum), CommError);
+  EXPECT_THROW(comm.barrier(), CommError);
+  comms.clear();  // destroying an aborted communicator returns
 }
 
 }  // namespace

@@ -76,6 +76,11 @@ TYPED_TEST(DeviceBackendTest, RoundTripAndZeroedAllocation) {
   EXPECT_EQ(this->download(b, v.size()), v);
   DeviceBuffer z = this->backend->allocate(64 * sizeof(float));
   EXPECT_EQ(this->download(z, 64), std::vector<float>(64, 0.0F));
+  // An empty allocation is no buffer, on every backend (cudaMalloc(0) has
+  // no defined pointer), and dropping it frees nothing.
+  DeviceBuffer none = this->backend->allocate(0);
+  EXPECT_EQ(none.get(), nullptr);
+  EXPECT_EQ(none.bytes(), 0U);
 }
 
 TYPED_TEST(DeviceBackendTest, StreamWaitOrdersWorkAcrossStreams) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cuda_backend_impl.hpp"
@@ -24,6 +25,7 @@ void cuda_check(cudaError_t e, const char* what, int device) {
 }
 
 std::unique_ptr<CudaStream> CudaStream::create(int device) {
+  const memory::cuda::DeviceGuard guard(device);
   PINFEED_CUDA_TRY(cudaSetDevice(device), device);
   cudaStream_t s = nullptr;
   PINFEED_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), device);
@@ -72,12 +74,23 @@ struct Cublas {
 class CudaEvent final : public Event {
  public:
   explicit CudaEvent(int device) : device_(device) {
+    // Made, queried and destroyed from threads pinfeed may not own (TBB's,
+    // the pool's, the NCCL watchdog, Python's): the event's device is made
+    // current for the call only, so none of them creates device 0's context
+    // or finds its own device changed.
+    const memory::cuda::DeviceGuard guard(device);
     PINFEED_CUDA_TRY(cudaSetDevice(device), device);
     cudaEvent_t e = nullptr;
     // Blocking sync: wait() sleeps in the driver instead of spinning a core.
     PINFEED_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), device);
     handle_ = detail::CudaHandle<cudaEvent_t, cudaEventDestroy>(e);
   }
+  ~CudaEvent() override {
+    const memory::cuda::DeviceGuard guard(device_);
+    handle_.reset();
+  }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
   [[nodiscard]] cudaEvent_t get() const noexcept { return handle_.get(); }
   // cudaEventQuery's cudaErrorNotReady ("not yet") is also left as the
   // thread's last error; it is taken off at once, or the next kernel
@@ -86,10 +99,7 @@ class CudaEvent final : public Event {
   // memory any more, so the event counts as complete (and a destructor
   // waiting on it, ~BufferPool's, never throws); it is logged.
   [[nodiscard]] bool ready() noexcept override {
-    // Queried from TBB threads, the pool's thread, the NCCL watchdog: the
-    // event's device is made current first, so none of them creates
-    // device 0's primary context.
-    if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
+    const memory::cuda::DeviceGuard guard(device_);
     const cudaError_t e = cudaEventQuery(handle_.get());
     (void)cudaGetLastError();
     if (e == cudaErrorNotReady) return false;
@@ -100,6 +110,7 @@ class CudaEvent final : public Event {
     return true;
   }
   void wait() override {
+    const memory::cuda::DeviceGuard guard(device_);
     PINFEED_CUDA_TRY(cudaSetDevice(device_), device_);
     PINFEED_CUDA_TRY(cudaEventSynchronize(handle_.get()), device_);
   }
@@ -123,27 +134,28 @@ class CudaBackend final : public DeviceBackend {
  public:
   CudaBackend(int device, bool keep_caller_device) : device_(device) {
     // Made on a thread of another library (Python's): that thread keeps its
-    // device. Not by default: a thread that had none would get a context
-    // on device 0 from the restore (the trainer's main thread would).
-    int previous = device;
-    PINFEED_CUDA_TRY(cudaGetDevice(&previous), device);
-    struct Restore {
-      int device;
-      bool active;
-      ~Restore() {
-        if (active) (void)cudaSetDevice(device);
-      }
-    } restore{previous, keep_caller_device && previous != device};
+    // device (if it had a context; DeviceGuard). Not by default: the
+    // trainer's workers make their backend's device theirs.
+    std::optional<memory::cuda::DeviceGuard> keep;
+    if (keep_caller_device) keep.emplace(device);
     PINFEED_CUDA_TRY(cudaSetDevice(device), device);
     cudaDeviceProp prop{};
     PINFEED_CUDA_TRY(cudaGetDeviceProperties(&prop, device), device);
     name_ = fmt::format("cuda:{} ({})", device, prop.name);
-    const Cublas& lib = Cublas::get();
-    if (!lib.error.empty()) throw CudaError(fmt::format("cuda:{}: {}", device, lib.error));
-    if (lib.create(&blas_) != CUBLAS_STATUS_SUCCESS) throw CudaError(fmt::format("cuda:{}: cublasCreate failed", device));
+    // Zero-filling a new buffer runs here, not on the legacy default
+    // stream: that one waits for all of torch's default-stream work.
+    init_stream_ = detail::CudaStream::create(device);
+    // BatchNorm's partial sums: allocated now, never during a step (Note
+    // [No allocation during collectives]).
+    bn_work_ = allocate(kernels::bn_workspace_doubles() * sizeof(double));
+    // cuBLAS is loaded and its handle made at the first GEMM: a backend that
+    // only feeds batches (device=) never needs it, nor libcublas.
   }
   ~CudaBackend() override {
-    if (blas_ != nullptr) (void)Cublas::get().destroy(blas_);
+    if (blas_ != nullptr) {
+      const memory::cuda::DeviceGuard guard(device_);
+      (void)Cublas::get().destroy(blas_);
+    }
   }
 
   [[nodiscard]] BackendKind kind() const noexcept override { return BackendKind::cuda; }
@@ -156,14 +168,15 @@ class CudaBackend final : public DeviceBackend {
     // a device the thread never used would make a context there.
     int previous = 0;
     PINFEED_CUDA_TRY(cudaGetDevice(&previous), device_);
-    if (previous == device_) return nullptr;
+    if (previous == device_ && memory::cuda::context_current()) return nullptr;
+    auto guard = std::make_shared<memory::cuda::DeviceGuard>(device_);
     select();
-    static int token = 0;
-    return {&token, [previous](int*) { (void)cudaSetDevice(previous); }};
+    return guard;
   }
   [[nodiscard]] std::string name() const override { return name_; }
 
   DeviceBuffer allocate(std::size_t bytes) override {
+    if (bytes == 0) return DeviceBuffer(this, nullptr, 0);  // as the CPU backend: cudaMalloc(0) is no buffer
     select();
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes);
@@ -172,11 +185,11 @@ class CudaBackend final : public DeviceBackend {
       throw OutOfMemory("device", fmt::format("{}: cannot allocate {} bytes", name_, bytes));
     }
     PINFEED_CUDA_TRY(e, device_);
-    // cudaMemset runs on the legacy default stream, which our non-blocking
-    // streams do not wait for: finish it here, before any stream writes the
-    // buffer (allocation is never on the hot path).
-    PINFEED_CUDA_TRY(cudaMemset(p, 0, bytes), device_);
-    PINFEED_CUDA_TRY(cudaStreamSynchronize(nullptr), device_);
+    // Zeroed on the backend's own stream and finished here, before any
+    // stream writes the buffer (allocation is never on the hot path). Not
+    // cudaMemset: the legacy default stream would wait for torch's work.
+    PINFEED_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, init_stream_->get()), device_);
+    PINFEED_CUDA_TRY(cudaStreamSynchronize(init_stream_->get()), device_);
     return DeviceBuffer(this, p, bytes);
   }
   std::unique_ptr<Stream> create_stream() override { return detail::CudaStream::create(device_); }
@@ -237,6 +250,10 @@ class CudaBackend final : public DeviceBackend {
     // enqueueing the GEMM happen as one step (two workers of one process,
     // a DDP hook and a validation pass may call this concurrently).
     const std::scoped_lock lock(blas_mutex_);
+    if (blas_ == nullptr) {
+      if (!lib.error.empty()) throw CudaError(fmt::format("{}: {}", name_, lib.error));
+      if (lib.create(&blas_) != CUBLAS_STATUS_SUCCESS) throw CudaError(fmt::format("{}: cublasCreate failed", name_));
+    }
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
     // swap the operands and the dimensions m and n.
     if (lib.set_stream(blas_, cuda(s).get()) != CUBLAS_STATUS_SUCCESS ||
@@ -281,16 +298,17 @@ class CudaBackend final : public DeviceBackend {
   }
   void bn_stats(Stream& s, const float* x, int c, std::size_t m, float* sums) override {
     select();
-    PINFEED_CUDA_TRY(kernels::bn_stats(cuda(s).get(), x, c, m, sums), device_);
+    PINFEED_CUDA_TRY(kernels::bn_stats(cuda(s).get(), x, c, m, sums, bn_work_.as<double>()), device_);
   }
   void bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat, float* y) override {
     select();
-    PINFEED_CUDA_TRY(kernels::bn_forward(cuda(s).get(), x, sums, bn(a), xhat, y), device_);
+    PINFEED_CUDA_TRY(kernels::bn_forward(cuda(s).get(), x, sums, bn(a), xhat, y, bn_work_.as<double>()), device_);
   }
   void bn_backward_reduce(Stream& s, float* dy, const float* y, const float* xhat, const BatchNormArgs& a, float* red,
                           float* dgamma, float* dbeta) override {
     select();
-    PINFEED_CUDA_TRY(kernels::bn_backward_reduce(cuda(s).get(), dy, y, xhat, bn(a), red, dgamma, dbeta), device_);
+    PINFEED_CUDA_TRY(kernels::bn_backward_reduce(cuda(s).get(), dy, y, xhat, bn(a), red, dgamma, dbeta,
+                                                         bn_work_.as<double>()), device_);
   }
   void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red, const BatchNormArgs& a,
                          float* dx) override {
@@ -339,11 +357,9 @@ class CudaBackend final : public DeviceBackend {
 
  protected:
   void free(void* ptr, std::size_t /*bytes*/) noexcept override {
-    int previous = -1;
-    (void)cudaGetDevice(&previous);  // a thread of another library keeps its device
-    (void)cudaSetDevice(device_);
+    if (ptr == nullptr) return;
+    const memory::cuda::DeviceGuard guard(device_);  // a thread of another library keeps its device
     (void)cudaFree(ptr);  // at process exit the driver may already be gone: ignored
-    if (previous >= 0 && previous != device_) (void)cudaSetDevice(previous);
     (void)cudaGetLastError();
   }
 
@@ -356,7 +372,9 @@ class CudaBackend final : public DeviceBackend {
 
   int device_;
   std::string name_;
-  std::mutex blas_mutex_;  // guards blas_'s stream between set_stream and sgemm
+  std::unique_ptr<detail::CudaStream> init_stream_;  // zero-fills new buffers
+  DeviceBuffer bn_work_;  // BatchNorm's partial sums (kernels::bn_workspace_doubles), used in stream order
+  std::mutex blas_mutex_;  // guards blas_ (made at the first GEMM) and its stream between set_stream and sgemm
   cublasHandle_t blas_ = nullptr;
 };
 

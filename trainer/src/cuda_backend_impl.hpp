@@ -6,6 +6,7 @@
 #include <string>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/trainer/device_backend.hpp"
 
 namespace pinfeed::trainer::detail {
@@ -38,13 +39,16 @@ class CudaHandle {
   [[nodiscard]] H get() const& noexcept { return h_; }
   H get() const&& = delete;
 
- private:
+  /// Destroys the handle now: its owner does so with its device current
+  /// (on a thread with none, the runtime would create device 0's context).
   void reset() noexcept {
     // Errors here (driver shutting down at exit) are ignored: destructors never throw.
     if (h_ != nullptr) (void)Destroy(h_);
     (void)cudaGetLastError();
     h_ = nullptr;
   }
+
+ private:
   H h_ = nullptr;
 };
 
@@ -56,8 +60,12 @@ class CudaStream final : public Stream {
  public:
   static std::unique_ptr<CudaStream> create(int device);
   ~CudaStream() override {
-    if (handle_.get() != nullptr && cudaSetDevice(device_) == cudaSuccess) (void)cudaStreamSynchronize(handle_.get());
+    // Also on threads pinfeed does not own (Python's): the guard gives them
+    // their device back.
+    const memory::cuda::DeviceGuard guard(device_);
+    if (handle_.get() != nullptr && guard.ok()) (void)cudaStreamSynchronize(handle_.get());
     (void)cudaGetLastError();
+    handle_.reset();
   }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;

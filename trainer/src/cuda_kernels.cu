@@ -4,6 +4,7 @@
 // gradients are deterministic; only the loss/accuracy statistics use atomics.
 #include "cuda_kernels.hpp"
 
+#include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +12,8 @@ namespace pinfeed::trainer::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+// BatchNorm's partial sums (bn_stats, bn_backward_reduce): 4 MiB per backend.
+constexpr std::size_t kBnWorkspaceDoubles = std::size_t{1} << 19;
 
 int blocks_for(std::size_t count) {
   const std::size_t b = (count + kThreads - 1) / kThreads;
@@ -39,7 +42,10 @@ __global__ void normalize_u8_kernel(const std::uint8_t* in, T* out, int n, int p
     const std::size_t c = (i / plane) % 3;
     const std::size_t sample = i / (static_cast<std::size_t>(plane) * 3);
     const float x = static_cast<float>(in[(sample * plane + p) * 3 + c]);
-    out[i] = from_float<T>(x * ch.scale[c] + ch.bias[c]);
+    // Rounded as the host rounds (a multiply, then an add): nvcc would
+    // contract x * scale + bias into one FMA, one ulp off the loader's
+    // float output, which the device= tests compare bit for bit.
+    out[i] = from_float<T>(__fadd_rn(__fmul_rn(x, ch.scale[c]), ch.bias[c]));
   }
 }
 
@@ -183,67 +189,121 @@ __device__ void block_sum2(double& a, double& b) {
   __syncthreads();
 }
 
-__global__ void bn_stats_kernel(const float* x, int c, std::size_t m, float* sums) {
-  const int r = blockIdx.x;
+// BatchNorm's reductions over each channel's m values (n * h * w: 3.2 M at
+// 224 px and batch 256) run on `chunks` blocks per channel, not one: a CNN
+// has 32-512 channels and an H100/H200 132 SMs. Each block sums a fixed
+// slice into a partial (pass 1), one block per channel adds the partials in
+// a fixed tree (pass 2): the same order every run, so results stay
+// deterministic. `chunks` depends on m and c only, never on the GPU.
+__device__ void bn_slice(std::size_t m, int chunks, int k, std::size_t& begin, std::size_t& end) {
+  begin = m * static_cast<std::size_t>(k) / static_cast<std::size_t>(chunks);
+  end = m * static_cast<std::size_t>(k + 1) / static_cast<std::size_t>(chunks);
+}
+
+/// Pass 1 of the statistics: part[(r * chunks + k) * 2 + {0, 1}] = the
+/// sum and the sum of squares of slice k of channel r.
+__global__ void bn_stats_partial_kernel(const float* x, std::size_t m, int chunks, double* part) {
+  const int k = blockIdx.x, r = blockIdx.y;
   const float* row = x + static_cast<std::size_t>(r) * m;
+  std::size_t begin = 0, end = 0;
+  bn_slice(m, chunks, k, begin, end);
   double sum = 0, sq = 0;
-  for (std::size_t j = threadIdx.x; j < m; j += blockDim.x) {
+  for (std::size_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
     sum += row[j];
     sq += static_cast<double>(row[j]) * row[j];
   }
   block_sum2(sum, sq);
+  if (threadIdx.x == 0) {
+    part[(static_cast<std::size_t>(r) * chunks + k) * 2] = sum;
+    part[(static_cast<std::size_t>(r) * chunks + k) * 2 + 1] = sq;
+  }
+}
+
+/// Pass 2: channel r's partials, added in a fixed tree.
+__device__ void bn_add_partials(const double* part, int chunks, int r, double& a, double& b) {
+  a = 0;
+  b = 0;
+  for (int k = threadIdx.x; k < chunks; k += blockDim.x) {
+    a += part[(static_cast<std::size_t>(r) * chunks + k) * 2];
+    b += part[(static_cast<std::size_t>(r) * chunks + k) * 2 + 1];
+  }
+  block_sum2(a, b);
+}
+
+__global__ void bn_stats_finish_kernel(const double* part, int c, int chunks, float* sums) {
+  const int r = blockIdx.x;
+  double sum = 0, sq = 0;
+  bn_add_partials(part, chunks, r, sum, sq);
   if (threadIdx.x == 0) {
     sums[r] = static_cast<float>(sum);
     sums[c + r] = static_cast<float>(sq);
   }
 }
 
-__global__ void bn_forward_kernel(const float* x, const float* sums, BatchNorm a, float* xhat, float* y) {
-  const int r = blockIdx.x;
-  __shared__ float mean_inv[2];
-  if (threadIdx.x == 0) {
-    double mean = 0, var = 0;
-    if (sums != nullptr) {
-      mean = static_cast<double>(sums[r]) / a.count;
-      var = fmax(0.0, static_cast<double>(sums[a.c + r]) / a.count - mean * mean);
-      const double unbiased = a.count > 1 ? var * a.count / (a.count - 1) : var;
-      a.running_mean[r] = static_cast<float>((1 - a.momentum) * a.running_mean[r] + a.momentum * mean);
-      a.running_var[r] = static_cast<float>((1 - a.momentum) * a.running_var[r] + a.momentum * unbiased);
-    } else {
-      mean = a.running_mean[r];
-      var = a.running_var[r];
-    }
-    mean_inv[0] = static_cast<float>(mean);
-    mean_inv[1] = static_cast<float>(1.0 / sqrt(var + a.eps));
-    a.invstd[r] = mean_inv[1];
+/// Per channel (one thread each): the mean and 1/std the forward pass uses,
+/// from the batch's sums (training: the running statistics move) or from the
+/// running statistics (evaluation, sums == nullptr).
+__global__ void bn_finalize_kernel(const float* sums, BatchNorm a, float* mean_out) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= a.c) return;
+  double mean = 0, var = 0;
+  if (sums != nullptr) {
+    mean = static_cast<double>(sums[r]) / a.count;
+    var = fmax(0.0, static_cast<double>(sums[a.c + r]) / a.count - mean * mean);
+    const double unbiased = a.count > 1 ? var * a.count / (a.count - 1) : var;
+    a.running_mean[r] = static_cast<float>((1 - a.momentum) * a.running_mean[r] + a.momentum * mean);
+    a.running_var[r] = static_cast<float>((1 - a.momentum) * a.running_var[r] + a.momentum * unbiased);
+  } else {
+    mean = a.running_mean[r];
+    var = a.running_var[r];
   }
-  __syncthreads();
-  const float mu = mean_inv[0], inv = mean_inv[1], g = a.gamma[r], b = a.beta[r];
-  const std::size_t first = static_cast<std::size_t>(r) * a.m;
-  for (std::size_t j = first + threadIdx.x; j < first + a.m; j += blockDim.x) {
-    const float h = (x[j] - mu) * inv;
-    if (xhat != nullptr) xhat[j] = h;
-    const float v = g * h + b;
-    y[j] = a.relu ? fmaxf(v, 0.0f) : v;
+  mean_out[r] = static_cast<float>(mean);
+  a.invstd[r] = static_cast<float>(1.0 / sqrt(var + a.eps));
+}
+
+/// Element-wise: y = gamma * (x - mean) * invstd + beta (then ReLU).
+__global__ void bn_apply_kernel(const float* x, const float* mean, BatchNorm a, float* xhat, float* y) {
+  const std::size_t total = static_cast<std::size_t>(a.c) * a.m;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+    const int r = static_cast<int>(i / a.m);
+    const float h = (x[i] - mean[r]) * a.invstd[r];
+    if (xhat != nullptr) xhat[i] = h;
+    const float v = a.gamma[r] * h + a.beta[r];
+    y[i] = a.relu ? fmaxf(v, 0.0f) : v;
   }
 }
 
-__global__ void bn_backward_reduce_kernel(float* dy, const float* y, const float* xhat, BatchNorm a, float* red,
-                                          float* dgamma, float* dbeta) {
-  const int r = blockIdx.x;
+/// Pass 1 of the backward reductions: ReLU's mask applied to dy, then the
+/// slice's sums of dy and of dy * xhat.
+__global__ void bn_backward_partial_kernel(float* dy, const float* y, const float* xhat, BatchNorm a, int chunks,
+                                           double* part) {
+  const int k = blockIdx.x, r = blockIdx.y;
   const std::size_t first = static_cast<std::size_t>(r) * a.m;
+  std::size_t begin = 0, end = 0;
+  bn_slice(a.m, chunks, k, begin, end);
   double sum = 0, dot = 0;
-  for (std::size_t j = first + threadIdx.x; j < first + a.m; j += blockDim.x) {
+  for (std::size_t j = first + begin + threadIdx.x; j < first + end; j += blockDim.x) {
     if (a.relu && !(y[j] > 0)) dy[j] = 0;
     sum += dy[j];
     dot += static_cast<double>(dy[j]) * xhat[j];
   }
   block_sum2(sum, dot);
   if (threadIdx.x == 0) {
+    part[(static_cast<std::size_t>(r) * chunks + k) * 2] = sum;
+    part[(static_cast<std::size_t>(r) * chunks + k) * 2 + 1] = dot;
+  }
+}
+
+__global__ void bn_backward_finish_kernel(const double* part, int c, int chunks, float* red, float* dgamma,
+                                          float* dbeta) {
+  const int r = blockIdx.x;
+  double sum = 0, dot = 0;
+  bn_add_partials(part, chunks, r, sum, dot);
+  if (threadIdx.x == 0) {
     red[r] = static_cast<float>(sum);
-    red[a.c + r] = static_cast<float>(dot);
+    red[c + r] = static_cast<float>(dot);
     dbeta[r] += red[r];
-    dgamma[r] += red[a.c + r];
+    dgamma[r] += red[c + r];
   }
 }
 
@@ -353,19 +413,40 @@ cudaError_t col2im(cudaStream_t s, const float* col, Conv shape, float* dx) {
   return cudaGetLastError();
 }
 
-cudaError_t bn_stats(cudaStream_t s, const float* x, int c, std::size_t m, float* sums) {
-  bn_stats_kernel<<<c, kThreads, 0, s>>>(x, c, m, sums);
+std::size_t bn_workspace_doubles() { return kBnWorkspaceDoubles; }
+
+int bn_chunks(int c, std::size_t m) {
+  // About 8 values per thread per block, at most 256 blocks per channel,
+  // and never more partials than the workspace holds.
+  const std::size_t wanted = (m + kThreads * 8 - 1) / (kThreads * 8);
+  const std::size_t room = kBnWorkspaceDoubles / (2 * static_cast<std::size_t>(c > 0 ? c : 1));
+  return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>({wanted, 256, room})));
+}
+
+cudaError_t bn_stats(cudaStream_t s, const float* x, int c, std::size_t m, float* sums, double* work) {
+  if (c == 0) return cudaSuccess;
+  const int chunks = bn_chunks(c, m);
+  bn_stats_partial_kernel<<<dim3(chunks, c), kThreads, 0, s>>>(x, m, chunks, work);
+  bn_stats_finish_kernel<<<c, kThreads, 0, s>>>(work, c, chunks, sums);
   return cudaGetLastError();
 }
 
-cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchNorm a, float* xhat, float* y) {
-  bn_forward_kernel<<<a.c, kThreads, 0, s>>>(x, sums, a, xhat, y);
+cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchNorm a, float* xhat, float* y,
+                       double* work) {
+  if (a.c == 0) return cudaSuccess;
+  // The per-channel means go in the workspace (read after; floats in it).
+  float* mean = reinterpret_cast<float*>(work);
+  bn_finalize_kernel<<<(a.c + kThreads - 1) / kThreads, kThreads, 0, s>>>(sums, a, mean);
+  bn_apply_kernel<<<blocks_for(static_cast<std::size_t>(a.c) * a.m), kThreads, 0, s>>>(x, mean, a, xhat, y);
   return cudaGetLastError();
 }
 
 cudaError_t bn_backward_reduce(cudaStream_t s, float* dy, const float* y, const float* xhat, BatchNorm a, float* red,
-                               float* dgamma, float* dbeta) {
-  bn_backward_reduce_kernel<<<a.c, kThreads, 0, s>>>(dy, y, xhat, a, red, dgamma, dbeta);
+                               float* dgamma, float* dbeta, double* work) {
+  if (a.c == 0) return cudaSuccess;
+  const int chunks = bn_chunks(a.c, a.m);
+  bn_backward_partial_kernel<<<dim3(chunks, a.c), kThreads, 0, s>>>(dy, y, xhat, a, chunks, work);
+  bn_backward_finish_kernel<<<a.c, kThreads, 0, s>>>(work, a.c, chunks, red, dgamma, dbeta);
   return cudaGetLastError();
 }
 

@@ -39,10 +39,15 @@ struct BatchNorm {
 };
 cudaError_t im2col(cudaStream_t s, const float* x, std::size_t c_stride, std::size_t n_stride, Conv shape, float* col);
 cudaError_t col2im(cudaStream_t s, const float* col, Conv shape, float* dx);
-cudaError_t bn_stats(cudaStream_t s, const float* x, int c, std::size_t m, float* sums);
-cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchNorm a, float* xhat, float* y);
+/// BatchNorm's workspace, in doubles: one per CUDA backend, allocated with
+/// it (Note [No allocation during collectives]); `work` below. Kernels on
+/// one backend's compute stream use it in turn.
+std::size_t bn_workspace_doubles();
+cudaError_t bn_stats(cudaStream_t s, const float* x, int c, std::size_t m, float* sums, double* work);
+cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchNorm a, float* xhat, float* y,
+                       double* work);
 cudaError_t bn_backward_reduce(cudaStream_t s, float* dy, const float* y, const float* xhat, BatchNorm a, float* red,
-                               float* dgamma, float* dbeta);
+                               float* dgamma, float* dbeta, double* work);
 cudaError_t bn_backward_input(cudaStream_t s, const float* dy, const float* xhat, const float* red, BatchNorm a, float* dx);
 cudaError_t channel_mean(cudaStream_t s, const float* x, int c, int n, std::size_t hw, float* out);
 cudaError_t channel_mean_backward(cudaStream_t s, const float* dout, int c, int n, std::size_t hw, float* dx);

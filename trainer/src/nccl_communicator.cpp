@@ -110,31 +110,31 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] int size() const noexcept override { return size_; }
   [[nodiscard]] std::string name() const override { return "nccl"; }
 
-  // The enqueue holds mutex_: the watchdog (or another thread's abort())
-  // must not abort and free comm_ while NCCL is using it (NCCL forbids
-  // concurrent calls on one communicator, and ncclCommAbort frees it).
+  // An enqueue holds enqueue_mutex_ across the NCCL call, and takes mutex_
+  // only around it: the call itself may wait for peers (a first collective
+  // connects its channels), and neither the watchdog nor another thread's
+  // abort() may block behind it. They must not free comm_ while NCCL uses it
+  // either (ncclCommAbort frees it): whoever cannot take enqueue_mutex_
+  // marks the abort pending, and the enqueuer carries it out as soon as its
+  // call returns (the failing rank's own abort closes its connections, which
+  // is what releases a peer stuck connecting).
   void all_reduce(Stream& s, float* data, std::size_t count, ReduceOp op) override {
     const char* what = op == ReduceOp::sum ? "all_reduce(sum)" : "all_reduce(average)";
     // In flight for the pool's registrations from here until it completes
     // (Note [Registration outside collectives], collective_gate.hpp).
     auto ticket = memory::CollectiveGate::process().enter();
-    {
-      const std::scoped_lock lock(mutex_);
-      check_alive(what, count);
-      check(nccl().all_reduce(data, data, count, ncclFloat, op == ReduceOp::sum ? ncclSum : ncclAvg, comm_,
-                              detail::cuda(s).get()),
-            what, count);
-    }
+    enqueue(what, count, [&](ncclComm_t comm) {
+      return nccl().all_reduce(data, data, count, ncclFloat, op == ReduceOp::sum ? ncclSum : ncclAvg, comm,
+                               detail::cuda(s).get());
+    });
     ticket.track(follow(s, what, count));
   }
   void broadcast(Stream& s, float* data, std::size_t count, int root) override {
     if (root < 0 || root >= size_) throw ConfigError(fmt::format("broadcast root {} is not a rank of {}", root, size_));
     auto ticket = memory::CollectiveGate::process().enter();
-    {
-      const std::scoped_lock lock(mutex_);
-      check_alive("broadcast", count);
-      check(nccl().broadcast(data, data, count, ncclFloat, root, comm_, detail::cuda(s).get()), "broadcast", count);
-    }
+    enqueue("broadcast", count, [&](ncclComm_t comm) {
+      return nccl().broadcast(data, data, count, ncclFloat, root, comm, detail::cuda(s).get());
+    });
     ticket.track(follow(s, "broadcast", count));
   }
   void barrier() override {
@@ -145,12 +145,13 @@ class NcclCommunicator final : public Communicator {
   }
   void abort(const std::string& why) noexcept override {
     {
+      // Never blocks behind an enqueue that waits for peers (see all_reduce).
+      std::unique_lock<std::mutex> enqueue(enqueue_mutex_, std::try_to_lock);
       const std::scoped_lock lock(mutex_);
-      if (comm_ != nullptr) {
+      if (comm_ != nullptr && !abort_pending_) {
         pinfeed::detail::log().error("nccl rank {}: aborting: {}", rank_, why);
         if (failure_.empty()) failure_ = "aborted: " + why;
-        (void)Nccl::get().abort(comm_);
-        comm_ = nullptr;
+        abort_locked(enqueue.owns_lock());
       }
     }
     // The other processes' ranks sit in collectives that only their own
@@ -179,10 +180,45 @@ class NcclCommunicator final : public Communicator {
     if (r == ncclSuccess) return;
     throw CommError(rank_, op, count * sizeof(float), fmt::format("NCCL: {}", nccl().error_string(r)));
   }
+  /// One NCCL enqueue on comm_ (see all_reduce): enqueue_mutex_ across the
+  /// call, mutex_ only to read comm_ and, after it, to carry out an abort
+  /// that came meanwhile.
+  template <class Call>
+  void enqueue(const char* what, std::size_t count, Call&& call) {
+    const std::scoped_lock enqueue(enqueue_mutex_);
+    ncclComm_t comm = nullptr;
+    {
+      const std::scoped_lock lock(mutex_);
+      check_alive(what, count);
+      comm = comm_;
+    }
+    const ncclResult_t r = call(comm);
+    {
+      const std::scoped_lock lock(mutex_);
+      if (abort_pending_) abort_locked(true);
+      check_alive(what, count);
+    }
+    check(r, what, count);
+  }
+  /// Aborts comm_ (mutex_ held) when this thread holds enqueue_mutex_ or no
+  /// enqueue can be running; else marks it pending for the enqueuer.
+  void abort_locked(bool no_enqueue_running) {
+    if (comm_ == nullptr) return;
+    if (!no_enqueue_running) {
+      abort_pending_ = true;
+      return;
+    }
+    (void)Nccl::get().abort(comm_);
+    comm_ = nullptr;
+    abort_pending_ = false;
+    pending_.clear();
+  }
   /// Called with mutex_ held.
   void check_alive(const char* op, std::size_t count) {
     if (!failure_.empty()) throw CommError(rank_, op, count * sizeof(float), failure_);
-    if (comm_ == nullptr) throw CommError(rank_, op, count * sizeof(float), "the communicator was aborted");
+    if (comm_ == nullptr || abort_pending_) {
+      throw CommError(rank_, op, count * sizeof(float), "the communicator was aborted");
+    }
   }
   /// Records an event after the collective for the watchdog. Events come
   /// back to `spare_` once complete: none is made per collective.
@@ -218,6 +254,11 @@ class NcclCommunicator final : public Communicator {
         pending_.pop_front();
       }
       if (comm_ == nullptr) continue;
+      if (abort_pending_) {  // an abort() that found an enqueue running: carried out once it returns
+        const std::unique_lock<std::mutex> enqueue(enqueue_mutex_, std::try_to_lock);
+        abort_locked(enqueue.owns_lock());
+        continue;
+      }
       // Every tick, not only past a deadline: a peer's failure (a network
       // error, a remote abort) shows here long before the timeout.
       ncclResult_t async = ncclSuccess;
@@ -233,9 +274,9 @@ class NcclCommunicator final : public Communicator {
                                timeout_reason(config_.timeout), Nccl::get().error_string(async));
       }
       pinfeed::detail::log().error("nccl rank {}: {}", rank_, failure_);
-      (void)Nccl::get().abort(comm_);
-      comm_ = nullptr;
-      pending_.clear();
+      // try_lock: mutex_ is held, and an enqueue takes enqueue_mutex_ first.
+      const std::unique_lock<std::mutex> enqueue(enqueue_mutex_, std::try_to_lock);
+      abort_locked(enqueue.owns_lock());
     }
   }
 
@@ -245,7 +286,9 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<detail::TcpStore> store_;
   DeviceBackend& backend_;
   CommConfig config_;
-  std::mutex mutex_;  // guards comm_, failure_, pending_
+  std::mutex enqueue_mutex_;  // held across an NCCL enqueue; taken before mutex_, or only tried
+  std::mutex mutex_;          // guards comm_, failure_, pending_, abort_pending_
+  bool abort_pending_ = false;  // an abort found an enqueue running: the enqueuer carries it out
   std::condition_variable watch_cv_;
   std::deque<Pending> pending_;
   std::vector<std::shared_ptr<Event>> spare_;  // completed events, recorded again by follow()

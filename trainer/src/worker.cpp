@@ -55,6 +55,17 @@ EventRing::EventRing(DeviceBackend& backend, std::size_t size) {
   for (std::size_t i = 0; i < size; ++i) events_.push_back(backend.create_event());
 }
 
+Worker::~Worker() {
+  for (Stream* s : {ddp_ ? &ddp_->comm_stream() : nullptr, compute_.get(), copy_.get()}) {
+    if (s == nullptr) continue;
+    try {
+      backend_.synchronize(*s);
+    } catch (const std::exception& e) {  // a failed stream has nothing left to run
+      pinfeed::detail::log().debug("worker {}: a stream failed while draining: {}", rank_, e.what());
+    }
+  }
+}
+
 Worker::Worker(WorkerGroup& group, int local, DeviceBackend& backend, Communicator& comm)
     : group_(group), cfg_(group.config), local_(local), rank_(group.first_rank + local), backend_(backend), comm_(comm),
       norm_{cfg_.loader.transform.mean, cfg_.loader.transform.std} {}

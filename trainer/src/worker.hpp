@@ -74,6 +74,12 @@ struct EpochCounters {
 class Worker {
  public:
   Worker(WorkerGroup& group, int local, DeviceBackend& backend, Communicator& comm);
+  /// Drains every stream first: the DDP engine's comm stream may still hold
+  /// a copy out of staging_ (queued by host_all_reduce just before an
+  /// aborted communicator threw), and staging_ is destroyed before ddp_.
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
   /// setup, resume or initialize, allocate, broadcast, the epochs, publish.
   void run();
 

@@ -33,6 +33,32 @@ struct DeviceInfo {
 /// Every visible device; empty when none. Throws CudaError on a driver failure.
 std::vector<DeviceInfo> devices();
 
+/// Makes `device` current on the calling thread for the guard's life, then
+/// gives the thread back the device it had -- but only if it had a context
+/// current: on a thread that never used CUDA (a TBB worker, the pool's
+/// thread, a fresh Python thread) cudaGetDevice reads 0, and "restoring" 0
+/// would create device 0's primary context (~0.5 GB on GPU 0 in every rank).
+/// On a thread that had one (torch's, after torch.cuda.set_device), the
+/// caller's device comes back: pinfeed never changes torch's current device.
+/// device < 0, or a build without CUDA: does nothing. Never throws; ok()
+/// says whether `device` could be made current.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) noexcept;
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+
+ private:
+  int previous_ = -1;  ///< the device to give back; -1: none
+  bool ok_ = true;
+};
+
+/// True when the calling thread has a CUDA context current (the driver's
+/// cuCtxGetCurrent; false without CUDA). Creates none.
+bool context_current() noexcept;
+
 /// cudaHostRegister (portable), with `device` made current first (>= 0): a
 /// thread with no current device would otherwise create device 0's primary
 /// context just to register (an extra ~0.5 GB context per process on GPU 0).
@@ -42,7 +68,7 @@ std::vector<DeviceInfo> devices();
 /// available, the range already registered (a bug), a lost context.
 void host_register(void* ptr, std::size_t bytes, int device = -1);
 /// cudaHostUnregister with `device` current; logs (never throws) on failure,
-/// ignores driver shutdown.
+/// ignores driver shutdown. Both give the thread its device back (DeviceGuard).
 void host_unregister(void* ptr, int device = -1) noexcept;
 
 }  // namespace pinfeed::memory::cuda
