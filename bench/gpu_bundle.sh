@@ -16,7 +16,7 @@
 #
 # Then, from the repo root, the device call (README, "On a GPU"):
 #   run(command='python3 bench/gpu_run.py --bundle .gpu/pinfeed-gpu.tar.xz --out "$OUT"',
-#       carry=['.gpu'], timeout_s=480)
+#       carry=['.gpu'], timeout_s=420)
 # and here, the same steps without a GPU (bench/gpu_check.sh does both halves):
 #   python3 bench/gpu_run.py --bundle .gpu/pinfeed-gpu.tar.xz --rehearse
 set -euo pipefail
