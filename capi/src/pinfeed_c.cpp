@@ -12,8 +12,14 @@
 #include "pinfeed/memory/diagnostics.hpp"
 #include "pinfeed/pinfeed.h"
 
+#include <nlohmann/json.hpp>
+
 struct pinfeed_loader {
   std::shared_ptr<pinfeed::loader::Loader> loader;
+};
+
+struct pinfeed_options {
+  pinfeed::loader::LoaderConfig config;
 };
 
 struct pinfeed_batch {
@@ -106,6 +112,89 @@ extern "C" {
 const char* pinfeed_version(void) { return "0.1.0"; }
 const char* pinfeed_last_error(void) { return g_last_error.c_str(); }
 void pinfeed_free_string(char* s) { std::free(s); }
+
+pinfeed_status pinfeed_options_create(pinfeed_options** out) {
+  if (out == nullptr) return null_argument("out");
+  *out = nullptr;
+  return guarded([&] {
+    *out = new pinfeed_options{};
+    return PINFEED_OK;
+  });
+}
+
+void pinfeed_options_destroy(pinfeed_options* options) { delete options; }
+
+pinfeed_status pinfeed_options_set(pinfeed_options* options, const char* name, const char* value) {
+  if (options == nullptr) return null_argument("options");
+  if (name == nullptr) return null_argument("name");
+  if (value == nullptr) return null_argument("value");
+  return guarded([&] {
+    pinfeed::loader::LoaderConfig next = options->config;  // a refused value leaves the options as they were
+    pinfeed::loader::set_loader_field(next, name, value);
+    options->config = std::move(next);
+    return PINFEED_OK;
+  });
+}
+
+pinfeed_status pinfeed_options_get(const pinfeed_options* options, const char* name, char** value_out) {
+  if (options == nullptr) return null_argument("options");
+  if (name == nullptr) return null_argument("name");
+  if (value_out == nullptr) return null_argument("value_out");
+  return guarded([&] {
+    *value_out = copy_string(pinfeed::loader::loader_field(options->config, name));
+    return PINFEED_OK;
+  });
+}
+
+pinfeed_status pinfeed_options_list_json(char** json_out) {
+  if (json_out == nullptr) return null_argument("json_out");
+  return guarded([&] {
+    namespace pl = pinfeed::loader;
+    const pl::LoaderConfig defaults;
+    nlohmann::json list = nlohmann::json::array();
+    for (const std::string_view f : pl::loader_config_fields()) {
+      const bool rgb = f == "mean" || f == "std";
+      const bool number = f == "rank" || f == "world_size";
+      list.push_back({{"name", f}, {"type", rgb ? "rgb" : number ? "integer" : "text"},
+                      {"default", pl::loader_field(defaults, f)}, {"range", rgb ? "R,G,B" : number ? "0..2^32-1" : ""},
+                      {"help", f == "dataset" ? "folder (ImageFolder), file list, or tar shard pattern; required"
+                               : f == "list_root" ? "root of a file list's relative paths (empty: the list's folder)"
+                               : number         ? "this process's shard"
+                                                : "normalization, RGB, in [0, 1] units"}});
+    }
+    for (const pl::LoaderOption& o : pl::loader_options()) {
+      list.push_back({{"name", o.name}, {"type", pl::to_string(o.type)}, {"default", o.default_text()},
+                      {"range", o.range_text()}, {"help", o.help}});
+    }
+    *json_out = copy_string(list.dump());
+    return PINFEED_OK;
+  });
+}
+
+pinfeed_status pinfeed_loader_create_from_options(const pinfeed_options* options, pinfeed_loader** out) {
+  if (options == nullptr) return null_argument("options");
+  if (out == nullptr) return null_argument("out");
+  *out = nullptr;
+  return guarded([&] {
+    if (options->config.dataset.empty()) throw pinfeed::ConfigError("option 'dataset' is not set");
+    pinfeed::loader::LoaderConfig c = options->config;
+    c.validate();
+    auto handle = std::make_unique<pinfeed_loader>();
+    handle->loader = std::make_shared<pinfeed::loader::Loader>(std::move(c));
+    *out = handle.release();
+    return PINFEED_OK;
+  });
+}
+
+pinfeed_status pinfeed_loader_get_option(const pinfeed_loader* loader, const char* name, char** value_out) {
+  if (loader == nullptr) return null_argument("loader");
+  if (name == nullptr) return null_argument("name");
+  if (value_out == nullptr) return null_argument("value_out");
+  return guarded([&] {
+    *value_out = copy_string(pinfeed::loader::loader_field(loader->loader->config(), name));
+    return PINFEED_OK;
+  });
+}
 
 void pinfeed_loader_config_init(pinfeed_loader_config* c) {
   if (c == nullptr) return;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <type_traits>
@@ -150,6 +151,80 @@ const LoaderOption& loader_option(std::string_view name) {
     if (o.name == name) return o;
   }
   throw ConfigError(fmt::format("loader has no option '{}'", name));
+}
+
+std::string_view to_string(OptionType t) noexcept {
+  switch (t) {
+    case OptionType::integer: return "integer";
+    case OptionType::real: return "real";
+    case OptionType::boolean: return "boolean";
+    case OptionType::choice: return "choice";
+  }
+  return "?";
+}
+
+const std::vector<std::string_view>& loader_config_fields() {
+  static const std::vector<std::string_view> fields = {"dataset", "list_root", "rank", "world_size", "mean", "std"};
+  return fields;
+}
+
+namespace {
+
+unsigned parse_unsigned(std::string_view name, std::string_view value) {
+  unsigned v = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
+    throw ConfigError(fmt::format("loader {} must be a whole number, got '{}'", name, value));
+  }
+  return v;
+}
+
+std::array<float, 3> parse_rgb(std::string_view name, std::string_view value) {
+  std::array<float, 3> out{};
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::size_t comma = i < 2 ? value.find(',', at) : value.size();
+    const std::string_view part = value.substr(at, comma == std::string_view::npos ? 0 : comma - at);
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), out[i]);
+    if (comma == std::string_view::npos || part.empty() || ec != std::errc() || end != part.data() + part.size() ||
+        !std::isfinite(out[i])) {
+      throw ConfigError(fmt::format("loader {} must be three numbers, R,G,B (\"0.485,0.456,0.406\"), got '{}'", name,
+                                    value));
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+void set_loader_field(LoaderConfig& c, std::string_view name, std::string_view value) {
+  if (name == "dataset") {
+    c.dataset = std::string(value);
+  } else if (name == "list_root") {
+    c.list_root = std::string(value);
+  } else if (name == "rank") {
+    c.rank = parse_unsigned(name, value);
+  } else if (name == "world_size") {
+    c.world_size = parse_unsigned(name, value);
+  } else if (name == "mean") {
+    c.transform.mean = parse_rgb(name, value);
+  } else if (name == "std") {
+    c.transform.std = parse_rgb(name, value);
+  } else {
+    loader_option(name).set_text(c, value);
+  }
+}
+
+std::string loader_field(const LoaderConfig& c, std::string_view name) {
+  const auto rgb = [](const std::array<float, 3>& v) { return fmt::format("{},{},{}", v[0], v[1], v[2]); };
+  if (name == "dataset") return c.dataset;
+  if (name == "list_root") return c.list_root.string();
+  if (name == "rank") return std::to_string(c.rank);
+  if (name == "world_size") return std::to_string(c.world_size);
+  if (name == "mean") return rgb(c.transform.mean);
+  if (name == "std") return rgb(c.transform.std);
+  return loader_option(name).text(c);
 }
 
 std::string LoaderOption::flag() const {

@@ -155,11 +155,10 @@ py::object option_value(const pl::LoaderConfig& c, const pl::LoaderOption& o) {
 py::list loader_options() {
   py::list out;
   const pl::LoaderConfig defaults;
-  static constexpr const char* kTypes[] = {"integer", "real", "boolean", "choice"};
   for (const pl::LoaderOption& o : pl::loader_options()) {
     py::dict d;
     d["name"] = std::string(o.name);
-    d["type"] = kTypes[static_cast<int>(o.type)];
+    d["type"] = std::string(pl::to_string(o.type));
     d["default"] = option_value(defaults, o);
     d["range"] = o.range_text();
     d["help"] = std::string(o.help);

@@ -113,6 +113,55 @@ int main(int argc, char** argv) {
   pinfeed_free_string(json);
   CHECK(pinfeed_diag_json(NULL, 1, "8xZx32:u8", 2, &json) == PINFEED_ERROR_CONFIG);
 
+  /* Options by name: what the fixed struct never reached (height, flip_p,
+   * interpolation, pressure_floor), parsed and checked by the option table,
+   * and read back from the loader made with them. */
+  pinfeed_options* o = NULL;
+  CHECK(pinfeed_options_create(&o) == PINFEED_OK && o != NULL);
+  CHECK(pinfeed_loader_create_from_options(o, &loader) == PINFEED_ERROR_CONFIG && loader == NULL);
+  CHECK(strstr(pinfeed_last_error(), "dataset") != NULL);
+  CHECK(pinfeed_options_set(o, "dataset", argv[1]) == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "batch_size", "4") == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "size", "40") == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "height", "24") == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "flip_p", "0.25") == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "interpolation", "nearest") == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "pressure_floor", "3") == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "mean", "0.5,0.5,0.5") == PINFEED_OK);
+  CHECK(pinfeed_options_set(o, "watch_pressure", "false") == PINFEED_OK);
+  /* Refused values name the option and its range, and change nothing. */
+  CHECK(pinfeed_options_set(o, "batch_size", "0") == PINFEED_ERROR_CONFIG);
+  CHECK(strstr(pinfeed_last_error(), "batch_size") != NULL && strstr(pinfeed_last_error(), "1..") != NULL);
+  CHECK(pinfeed_options_set(o, "interpolation", "cubic-ish") == PINFEED_ERROR_CONFIG);
+  CHECK(strstr(pinfeed_last_error(), "nearest") != NULL);
+  CHECK(pinfeed_options_set(o, "no_such_option", "1") == PINFEED_ERROR_CONFIG);
+  CHECK(strstr(pinfeed_last_error(), "no_such_option") != NULL);
+  CHECK(pinfeed_options_set(o, "std", "1,2") == PINFEED_ERROR_CONFIG);
+  CHECK(pinfeed_options_set(NULL, "size", "1") == PINFEED_ERROR_CONFIG);
+  char* text = NULL;
+  CHECK(pinfeed_options_get(o, "batch_size", &text) == PINFEED_OK && strcmp(text, "4") == 0);
+  pinfeed_free_string(text);
+  CHECK(pinfeed_options_get(o, "interpolation", &text) == PINFEED_OK && strcmp(text, "nearest") == 0);
+  pinfeed_free_string(text);
+  CHECK(pinfeed_loader_create_from_options(o, &loader) == PINFEED_OK && loader != NULL);
+  pinfeed_options_destroy(o);
+  if (loader == NULL) return 1;
+  CHECK(pinfeed_loader_get_option(loader, "flip_p", &text) == PINFEED_OK && strcmp(text, "0.25") == 0);
+  pinfeed_free_string(text);
+  CHECK(pinfeed_loader_get_option(loader, "pressure_floor", &text) == PINFEED_OK && strcmp(text, "3") == 0);
+  pinfeed_free_string(text);
+  CHECK(pinfeed_loader_get_option(loader, "mean", &text) == PINFEED_OK && strcmp(text, "0.5,0.5,0.5") == 0);
+  pinfeed_free_string(text);
+  CHECK(pinfeed_loader_begin_epoch(loader, 0) == PINFEED_OK);
+  CHECK(pinfeed_loader_next(loader, &b) == PINFEED_OK);
+  CHECK(pinfeed_batch_get_view(b, &v1) == PINFEED_OK);
+  CHECK(v1.shape[0] == 4 && v1.shape[1] == 3 && v1.shape[2] == 24 && v1.shape[3] == 40);  /* height x size */
+  pinfeed_batch_release(b);
+  pinfeed_loader_destroy(loader);
+  CHECK(pinfeed_options_list_json(&json) == PINFEED_OK && strstr(json, "\"pressure_floor\"") != NULL &&
+        strstr(json, "\"dataset\"") != NULL);
+  pinfeed_free_string(json);
+
   if (failures == 0) printf("capi_test: all checks passed (%zu batches)\n", seen);
   return failures == 0 ? 0 : 1;
 }

@@ -63,6 +63,40 @@ TEST(LoaderOptionsTest, EveryDefaultIsValidAndEveryOptionRejectsWhatIsOutsideIts
   EXPECT_EQ(wrap.threads, 0U);
 }
 
+// By name, as the C ABI sets them: every option and field reads back what
+// was set, and a refused value names the option.
+TEST(LoaderOptionsTest, EveryOptionAndFieldIsSetAndReadBackByName) {
+  LoaderConfig c;
+  for (const LoaderOption& o : loader_options()) {
+    LoaderConfig probe;
+    set_loader_field(probe, o.name, o.default_text());
+    EXPECT_EQ(loader_field(probe, o.name), o.default_text()) << o.name;
+  }
+  set_loader_field(c, "dataset", "/data/train");
+  set_loader_field(c, "rank", "3");
+  set_loader_field(c, "world_size", "8");
+  set_loader_field(c, "std", "0.25,0.5,1");
+  set_loader_field(c, "flip_p", "0.125");
+  set_loader_field(c, "interpolation", "nearest");
+  EXPECT_EQ(c.dataset, "/data/train");
+  EXPECT_EQ(c.rank, 3U);
+  EXPECT_EQ(c.world_size, 8U);
+  EXPECT_EQ(loader_field(c, "std"), "0.25,0.5,1");
+  EXPECT_EQ(c.transform.flip_p, 0.125);
+  EXPECT_EQ(loader_field(c, "interpolation"), "nearest");
+  for (const char* bad : {"0.1,0.2", "a,b,c", "1,2,3,4", "", "1,,2"}) {
+    EXPECT_THROW(set_loader_field(c, "mean", bad), ConfigError) << bad;
+  }
+  EXPECT_THROW(set_loader_field(c, "rank", "-1"), ConfigError);
+  EXPECT_THROW(set_loader_field(c, "no_such", "1"), ConfigError);
+  try {
+    set_loader_field(c, "prefetch", "0");
+    FAIL() << "prefetch 0 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("prefetch"), std::string::npos) << e.what();
+  }
+}
+
 TEST(LoaderOptionsTest, ValidateChecksTheTableAndTheRulesBetweenFields) {
   LoaderConfig c = valid();
   c.threads = 5000;

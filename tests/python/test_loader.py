@@ -78,6 +78,86 @@ def test_batches_equal_the_cpp_loaders_through_the_c_abi(dataset, capi):
     lib.pinfeed_loader_destroy(handle)
 
 
+def _non_default(option):
+    """A valid value other than the default, as text, for one row of
+    pinfeed_options_list_json."""
+    kind, default, rng = option["type"], option["default"], option["range"]
+    if kind == "boolean":
+        return "false" if default == "true" else "true"
+    if kind == "choice":
+        return next(c for c in rng.removeprefix("one of ").split(", ") if c != default)
+    if kind == "rgb":
+        return "0.25,0.5,0.75"
+    if kind == "text":
+        return "/some/where"
+    if option["name"] in ("rank", "world_size"):
+        return str(int(default) + 1)
+    low, high = (float(x) if x != "2^64-1" else 2.0 ** 64 for x in rng.strip("[(]").replace("..", ", ").split(", "))
+    if kind == "integer":
+        return str(int(default) + 1 if int(default) + 1 <= high else int(default) - 1)
+    d = float(default)
+    return f"{(d + high) / 2 if d < high else (low + d) / 2:.4g}"
+
+
+def test_every_option_of_the_table_reaches_c_by_name(capi):
+    """Every row of the option table (and the fields outside it) is set and
+    read back through the C ABI by name: an option added to the table
+    reaches C callers with no change to pinfeed.h."""
+    lib = ctypes.CDLL(capi)
+    lib.pinfeed_last_error.restype = ctypes.c_char_p
+    out = ctypes.c_char_p()
+    assert lib.pinfeed_options_list_json(ctypes.byref(out)) == 0
+    options = json.loads(out.value)
+    table = {o["name"] for o in pinfeed._pinfeed.loader_options()}
+    assert table <= {o["name"] for o in options}, "every table option is listed"
+    handle = ctypes.c_void_p()
+    assert lib.pinfeed_options_create(ctypes.byref(handle)) == 0
+    for o in options:
+        value = _non_default(o)
+        assert lib.pinfeed_options_set(handle, o["name"].encode(), value.encode()) == 0, \
+            (o["name"], value, lib.pinfeed_last_error())
+        got = ctypes.c_char_p()
+        assert lib.pinfeed_options_get(handle, o["name"].encode(), ctypes.byref(got)) == 0
+        if o["type"] == "real":
+            assert float(got.value) == pytest.approx(float(value), rel=1e-5), o["name"]
+        else:
+            assert got.value.decode() == value, o["name"]
+        assert value != o["default"], o["name"]
+    bad = lib.pinfeed_options_set(handle, b"size", b"-3")
+    assert bad == 2 and b"size" in lib.pinfeed_last_error()
+    lib.pinfeed_options_destroy(handle)
+
+
+def test_a_loader_made_by_name_in_c_gives_pythons_batches(dataset, capi):
+    """Options the fixed struct never had (height, flip_p, interpolation):
+    the same bytes as pinfeed.Loader with the same options."""
+    lib = ctypes.CDLL(capi)
+    opts = ctypes.c_void_p()
+    assert lib.pinfeed_options_create(ctypes.byref(opts)) == 0
+    for name, value in (("dataset", str(dataset)), ("batch_size", "8"), ("size", "32"), ("height", "24"),
+                        ("threads", "2"), ("seed", "5"), ("flip_p", "0.3"), ("interpolation", "nearest")):
+        assert lib.pinfeed_options_set(opts, name.encode(), value.encode()) == 0, name
+    handle = ctypes.c_void_p()
+    assert lib.pinfeed_loader_create_from_options(opts, ctypes.byref(handle)) == 0
+    lib.pinfeed_options_destroy(opts)
+    lib.pinfeed_loader_begin_epoch(handle, ctypes.c_uint64(1))
+    py = small(dataset, size=(24, 32), seed=5, flip=0.3, interpolation="nearest", shuffle=True)  # C: the table's default
+    py.set_epoch(1)
+    n = 0
+    for images, labels in py:
+        batch = ctypes.c_void_p()
+        assert lib.pinfeed_loader_next(handle, ctypes.byref(batch)) == 0
+        view = _View()
+        assert lib.pinfeed_batch_get_view(batch, ctypes.byref(view)) == 0
+        assert list(view.shape) == [8, 3, 24, 32]
+        assert ctypes.string_at(view.data, view.bytes) == images.numpy().tobytes(), "byte-identical batches"
+        assert [view.labels[i] for i in range(view.size)] == labels.tolist()
+        lib.pinfeed_batch_release(batch)
+        n += 1
+    assert n == 5
+    lib.pinfeed_loader_destroy(handle)
+
+
 def indices_of(loader):
     return [i for _, _, idx in loader for i in idx]
 

@@ -41,13 +41,31 @@ typedef enum pinfeed_status {
 typedef struct pinfeed_loader pinfeed_loader;
 typedef struct pinfeed_batch pinfeed_batch;
 
-/* The loader's configuration. Initialize with pinfeed_loader_config_init()
- * (every field gets the C++ LoaderConfig's default), then set fields. */
+/* Loader options by name: every option of the loader's table (the Python
+ * keywords: "batch_size", "crop", "flip_p", "interpolation", "height",
+ * "pressure_floor", ...) and the fields outside it: "dataset", "list_root",
+ * "rank", "world_size", "mean" and "std" ("0.485,0.456,0.406"). Values are
+ * text, parsed and range-checked by the same table as the CLI and Python:
+ * "64", "0.5", "true"/"false"/"1"/"0", a choice word. An option added to
+ * the table reaches C with no change here. pinfeed_options_list_json() lists
+ * them all: name, type, default, range, help.
+ *
+ *   pinfeed_options* o;  pinfeed_options_create(&o);
+ *   pinfeed_options_set(o, "dataset", "/data/train");
+ *   pinfeed_options_set(o, "batch_size", "256");
+ *   pinfeed_loader_create_from_options(o, &loader);  pinfeed_options_destroy(o);
+ */
+typedef struct pinfeed_options pinfeed_options;
+
+/* The older fixed struct, kept for existing callers (it reaches only the
+ * fields below; new code uses pinfeed_options). Initialize with
+ * pinfeed_loader_config_init() (every field gets the C++ LoaderConfig's
+ * default), then set fields. */
 typedef struct pinfeed_loader_config {
   const char* dataset;    /* folder (ImageFolder), file list, or tar shard pattern; required */
   const char* list_root;  /* root of a file list's relative paths; NULL: the list's folder */
   size_t batch_size;      /* 64 */
-  unsigned threads;       /* 0: every core */
+  unsigned threads;       /* 0: the cores divided by the ranks on this host */
   size_t prefetch;        /* batches in flight = pool slots; 4 */
   unsigned rank, world_size;  /* this process's shard; 0 of 1 */
   int shuffle;            /* 1 */
@@ -90,6 +108,19 @@ typedef struct pinfeed_loader_state {
 PINFEED_API const char* pinfeed_version(void);
 PINFEED_API const char* pinfeed_last_error(void);
 PINFEED_API void pinfeed_free_string(char* s);
+
+/* Every option at its default. */
+PINFEED_API pinfeed_status pinfeed_options_create(pinfeed_options** out);
+PINFEED_API void pinfeed_options_destroy(pinfeed_options* options);
+/* PINFEED_ERROR_CONFIG naming the option and its range for an unknown name or a bad value
+   (the options keep their previous value). */
+PINFEED_API pinfeed_status pinfeed_options_set(pinfeed_options* options, const char* name, const char* value);
+PINFEED_API pinfeed_status pinfeed_options_get(const pinfeed_options* options, const char* name, char** value_out);
+/* [{"name", "type" (integer, real, boolean, choice, text, rgb), "default", "range", "help"}, ...] */
+PINFEED_API pinfeed_status pinfeed_options_list_json(char** json_out);
+PINFEED_API pinfeed_status pinfeed_loader_create_from_options(const pinfeed_options* options, pinfeed_loader** out);
+/* An option's value in the loader's configuration, as it was made. */
+PINFEED_API pinfeed_status pinfeed_loader_get_option(const pinfeed_loader* loader, const char* name, char** value_out);
 
 PINFEED_API void pinfeed_loader_config_init(pinfeed_loader_config* config);
 PINFEED_API pinfeed_status pinfeed_loader_create(const pinfeed_loader_config* config, pinfeed_loader** out);

@@ -19,6 +19,8 @@
 namespace pinfeed::loader {
 
 enum class OptionType { integer, real, boolean, choice };
+/// "integer", "real", "boolean", "choice".
+std::string_view to_string(OptionType t) noexcept;
 
 struct LoaderOption {
   std::string_view name;  ///< Python keyword, C field; the CLI flag is --name with '-' for '_'
@@ -58,5 +60,16 @@ struct LoaderOption {
 const std::vector<LoaderOption>& loader_options();
 /// The option named `name`; ConfigError naming it otherwise.
 const LoaderOption& loader_option(std::string_view name);
+
+/// The fields of LoaderConfig outside the table (what to load and which
+/// shard, the normalization), set by name like the options: "dataset",
+/// "list_root", "rank", "world_size", "mean", "std" ("0.485,0.456,0.406").
+const std::vector<std::string_view>& loader_config_fields();
+/// Sets any option or field of `c` by name from text, with the table's own
+/// parser and range check: the one entry point of the C ABI and of any
+/// front end that speaks text. ConfigError naming the name and the reason.
+void set_loader_field(LoaderConfig& c, std::string_view name, std::string_view value);
+/// An option's or field's value in `c` as text (set_loader_field reads it back).
+std::string loader_field(const LoaderConfig& c, std::string_view name);
 
 }  // namespace pinfeed::loader
