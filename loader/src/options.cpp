@@ -72,6 +72,12 @@ LoaderOption choice(std::string_view name, std::vector<std::string_view> choices
   return o;
 }
 
+/// `o`, which evaluation sets to `value` (LoaderOption::evaluation).
+LoaderOption evaluated_as(std::string_view value, LoaderOption o) {
+  o.evaluation = value;
+  return o;
+}
+
 std::string_view print_pin_method(memory::PinMethod m) { return memory::to_string(m); }
 std::string_view print_crop(CropMode m) { return to_string(m); }
 std::string_view print_layout(Layout l) { return to_string(l); }
@@ -87,12 +93,13 @@ std::vector<LoaderOption> make_options() {
       integer<&L::threads>("threads", 0, kMaxThreads, "decode threads (0: the cores divided by the ranks on this host)"),
       integer<&L::prefetch>("prefetch", 1, static_cast<double>(kMaxPrefetch), "batches in flight: pool slots"),
       integer<&L::seed>("seed", 0, u64_max, "shuffling and augmentation seed"),
-      boolean<&L::shuffle>("shuffle", "shuffle the order every epoch (by seed and epoch)"),
+      evaluated_as("false", boolean<&L::shuffle>("shuffle", "shuffle the order every epoch (by seed and epoch)")),
       boolean<&L::drop_last>("drop_last", "trim the dataset to a multiple of the world size instead of padding"),
-      boolean<&L::drop_last_batch>("drop_last_batch", "drop each rank's last partial batch"),
-      choice<&parse_crop_mode, &print_crop, &L::transform, &T::crop>(
-          "crop", enum_choices(kCropModeWords),
-          "random (RandomResizedCrop + flip), center (Resize + CenterCrop), full (the whole image resized)"),
+      evaluated_as("false", boolean<&L::drop_last_batch>("drop_last_batch", "drop each rank's last partial batch")),
+      evaluated_as("center", choice<&parse_crop_mode, &print_crop, &L::transform, &T::crop>(
+                                 "crop", enum_choices(kCropModeWords),
+                                 "random (RandomResizedCrop + flip), center (Resize + CenterCrop), full (the whole "
+                                 "image resized)")),
       integer<&L::transform, &T::size>("size", kMinImageSize, kMaxImageSize, "output width, and height unless height is set, pixels"),
       integer<&L::transform, &T::height>("height", 0, kMaxImageSize, "output height, pixels (0: size, square)"),
       integer<&L::transform, &T::resize>("resize", 1, kMaxResize,
@@ -101,7 +108,7 @@ std::vector<LoaderOption> make_options() {
       real<&L::transform, &T::scale_max>("scale_max", 0, true, 1, "RandomResizedCrop: largest area share"),
       real<&L::transform, &T::ratio_min>("ratio_min", 0, true, kMaxAspectRatio, "RandomResizedCrop: smallest aspect ratio"),
       real<&L::transform, &T::ratio_max>("ratio_max", 0, true, kMaxAspectRatio, "RandomResizedCrop: largest aspect ratio"),
-      boolean<&L::transform, &T::flip>("flip", "random horizontal flip (random crop only)"),
+      evaluated_as("false", boolean<&L::transform, &T::flip>("flip", "random horizontal flip (random crop only)")),
       real<&L::transform, &T::flip_p>("flip_p", 0, false, 1, "the flip's probability"),
       choice<&parse_interpolation, &print_interpolation, &L::transform, &T::interpolation>(
           "interpolation", enum_choices(kInterpolationWords),
@@ -161,6 +168,14 @@ std::string_view to_string(OptionType t) noexcept {
     case OptionType::choice: return "choice";
   }
   return "?";
+}
+
+LoaderConfig evaluation_config(const LoaderConfig& c) {
+  LoaderConfig e = c;
+  for (const LoaderOption& o : loader_options()) {
+    if (!o.evaluation.empty()) o.set_text(e, o.evaluation);
+  }
+  return e;
 }
 
 const std::vector<std::string_view>& loader_config_fields() {

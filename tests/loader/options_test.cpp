@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,39 @@ TEST(LoaderOptionsTest, EveryOptionAndFieldIsSetAndReadBackByName) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("prefetch"), std::string::npos) << e.what();
   }
+}
+
+// Whether evaluation (a validation loader) uses an option as training does
+// is decided once, in the table: an option that changes what a sample looks
+// like or which samples come (an augmentation, the shuffle) says what
+// evaluation uses instead. A new option fails here until its row says so,
+// or it is listed as meaning the same in evaluation.
+TEST(LoaderOptionsTest, EveryOptionSaysWhatEvaluationUses) {
+  const std::set<std::string_view> same_in_evaluation = {
+      "batch_size", "threads", "prefetch", "seed", "drop_last", "size", "height", "resize",
+      "scale_min", "scale_max", "ratio_min", "ratio_max",  // RandomResizedCrop's: unused by the center crop
+      "flip_p",                                              // the flip's: evaluation has none
+      "interpolation", "layout", "dct_scaling", "roi_decode", "bad_sample", "max_replacements",
+      "max_replaced_share", "max_classes", "max_image_pixels", "pin", "require_pinned", "pin_method",
+      "pinned_fraction", "local_ranks", "watch_pressure", "pressure_floor"};
+  for (const LoaderOption& o : loader_options()) {
+    EXPECT_NE(o.evaluation.empty(), same_in_evaluation.count(o.name) == 0)
+        << o.name << ": give its row an evaluation value, or list it here as meaning the same in evaluation";
+  }
+  LoaderConfig train;
+  train.transform.crop = CropMode::random_resized;
+  train.transform.flip = true;
+  train.shuffle = true;
+  train.drop_last_batch = true;
+  train.transform.size = 96;
+  train.seed = 7;
+  const LoaderConfig eval = evaluation_config(train);
+  EXPECT_EQ(eval.transform.crop, CropMode::center);
+  EXPECT_FALSE(eval.transform.flip);
+  EXPECT_FALSE(eval.shuffle);
+  EXPECT_FALSE(eval.drop_last_batch);
+  EXPECT_EQ(eval.transform.size, 96U);
+  EXPECT_EQ(eval.seed, 7U);
 }
 
 TEST(LoaderOptionsTest, ValidateChecksTheTableAndTheRulesBetweenFields) {

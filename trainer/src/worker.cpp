@@ -11,6 +11,7 @@
 #include <limits>
 #include <thread>
 
+#include "pinfeed/loader/options.hpp"
 #include "pinfeed/log.hpp"
 
 namespace pinfeed::trainer::detail {
@@ -120,11 +121,10 @@ loader::LoaderConfig Worker::training_loader_config() const {
 void Worker::make_loaders(const loader::LoaderConfig& lc) {
   loader_ = std::make_unique<loader::Loader>(lc);
   if (cfg_.val_dataset.empty()) return;
-  loader::LoaderConfig vc = lc;
+  // No augmentation, no shuffle, every sample: each option of the table
+  // says what evaluation uses (loader::evaluation_config).
+  loader::LoaderConfig vc = loader::evaluation_config(lc);
   vc.dataset = cfg_.val_dataset;
-  vc.shuffle = false;
-  vc.drop_last_batch = false;
-  vc.transform.crop = loader::CropMode::center;
   // torchvision's evaluation view: Resize(size * 256 / 224) then
   // CenterCrop(size) (256 for 224; 73 for 64), unless val_resize says
   // otherwise. The loader's own default of 256 would show a 64 px model a
@@ -135,7 +135,6 @@ void Worker::make_loaders(const loader::LoaderConfig& lc) {
                                   "at least as large",
                                   vc.transform.resize, vc.transform.size));
   }
-  vc.transform.flip = false;
   vc.prefetch = 2;
   vc.watch_pressure = false;
   val_loader_ = std::make_unique<loader::Loader>(vc);

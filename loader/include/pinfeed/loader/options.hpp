@@ -29,6 +29,12 @@ struct LoaderOption {
   double min = 0, max = 0;     ///< integer and real: the valid range, inclusive...
   bool min_exclusive = false;  ///< ...except the lower bound when this is set (reals: > 0)
   std::vector<std::string_view> choices;  ///< choice: the accepted words
+  /// What evaluation uses instead (a validation loader, pinfeed-train's
+  /// --val): "center" for the crop, "false" for the flip and the shuffle.
+  /// Empty: the option means the same in training and evaluation. Every
+  /// augmentation states it here, so a new one cannot leak into validation
+  /// (evaluation_config).
+  std::string_view evaluation;
 
   // Access to the field; only the pair matching `type` is set.
   std::uint64_t (*get_int)(const LoaderConfig&) = nullptr;
@@ -60,6 +66,11 @@ struct LoaderOption {
 const std::vector<LoaderOption>& loader_options();
 /// The option named `name`; ConfigError naming it otherwise.
 const LoaderOption& loader_option(std::string_view name);
+
+/// `c` as evaluation sees it: every option with an `evaluation` value set
+/// to it (no random crop, no flip, no shuffle, every sample kept), the rest
+/// as in `c`.
+LoaderConfig evaluation_config(const LoaderConfig& c);
 
 /// The fields of LoaderConfig outside the table (what to load and which
 /// shard, the normalization), set by name like the options: "dataset",
