@@ -140,6 +140,7 @@ pinfeed_status pinfeed_options_get(const pinfeed_options* options, const char* n
   if (options == nullptr) return null_argument("options");
   if (name == nullptr) return null_argument("name");
   if (value_out == nullptr) return null_argument("value_out");
+  *value_out = nullptr;
   return guarded([&] {
     *value_out = copy_string(pinfeed::loader::loader_field(options->config, name));
     return PINFEED_OK;
@@ -148,22 +149,25 @@ pinfeed_status pinfeed_options_get(const pinfeed_options* options, const char* n
 
 pinfeed_status pinfeed_options_list_json(char** json_out) {
   if (json_out == nullptr) return null_argument("json_out");
+  *json_out = nullptr;
   return guarded([&] {
     namespace pl = pinfeed::loader;
     const pl::LoaderConfig defaults;
     nlohmann::json list = nlohmann::json::array();
     for (const std::string_view f : pl::loader_config_fields()) {
       const bool rgb = f == "mean" || f == "std";
-      const bool number = f == "rank" || f == "world_size";
+      const bool number = f == "rank" || f == "world_size" || f == "cuda_device";
       list.push_back({{"name", f}, {"type", rgb ? "rgb" : number ? "integer" : "text"},
-                      {"default", pl::loader_field(defaults, f)}, {"range", rgb ? "R,G,B" : number ? "0..2^32-1" : ""},
+                      {"default", pl::loader_field(defaults, f)},
+                      {"range", rgb ? "R,G,B" : f == "cuda_device" ? "-1.." : number ? "0..2^32-1" : ""},
                       {"help", f == "dataset" ? "folder (ImageFolder), file list, or tar shard pattern; required"
                                : f == "list_root" ? "root of a file list's relative paths (empty: the list's folder)"
+                               : f == "cuda_device" ? "the GPU the pool's slots are registered with (-1: none)"
                                : number         ? "this process's shard"
                                                 : "normalization, RGB, in [0, 1] units"}});
     }
     for (const pl::LoaderOption& o : pl::loader_options()) {
-      list.push_back({{"name", o.name}, {"type", pl::to_string(o.type)}, {"default", o.default_text()},
+      list.push_back({{"name", o.name}, {"type", pl::to_string(o.type)}, {"default", pl::loader_field(defaults, o.name)},
                       {"range", o.range_text()}, {"help", o.help}});
     }
     *json_out = copy_string(list.dump());
@@ -190,6 +194,7 @@ pinfeed_status pinfeed_loader_get_option(const pinfeed_loader* loader, const cha
   if (loader == nullptr) return null_argument("loader");
   if (name == nullptr) return null_argument("name");
   if (value_out == nullptr) return null_argument("value_out");
+  *value_out = nullptr;
   return guarded([&] {
     *value_out = copy_string(pinfeed::loader::loader_field(loader->loader->config(), name));
     return PINFEED_OK;

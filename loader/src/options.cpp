@@ -179,7 +179,8 @@ LoaderConfig evaluation_config(const LoaderConfig& c) {
 }
 
 const std::vector<std::string_view>& loader_config_fields() {
-  static const std::vector<std::string_view> fields = {"dataset", "list_root", "rank", "world_size", "mean", "std"};
+  static const std::vector<std::string_view> fields = {"dataset", "list_root", "rank", "world_size", "mean", "std",
+                                                        "cuda_device"};
   return fields;
 }
 
@@ -225,7 +226,19 @@ void set_loader_field(LoaderConfig& c, std::string_view name, std::string_view v
   } else if (name == "mean") {
     c.transform.mean = parse_rgb(name, value);
   } else if (name == "std") {
-    c.transform.std = parse_rgb(name, value);
+    const std::array<float, 3> v = parse_rgb(name, value);
+    if (!(v[0] > 0 && v[1] > 0 && v[2] > 0)) {
+      throw ConfigError(fmt::format("loader std must be three numbers > 0 (each channel is divided by it), got '{}'",
+                                    value));
+    }
+    c.transform.std = v;
+  } else if (name == "cuda_device") {
+    int d = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), d);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || d < -1) {
+      throw ConfigError(fmt::format("loader cuda_device must be -1 (none) or a device number, got '{}'", value));
+    }
+    c.cuda_device = d;
   } else {
     loader_option(name).set_text(c, value);
   }
@@ -239,7 +252,11 @@ std::string loader_field(const LoaderConfig& c, std::string_view name) {
   if (name == "world_size") return std::to_string(c.world_size);
   if (name == "mean") return rgb(c.transform.mean);
   if (name == "std") return rgb(c.transform.std);
-  return loader_option(name).text(c);
+  if (name == "cuda_device") return std::to_string(c.cuda_device);
+  const LoaderOption& o = loader_option(name);
+  // Reals in full (shortest exact form), not text()'s 6 digits: what is
+  // read back sets the same value again (4/3 must not become 1.33333).
+  return o.type == OptionType::real ? fmt::format("{}", o.get_real(c)) : o.text(c);
 }
 
 std::string LoaderOption::flag() const {

@@ -68,11 +68,22 @@ TEST(LoaderOptionsTest, EveryDefaultIsValidAndEveryOptionRejectsWhatIsOutsideIts
 // was set, and a refused value names the option.
 TEST(LoaderOptionsTest, EveryOptionAndFieldIsSetAndReadBackByName) {
   LoaderConfig c;
+  // What is read back sets exactly the same value again (a real in full:
+  // ratio_max's 4/3 must not come back as 1.33333).
+  const LoaderConfig defaults;
   for (const LoaderOption& o : loader_options()) {
     LoaderConfig probe;
-    set_loader_field(probe, o.name, o.default_text());
-    EXPECT_EQ(loader_field(probe, o.name), o.default_text()) << o.name;
+    probe.transform.ratio_max = 2;  // away from the default, so the set must restore it
+    set_loader_field(probe, o.name, loader_field(defaults, o.name));
+    EXPECT_EQ(loader_field(probe, o.name), loader_field(defaults, o.name)) << o.name;
   }
+  LoaderConfig ratio;
+  set_loader_field(ratio, "ratio_max", loader_field(defaults, "ratio_max"));
+  EXPECT_EQ(ratio.transform.ratio_max, defaults.transform.ratio_max);
+  EXPECT_THROW(set_loader_field(ratio, "std", "0.5,0,0.5"), ConfigError);
+  set_loader_field(ratio, "cuda_device", "1");
+  EXPECT_EQ(ratio.cuda_device, 1);
+  EXPECT_THROW(set_loader_field(ratio, "cuda_device", "-2"), ConfigError);
   set_loader_field(c, "dataset", "/data/train");
   set_loader_field(c, "rank", "3");
   set_loader_field(c, "world_size", "8");

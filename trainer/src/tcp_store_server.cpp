@@ -17,6 +17,7 @@
 #include <cstring>
 #include <list>
 #include <map>
+#include <limits>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -150,16 +151,22 @@ struct Connection {
 
   [[nodiscard]] std::size_t unsent() const noexcept { return out.size() - sent; }
   [[nodiscard]] bool blocked() const noexcept { return !waiting.empty() || unsent() > kOutHigh; }
-  /// The memory the connection holds: its buffers' capacity (a buffer that
-  /// once held a 16 MiB request keeps its size until released, see
-  /// trim()), and its WAIT's keys.
-  [[nodiscard]] std::size_t held() const noexcept { return in.capacity() + out.capacity() + waiting_bytes; }
+  /// The memory the connection holds: a large buffer at its capacity (one
+  /// that held a 16 MiB request keeps its size until trim() releases it), a
+  /// small one at what it holds (every connection keeps a read chunk's
+  /// worth, which must not count against the cap a thousand times), and its
+  /// WAIT's keys.
+  [[nodiscard]] std::size_t held() const noexcept {
+    const auto cost = [](const std::string& b) { return b.capacity() > 2 * kReadChunk ? b.capacity() : b.size(); };
+    return cost(in) + cost(out) + waiting_bytes;
+  }
 
   /// Gives back what the buffers no longer need: the sent front of `out`
   /// (a client that always leaves a little unread never lets `out` empty),
   /// and the capacity of a buffer that held a large request or answer.
   void trim() {
-    if (sent > 0 && (sent == out.size() || sent >= kOutHigh)) {
+    // Erased once half of it is sent: each byte moves at most once more.
+    if (sent > 0 && (sent == out.size() || (sent >= kOutHigh && 2 * sent >= out.size()))) {
       out.erase(0, sent);
       sent = 0;
     }
@@ -340,9 +347,10 @@ class TcpStoreServer::Loop {
   void read_from(Connection& c) {
     for (;;) {
       std::size_t room = std::min(kReadChunk, kMaxRequest + 64 - std::min(c.in.size(), kMaxRequest + 64));
+      std::size_t left = std::numeric_limits<std::size_t>::max();  // what the cap still allows
       if (c.held() + room > kSmallRequest) {
         const std::size_t total = buffered();
-        const std::size_t left = total >= limits_.max_bytes ? 0 : limits_.max_bytes - total;
+        left = total >= limits_.max_bytes ? 0 : limits_.max_bytes - total;
         room = std::min(room, left);
       }
       if (room == 0) {
@@ -354,7 +362,7 @@ class TcpStoreServer::Loop {
         // Grown by a quarter, not doubled: what a connection holds is its
         // buffers' capacity (held()), and a 16 MiB SET must not count as 32.
         std::string bigger;
-        bigger.reserve(std::max(old + room, old + old / 4));
+        bigger.reserve(std::max(old + room, std::min(old + old / 4, old + left)));
         bigger.append(c.in);
         c.in.swap(bigger);
       }

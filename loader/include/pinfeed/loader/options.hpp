@@ -74,7 +74,8 @@ LoaderConfig evaluation_config(const LoaderConfig& c);
 
 /// The fields of LoaderConfig outside the table (what to load and which
 /// shard, the normalization), set by name like the options: "dataset",
-/// "list_root", "rank", "world_size", "mean", "std" ("0.485,0.456,0.406").
+/// "list_root", "rank", "world_size", "mean", "std" ("0.485,0.456,0.406"),
+/// "cuda_device" (the GPU the slots are registered with; -1: none).
 const std::vector<std::string_view>& loader_config_fields();
 /// Sets any option or field of `c` by name from text, with the table's own
 /// parser and range check: the one entry point of the C ABI and of any
