@@ -425,6 +425,7 @@ std::string stats_json(const LoaderStats& s) {
                            {"replaced", s.replaced},
                            {"ready_batches", s.ready_batches},
                            {"in_flight", s.in_flight},
+                           {"allowed_in_flight", s.allowed_in_flight},
                            {"pinned_batches", s.pinned_batches},
                            {"pageable_batches", s.pageable_batches}};
   j["pool"] = s.pool;
@@ -757,6 +758,10 @@ LoaderStats Loader::stats() const {
   st.transform_seconds = static_cast<double>(r.transform_ns.load()) * 1e-9;
   st.replaced = r.replaced.load();
   st.in_flight = r.in_flight.load();
+  {
+    const std::scoped_lock lock(run_->token_mutex);
+    st.allowed_in_flight = r.tokens_out;
+  }
   st.pinned_batches = r.pinned_batches.load();
   st.pageable_batches = r.pageable_batches.load();
   return st;

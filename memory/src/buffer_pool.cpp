@@ -318,6 +318,18 @@ std::optional<SlotLease> BufferPool::acquire_until(std::optional<Clock::time_poi
     ++acquire_waits_;
     acquire_wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
   };
+  // waiting_acquires_ counts this call from its first wait until it returns
+  // or throws (a failed fence sync too), under the lock.
+  struct Waiting {
+    std::unique_lock<std::mutex>& lock;
+    const bool& waited;
+    std::size_t& count;
+    ~Waiting() {
+      if (!waited) return;
+      if (!lock.owns_lock()) lock.lock();
+      --count;
+    }
+  } const waiting{lock, waited, waiting_acquires_};
   while (true) {
     if (cancelled_) {
       account();
@@ -333,6 +345,7 @@ std::optional<SlotLease> BufferPool::acquire_until(std::optional<Clock::time_poi
       account();
       return lease_locked(slot);
     }
+    if (!waited) ++waiting_acquires_;
     waited = true;
     const auto now = Clock::now();
     if (deadline && now >= *deadline) {
@@ -797,6 +810,7 @@ PoolStats BufferPool::stats() const {
   st.failed_pins = failed_pins_;
   st.level = level_;
   st.maintenance_rounds = maintenance_rounds_;
+  st.waiting_acquires = waiting_acquires_;
   return st;
 }
 

@@ -132,6 +132,9 @@ struct LoaderStats {
   std::uint64_t replaced = 0;                 ///< bad samples replaced this epoch
   std::size_t ready_batches = 0;              ///< assembled, waiting for next()
   std::size_t in_flight = 0;                  ///< being assembled
+  /// Batches the run lets be in flight or ready at once: prefetch, lowered
+  /// to the pool's serving slots while it is shrunk (Note [Tokens follow the pool]).
+  std::size_t allowed_in_flight = 0;
   std::uint64_t pinned_batches = 0, pageable_batches = 0;
   memory::PoolStats pool;
 };

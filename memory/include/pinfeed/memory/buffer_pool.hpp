@@ -127,7 +127,8 @@ struct PoolStats {
   std::size_t free_slots = 0, leased_slots = 0, fenced_slots = 0;
   std::size_t draining_slots = 0;           ///< slots of slabs waiting to go idle to be released
   std::uint64_t acquires = 0;
-  std::uint64_t acquire_waits = 0;          ///< acquires that found no free slot
+  std::uint64_t acquire_waits = 0;          ///< acquires that found no free slot (counted when they return)
+  std::size_t waiting_acquires = 0;         ///< acquires blocked for a slot right now
   double acquire_wait_seconds = 0;          ///< total time spent waiting
   /// Moves after construction, in slabs: into pinned, into pageable memory
   /// (a regrowth past the budget, a refused pin), released to the kernel.
@@ -166,6 +167,7 @@ void to_json(Json& j, const PoolStats& s) {
                      {"draining_slots", s.draining_slots},
                      {"acquires", s.acquires},
                      {"acquire_waits", s.acquire_waits},
+                     {"waiting_acquires", s.waiting_acquires},
                      {"acquire_wait_seconds", s.acquire_wait_seconds},
                      {"to_pageable", s.to_pageable},
                      {"to_pinned", s.to_pinned},
@@ -351,6 +353,7 @@ class BufferPool {
   bool shrink_reported_ = false;
   double last_release_seconds_ = -1, last_regrow_seconds_ = -1;
   std::uint64_t maintenance_rounds_ = 0;
+  std::size_t waiting_acquires_ = 0;
   std::uint64_t policy_version_ = 0;  // bumped whenever an input of Note [Pool policy] changes
   // maintenance_wanted_locked()'s last answer, valid for policy_version_ and
   // until a back-off it depended on ends.
