@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
   mk->add_option("--val", make.val_fraction, "share of each class written to val/")->check(CLI::Range(0.0, 0.9));
   mk->add_option("--seed", make.seed, "seed: the same seed writes the same bytes");
   mk->add_option("--quality", make.quality, "JPEG (and WebP) quality")->check(CLI::Range(1, 100));
-  mk->add_option("--format", make.format, "image format: jpeg, png or webp")
-      ->check(CLI::IsMember({"jpeg", "png", "webp"}))
+  mk->add_option("--format", make.format, "image format: " + pl::codec_words())
+      ->check(CLI::IsMember(pl::codec_word_list()))
       ->capture_default_str();
   mk->add_option("--style", make.style,
                  "what tells the classes apart: photo (hue, grating angle: a colour average does) or texture (fine "

@@ -24,6 +24,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
 
 namespace fs = std::filesystem;
 
@@ -36,19 +37,18 @@ std::string lower(std::string s) {
   return s;
 }
 
-/// Member extensions (lower case, no dot) TarShards takes as the image.
-bool is_image_extension(const std::string& ext) { return ext == "jpg" || ext == "jpeg" || ext == "png" || ext == "webp"; }
+/// Member extensions (lower case, no dot) TarShards takes as the image: the codec registry's.
+bool is_image_extension(const std::string& ext) { return format_for_extension(ext) != ImageFormat::unknown; }
 
 /// torchvision's IMG_EXTENSIONS: a file with one of these is an image of
-/// the dataset. JPEG, PNG and WebP are decoded; the others are refused
+/// the dataset. The codec registry's are decoded; the others are refused
 /// when the dataset is opened, never replaced sample by sample.
 enum class NameKind { other, decodable, undecodable };
 NameKind image_name_kind(const fs::path& p) {
-  static const std::set<std::string> kDecodable{".jpg", ".jpeg", ".png", ".webp"};
-  static const std::set<std::string> kOther{".ppm", ".bmp", ".pgm", ".tif", ".tiff"};
+  static const std::set<std::string> kTorchvision{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
   const std::string ext = lower(p.extension().string());
-  if (kDecodable.contains(ext)) return NameKind::decodable;
-  return kOther.contains(ext) ? NameKind::undecodable : NameKind::other;
+  if (!ext.empty() && is_image_extension(ext.substr(1))) return NameKind::decodable;
+  return kTorchvision.contains(ext) ? NameKind::undecodable : NameKind::other;
 }
 
 /// Reads a whole sample file, refusing anything but regular files and absurd sizes.
@@ -165,9 +165,8 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
       const NameKind kind = image_name_kind(it->path());
       if (kind == NameKind::other) continue;
       if (kind == NameKind::undecodable) {
-        throw DataError(it->path(), fmt::format("is a {} image: pinfeed decodes JPEG, PNG and WebP; convert it or move it "
-                                                "out of the dataset",
-                                                lower(it->path().extension().string()).substr(1)));
+        throw DataError(it->path(), fmt::format("is a {} image: pinfeed decodes {}; convert it or move it out of the dataset",
+                                                lower(it->path().extension().string()).substr(1), codec_names("and")));
       }
       // A FIFO or device named like an image would block or never end when
       // read: refuse the dataset now, naming it, rather than hang later.
@@ -199,10 +198,10 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
     std::string names;
     for (std::size_t i = 0; i < shown; ++i) names += fmt::format("{}'{}'", i == 0 ? "" : ", ", empty[i]);
     if (shown < empty.size()) names += fmt::format(" and {} more", empty.size() - shown);
-    throw DataError(root_, fmt::format("found no image file (.jpg, .jpeg, .png, .webp) in the class folder{} {}: every "
+    throw DataError(root_, fmt::format("found no image file ({}) in the class folder{} {}: every "
                                        "sub-folder is a class, hidden ones too, as in torchvision's ImageFolder, which "
                                        "refuses them the same way; remove {} or give {} images",
-                                       empty.size() == 1 ? "" : "s", names, empty.size() == 1 ? "it" : "them",
+                                       codec_extensions(), empty.size() == 1 ? "" : "s", names, empty.size() == 1 ? "it" : "them",
                                        empty.size() == 1 ? "it" : "them"));
   }
 }

@@ -74,9 +74,7 @@ void SyntheticDatasetConfig::validate() const {
   if (per_class < 1 || per_class > 100000) throw ConfigError(fmt::format("per-class must be 1..100000, got {}", per_class));
   if (!(val_fraction >= 0 && val_fraction <= 0.9)) throw ConfigError(fmt::format("val fraction must be 0..0.9, got {}", val_fraction));
   if (quality < 1 || quality > 100) throw ConfigError(fmt::format("quality must be 1..100, got {}", quality));
-  if (format != "jpeg" && format != "png" && format != "webp") {
-    throw ConfigError(fmt::format("format must be jpeg, png or webp, got '{}'", format));
-  }
+  (void)parse_image_format(format, "synthetic dataset: format");
   if (style != "photo" && style != "texture") {
     throw ConfigError(fmt::format("style must be photo or texture, got '{}'", style));
   }
@@ -106,7 +104,7 @@ SyntheticDatasetSummary write_synthetic_dataset(const SyntheticDatasetConfig& c,
     const auto image = make_synthetic_image(c.seed, klass, static_cast<std::uint64_t>(n), spec, c.format);
     const bool val = n >= c.per_class - val_per_class;
     write_file(c.out / (val ? "val" : "train") / fmt::format("class_{:03}", klass) /
-                   fmt::format("{:06}.{}", n, c.format == "jpeg" ? "jpg" : c.format),
+                   fmt::format("{:06}.{}", n, extension(parse_image_format(c.format, "format"))),
                image);
     bytes += image.size();
     report.tick();
@@ -250,8 +248,9 @@ PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const Pa
     s.format = sniff_format(s.bytes);
     s.resized = false;
     if (s.format == ImageFormat::unknown) {
-      throw DataError(dataset.describe(i), "not a JPEG, PNG or WebP image: pack refuses it (`pinfeed-data scan` lists "
-                                           "such files)");
+      throw DataError(dataset.describe(i), fmt::format("not a {} image: pack refuses it (`pinfeed-data scan` "
+                                                       "lists such files)",
+                                                       codec_names()));
     }
     if (config.max_side > 0) {
       auto& d = decoders.local();

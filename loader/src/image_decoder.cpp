@@ -14,26 +14,61 @@
 
 namespace pinfeed::loader {
 
-ImageFormat sniff_format(std::span<const std::byte> d) noexcept {
-  const auto at = [&](std::size_t i) { return std::to_integer<unsigned>(d[i]); };
-  if (d.size() >= 2 && at(0) == 0xff && at(1) == 0xd8) return ImageFormat::jpeg;
-  if (d.size() >= 8 && std::memcmp(d.data(), "\x89PNG\r\n\x1a\n", 8) == 0) return ImageFormat::png;
-  if (d.size() >= 12 && std::memcmp(d.data(), "RIFF", 4) == 0 && std::memcmp(d.data() + 8, "WEBP", 4) == 0) {
-    return ImageFormat::webp;
+const ImageCodec* find_codec(ImageFormat f) noexcept {
+  for (const ImageCodec& c : kImageCodecs) {
+    if (c.format == f) return &c;
+  }
+  return nullptr;
+}
+
+ImageFormat format_for_extension(std::string_view ext) noexcept {
+  for (const ImageCodec& c : kImageCodecs) {
+    for (std::string_view e : c.extensions) {
+      if (!e.empty() && e == ext) return c.format;
+    }
   }
   return ImageFormat::unknown;
 }
 
-std::string_view to_string(ImageFormat f) noexcept { return enum_word(kImageFormatWords, f); }
+std::vector<std::string> codec_word_list() {
+  std::vector<std::string> out;
+  for (const ImageCodec& c : kImageCodecs) out.emplace_back(c.word);
+  return out;
+}
+
+std::string codec_words(std::string_view conjunction) { return join_list(codec_word_list(), conjunction); }
+
+std::string codec_names(std::string_view conjunction) {
+  std::vector<std::string> names;
+  for (const ImageCodec& c : kImageCodecs) names.emplace_back(c.display);
+  return join_list(names, conjunction);
+}
+
+std::string codec_extensions() {
+  std::string out;
+  for (const ImageCodec& c : kImageCodecs) {
+    for (std::string_view e : c.extensions) {
+      if (!e.empty()) out += fmt::format("{}.{}", out.empty() ? "" : ", ", e);
+    }
+  }
+  return out;
+}
+
+ImageFormat parse_image_format(std::string_view word, std::string_view what) {
+  for (const ImageCodec& c : kImageCodecs) {
+    if (c.word == word) return c.format;
+  }
+  throw ConfigError(fmt::format("{} '{}' is not one of {}", what, word, codec_words()));
+}
+
+std::string_view to_string(ImageFormat f) noexcept {
+  const ImageCodec* c = find_codec(f);
+  return c != nullptr ? c->word : "unknown";
+}
 
 std::string_view extension(ImageFormat f) noexcept {
-  switch (f) {
-    case ImageFormat::jpeg: return "jpg";
-    case ImageFormat::png: return "png";
-    case ImageFormat::webp: return "webp";
-    case ImageFormat::unknown: return "bin";
-  }
-  return "bin";
+  const ImageCodec* c = find_codec(f);
+  return c != nullptr ? c->extensions[0] : "bin";
 }
 
 namespace {
@@ -93,14 +128,50 @@ class NullSink final : public RowSink {
   void row(const std::uint8_t*) override {}
 };
 
-}  // namespace
+using Bytes = std::span<const std::byte>;
 
-struct ImageDecoder::Impl {
+bool is_jpeg(Bytes d) noexcept { return d.size() >= 2 && d[0] == std::byte{0xff} && d[1] == std::byte{0xd8}; }
+bool is_png(Bytes d) noexcept { return d.size() >= 8 && std::memcmp(d.data(), "\x89PNG\r\n\x1a\n", 8) == 0; }
+bool is_webp(Bytes d) noexcept {
+  return d.size() >= 12 && std::memcmp(d.data(), "RIFF", 4) == 0 && std::memcmp(d.data() + 8, "WEBP", 4) == 0;
+}
+
+/// Sizes `out` for the whole image of header `h`, tightly packed BGRA.
+void size_whole(const ImageHeader& h, DecodedImage& out) {
+  out.width = h.width;
+  out.height = h.height;
+  out.stride = static_cast<std::size_t>(h.width) * 4;
+  out.offset = 0;
+  out.pixels.resize(out.stride * static_cast<std::size_t>(h.height));
+}
+
+/// verify()'s plan: the whole image at full scale.
+constexpr auto whole_plan = [](const ImageHeader& h) { return JpegDecoder::Plan{Region{0, 0, h.width, h.height}, 1}; };
+
+using PlanRef = ImageDecoder::PlanRef;
+
+/// The decoders' state (scratch, the pixel limit) and one function per
+/// format and entry point; ImageDecoder::Impl is this.
+struct Codecs {
+  Codecs(JpegDecoder& j, std::uint64_t limit) : jpeg(j), max_pixels(limit) {}
+  JpegDecoder& jpeg;
   std::uint64_t max_pixels = 0;
   std::vector<std::uint8_t> rgba_row, bgra_row;  // PNG rows
-  DecodedImage whole;                            // interlaced PNG, WebP
+  DecodedImage whole;                            // interlaced PNG
 
-  ImageHeader png_header(std::span<const std::byte> data, const std::string& name) const {
+  // JPEG: JpegDecoder's region path.
+  ImageHeader jpeg_header(Bytes data, const std::string& name) { return jpeg.header(data, name); }
+  ImageHeader jpeg_planned(Bytes data, PlanRef plan, RowSink& sink, const std::string& name) {
+    return jpeg.decode_planned(data, plan, sink, name);
+  }
+  void jpeg_whole(Bytes data, DecodedImage& out, const std::string& name) { jpeg.decode_full(data, out, name); }
+  ImageHeader jpeg_verify(Bytes data, const std::string& name) {
+    NullSink sink;
+    return jpeg.decode_planned(data, whole_plan, sink, name);
+  }
+
+  // PNG (libspng): row by row, or whole when interlaced.
+  ImageHeader png_header(Bytes data, const std::string& name) {
     const Png png(data, name);
     const spng_ihdr& ih = png.ihdr();
     check_pixels(ih.width, ih.height, max_pixels, name);
@@ -116,92 +187,35 @@ struct ImageDecoder::Impl {
     return h;
   }
 
-  ImageHeader webp_header(std::span<const std::byte> data, const std::string& name) const {
-    WebPBitstreamFeatures f{};
-    const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
-    const VP8StatusCode s = WebPGetFeatures(p, data.size(), &f);
-    if (s != VP8_STATUS_OK) throw DataError(name, fmt::format("corrupt WebP header: {}", webp_status(s)));
-    if (f.has_animation != 0) throw DataError(name, "animated WebP is not supported (one frame per sample)");
-    check_pixels(static_cast<std::uint64_t>(f.width), static_cast<std::uint64_t>(f.height), max_pixels, name);
-    ImageHeader h;
-    h.width = f.width;
-    h.height = f.height;
-    h.components = f.has_alpha != 0 ? 4 : 3;
-    h.color_space = f.has_alpha != 0 ? "rgba" : "rgb";
-    h.scalable = false;
-    return h;
-  }
-
   /// Whole image, tightly packed BGRA, into `out`. Alpha is dropped later
   /// (as torchvision's loader does with convert("RGB")).
-  void decode_whole(std::span<const std::byte> data, ImageFormat fmt_, DecodedImage& out, const std::string& name) {
-    const ImageHeader h = fmt_ == ImageFormat::png ? png_header(data, name) : webp_header(data, name);
-    const std::size_t stride = static_cast<std::size_t>(h.width) * 4;
-    out.width = h.width;
-    out.height = h.height;
-    out.stride = stride;
-    out.offset = 0;
-    out.pixels.resize(stride * static_cast<std::size_t>(h.height));
-    if (fmt_ == ImageFormat::webp) {
-      const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
-      if (WebPDecodeBGRAInto(p, data.size(), out.pixels.data(), out.pixels.size(), static_cast<int>(stride)) == nullptr) {
-        WebPBitstreamFeatures f{};
-        const VP8StatusCode s = WebPGetFeatures(p, data.size(), &f);
-        throw DataError(name, fmt::format("corrupt WebP: {}", s == VP8_STATUS_OK ? "the image data does not decode"
-                                                                                   : webp_status(s)));
-      }
-      return;
-    }
+  void png_whole(Bytes data, DecodedImage& out, const std::string& name) {
+    size_whole(png_header(data, name), out);
     const Png png(data, name);
     png.check(spng_decode_image(png.get(), out.pixels.data(), out.pixels.size(), SPNG_FMT_RGBA8, SPNG_DECODE_TRNS),
               "image data");
-    libyuv::ABGRToARGB(out.pixels.data(), static_cast<int>(stride), out.pixels.data(), static_cast<int>(stride), h.width,
-                       h.height);  // RGBA bytes -> BGRA bytes, in place
-  }
-
-  /// A WebP region, decoded by libwebp's cropping into scratch of the
-  /// region's size (not the image's), then passed on row by row. The crop
-  /// starts on even coordinates (lossy WebP's chroma grid) and the extra
-  /// column or row is skipped here, so the pixels are exact.
-  void webp_region(std::span<const std::byte> data, const Region& r, RowSink& sink, const std::string& name) {
-    const int x0 = r.x & ~1, y0 = r.y & ~1;
-    const int cw = r.width + (r.x - x0), ch = r.height + (r.y - y0);
-    const std::size_t stride = static_cast<std::size_t>(cw) * 4;
-    whole.pixels.resize(stride * static_cast<std::size_t>(ch));
-    WebPDecoderConfig config;
-    if (WebPInitDecoderConfig(&config) == 0) throw Error("libwebp: version mismatch");
-    config.options.use_cropping = 1;
-    config.options.crop_left = x0;
-    config.options.crop_top = y0;
-    config.options.crop_width = cw;
-    config.options.crop_height = ch;
-    config.output.colorspace = MODE_BGRA;
-    config.output.is_external_memory = 1;
-    config.output.u.RGBA.rgba = whole.pixels.data();
-    config.output.u.RGBA.stride = static_cast<int>(stride);
-    config.output.u.RGBA.size = whole.pixels.size();
-    const VP8StatusCode status =
-        WebPDecode(reinterpret_cast<const std::uint8_t*>(data.data()), data.size(), &config);
-    WebPFreeDecBuffer(&config.output);  // external memory: frees nothing of ours
-    if (status != VP8_STATUS_OK) throw DataError(name, fmt::format("corrupt WebP: {}", webp_status(status)));
-    sink.begin(r.width, r.height);
-    for (int y = 0; y < r.height; ++y) {
-      sink.row(whole.pixels.data() + static_cast<std::size_t>(y + r.y - y0) * stride +
-               static_cast<std::size_t>(r.x - x0) * 4);
-    }
-  }
-
-  /// Scratch over this size is given back after each image: one large
-  /// image must not stay resident per thread for the loader's lifetime.
-  void trim() noexcept {
-    constexpr std::size_t kKeep = 64U << 20U;
-    if (whole.pixels.capacity() > kKeep) ScratchBytes().swap(whole.pixels);
+    const int stride = static_cast<int>(out.stride);
+    libyuv::ABGRToARGB(out.pixels.data(), stride, out.pixels.data(), stride, out.width,
+                       out.height);  // RGBA bytes -> BGRA bytes, in place
   }
 
   /// A non-interlaced PNG, row by row: only rows [y0, y1) and columns
   /// [x0, x1) reach the sink; the rest is decoded (PNG has no random access)
-  /// and dropped, and decoding stops after the region's last row.
-  void png_rows(std::span<const std::byte> data, const Region& r, RowSink& sink, const std::string& name) {
+  /// and dropped, and decoding stops after the region's last row. An
+  /// interlaced one is decoded whole (the passes need it) into scratch.
+  ImageHeader png_planned(Bytes data, PlanRef plan, RowSink& sink, const std::string& name) {
+    const ImageHeader h = png_header(data, name);
+    const Region r = clamp_region(plan(h).region, h.width, h.height);
+    if (h.progressive) {
+      struct Trim {
+        Codecs& impl;
+        ~Trim() { impl.trim(); }
+      } trim{*this};
+      png_whole(data, whole, name);
+      sink.begin(r.width, r.height);
+      for (int y = r.y; y < r.y + r.height; ++y) sink.row(whole.row(y) + static_cast<std::size_t>(r.x) * 4);
+      return h;
+    }
     const Png png(data, name);
     const std::size_t width = png.ihdr().width;
     png.check(spng_decode_image(png.get(), nullptr, 0, SPNG_FMT_RGBA8, SPNG_DECODE_TRNS | SPNG_DECODE_PROGRESSIVE),
@@ -218,68 +232,84 @@ struct ImageDecoder::Impl {
       libyuv::ABGRToARGB(rgba_row.data() + static_cast<std::size_t>(r.x) * 4, 0, bgra_row.data(), 0, r.width, 1);
       sink.row(bgra_row.data());
     }
+    return h;
   }
-};
 
-ImageDecoder::ImageDecoder(std::uint64_t max_pixels) : jpeg_(max_pixels), impl_(std::make_unique<Impl>()) {
-  impl_->max_pixels = max_pixels;
-}
-
-ImageDecoder::~ImageDecoder() = default;
-
-void ImageDecoder::refuse_unknown(std::span<const std::byte> data, const std::string& name) {
-  if (data.empty()) throw DataError(name, "empty file (0 bytes)");
-  throw DataError(name, "not a JPEG, PNG or WebP image (its first bytes match none of them)");
-}
-
-ImageHeader ImageDecoder::header(std::span<const std::byte> data, const std::string& name) {
-  switch (sniff_format(data)) {
-    case ImageFormat::png: return impl_->png_header(data, name);
-    case ImageFormat::webp: return impl_->webp_header(data, name);
-    case ImageFormat::jpeg: return jpeg_.header(data, name);
-    case ImageFormat::unknown: break;
+  ImageHeader png_verify(Bytes data, const std::string& name) {
+    NullSink sink;
+    return png_planned(data, PlanRef(whole_plan), sink, name);
   }
-  refuse_unknown(data, name);
-}
 
-void ImageDecoder::decode_other(std::span<const std::byte> data, const Region& region, RowSink& sink,
-                                const std::string& name) {
-  const ImageFormat f = sniff_format(data);
-  const ImageHeader h = header(data, name);
-  const Region r = clamp_region(region, h.width, h.height);
-  if (f == ImageFormat::png && !h.progressive) {
-    impl_->png_rows(data, r, sink, name);
-    return;
+  // WebP (libwebp): the region through libwebp's cropping.
+  ImageHeader webp_header(Bytes data, const std::string& name) {
+    WebPBitstreamFeatures f{};
+    const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
+    const VP8StatusCode s = WebPGetFeatures(p, data.size(), &f);
+    if (s != VP8_STATUS_OK) throw DataError(name, fmt::format("corrupt WebP header: {}", webp_status(s)));
+    if (f.has_animation != 0) throw DataError(name, "animated WebP is not supported (one frame per sample)");
+    check_pixels(static_cast<std::uint64_t>(f.width), static_cast<std::uint64_t>(f.height), max_pixels, name);
+    ImageHeader h;
+    h.width = f.width;
+    h.height = f.height;
+    h.components = f.has_alpha != 0 ? 4 : 3;
+    h.color_space = f.has_alpha != 0 ? "rgba" : "rgb";
+    h.scalable = false;
+    return h;
   }
-  struct Trim {
-    Impl& impl;
-    ~Trim() { impl.trim(); }
-  } trim{*impl_};
-  if (f == ImageFormat::webp) {
-    impl_->webp_region(data, r, sink, name);
-    return;
-  }
-  impl_->decode_whole(data, f, impl_->whole, name);  // interlaced PNG: the passes need the whole image
-  sink.begin(r.width, r.height);
-  for (int y = r.y; y < r.y + r.height; ++y) sink.row(impl_->whole.row(y) + static_cast<std::size_t>(r.x) * 4);
-}
 
-void ImageDecoder::decode_full(std::span<const std::byte> data, DecodedImage& out, const std::string& name) {
-  const ImageFormat f = sniff_format(data);
-  if (f == ImageFormat::png || f == ImageFormat::webp) {
-    impl_->decode_whole(data, f, out, name);
-    return;
+  void webp_whole(Bytes data, DecodedImage& out, const std::string& name) {
+    size_whole(webp_header(data, name), out);
+    const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
+    if (WebPDecodeBGRAInto(p, data.size(), out.pixels.data(), out.pixels.size(), static_cast<int>(out.stride)) ==
+        nullptr) {
+      WebPBitstreamFeatures f{};
+      const VP8StatusCode s = WebPGetFeatures(p, data.size(), &f);
+      throw DataError(name, fmt::format("corrupt WebP: {}", s == VP8_STATUS_OK ? "the image data does not decode"
+                                                                                 : webp_status(s)));
+    }
   }
-  if (f == ImageFormat::unknown) refuse_unknown(data, name);
-  jpeg_.decode_full(data, out, name);
-}
 
-ImageHeader ImageDecoder::verify(std::span<const std::byte> data, const std::string& name) {
-  NullSink sink;
-  const auto whole = [](const ImageHeader& h) { return JpegDecoder::Plan{Region{0, 0, h.width, h.height}, 1}; };
-  const ImageFormat f = sniff_format(data);
-  if (f == ImageFormat::webp) {
-    const ImageHeader h = impl_->webp_header(data, name);
+  /// A WebP region, decoded by libwebp's cropping into scratch of the
+  /// region's size (not the image's), then passed on row by row. The crop
+  /// starts on even coordinates (lossy WebP's chroma grid) and the extra
+  /// column or row is skipped here, so the pixels are exact.
+  ImageHeader webp_planned(Bytes data, PlanRef plan, RowSink& sink, const std::string& name) {
+    const ImageHeader h = webp_header(data, name);
+    const Region r = clamp_region(plan(h).region, h.width, h.height);
+    struct Trim {
+      Codecs& impl;
+      ~Trim() { impl.trim(); }
+    } trim{*this};
+    const int x0 = r.x & ~1, y0 = r.y & ~1;
+    const int cw = r.width + (r.x - x0), ch = r.height + (r.y - y0);
+    const std::size_t stride = static_cast<std::size_t>(cw) * 4;
+    whole.pixels.resize(stride * static_cast<std::size_t>(ch));
+    WebPDecoderConfig config;
+    if (WebPInitDecoderConfig(&config) == 0) throw Error("libwebp: version mismatch");
+    config.options.use_cropping = 1;
+    config.options.crop_left = x0;
+    config.options.crop_top = y0;
+    config.options.crop_width = cw;
+    config.options.crop_height = ch;
+    config.output.colorspace = MODE_BGRA;
+    config.output.is_external_memory = 1;
+    config.output.u.RGBA.rgba = whole.pixels.data();
+    config.output.u.RGBA.stride = static_cast<int>(stride);
+    config.output.u.RGBA.size = whole.pixels.size();
+    const VP8StatusCode status = WebPDecode(reinterpret_cast<const std::uint8_t*>(data.data()), data.size(), &config);
+    WebPFreeDecBuffer(&config.output);  // external memory: frees nothing of ours
+    if (status != VP8_STATUS_OK) throw DataError(name, fmt::format("corrupt WebP: {}", webp_status(status)));
+    sink.begin(r.width, r.height);
+    for (int y = 0; y < r.height; ++y) {
+      sink.row(whole.pixels.data() + static_cast<std::size_t>(y + r.y - y0) * stride +
+               static_cast<std::size_t>(r.x - x0) * 4);
+    }
+    return h;
+  }
+
+  /// Everything decoded at 1/8 size (libwebp's scaling): checked, not kept.
+  ImageHeader webp_verify(Bytes data, const std::string& name) {
+    const ImageHeader h = webp_header(data, name);
     WebPDecoderConfig config;
     if (WebPInitDecoderConfig(&config) == 0) throw Error("libwebp: version mismatch");
     config.options.use_scaling = 1;
@@ -291,7 +321,88 @@ ImageHeader ImageDecoder::verify(std::span<const std::byte> data, const std::str
     if (s != VP8_STATUS_OK) throw DataError(name, fmt::format("corrupt WebP: {}", webp_status(s)));
     return h;
   }
-  return decode_planned(data, whole, sink, name);
+
+  /// Scratch over this size is given back after each image: one large
+  /// image must not stay resident per thread for the loader's lifetime.
+  void trim() noexcept {
+    constexpr std::size_t kKeep = 64U << 20U;
+    if (whole.pixels.capacity() > kKeep) ScratchBytes().swap(whole.pixels);
+  }
+};
+
+/// The codec registry's decode side: one row per kImageCodecs row, in its
+/// order, saying what the format does for each of ImageDecoder's entry points.
+struct CodecOps {
+  ImageFormat format;
+  bool (*sniff)(Bytes) noexcept;
+  ImageHeader (Codecs::*header)(Bytes, const std::string&);
+  ImageHeader (Codecs::*planned)(Bytes, PlanRef, RowSink&, const std::string&);
+  void (Codecs::*whole)(Bytes, DecodedImage&, const std::string&);
+  ImageHeader (Codecs::*verify)(Bytes, const std::string&);
+};
+constexpr std::array<CodecOps, kImageCodecs.size()> kCodecOps{{
+    {ImageFormat::jpeg, is_jpeg, &Codecs::jpeg_header, &Codecs::jpeg_planned, &Codecs::jpeg_whole, &Codecs::jpeg_verify},
+    {ImageFormat::png, is_png, &Codecs::png_header, &Codecs::png_planned, &Codecs::png_whole, &Codecs::png_verify},
+    {ImageFormat::webp, is_webp, &Codecs::webp_header, &Codecs::webp_planned, &Codecs::webp_whole, &Codecs::webp_verify},
+}};
+constexpr bool in_registry_order() {
+  for (std::size_t i = 0; i < kImageCodecs.size(); ++i) {
+    if (kCodecOps[i].format != kImageCodecs[i].format) return false;
+  }
+  return true;
+}
+static_assert(in_registry_order(), "kCodecOps has one row per kImageCodecs row, in its order");
+
+const CodecOps* ops_for(Bytes data) noexcept {
+  for (const CodecOps& o : kCodecOps) {
+    if (o.sniff(data)) return &o;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+struct ImageDecoder::Impl : Codecs {
+  using Codecs::Codecs;
+};
+
+ImageFormat sniff_format(std::span<const std::byte> data) noexcept {
+  const CodecOps* o = ops_for(data);
+  return o != nullptr ? o->format : ImageFormat::unknown;
+}
+
+ImageDecoder::ImageDecoder(std::uint64_t max_pixels)
+    : jpeg_(max_pixels), impl_(std::make_unique<Impl>(jpeg_, max_pixels)) {}
+
+ImageDecoder::~ImageDecoder() = default;
+
+namespace {
+
+/// The row whose sniffer takes `data`; a DataError naming the file otherwise.
+const CodecOps& known(std::span<const std::byte> data, const std::string& name) {
+  const CodecOps* o = ops_for(data);
+  if (o != nullptr) return *o;
+  if (data.empty()) throw DataError(name, "empty file (0 bytes)");
+  throw DataError(name, fmt::format("not a {} image (its first bytes match none of them)", codec_names()));
+}
+
+}  // namespace
+
+ImageHeader ImageDecoder::header(std::span<const std::byte> data, const std::string& name) {
+  return ((*impl_).*known(data, name).header)(data, name);
+}
+
+ImageHeader ImageDecoder::decode_planned_ref(std::span<const std::byte> data, PlanRef plan, RowSink& sink,
+                                             const std::string& name) {
+  return ((*impl_).*known(data, name).planned)(data, plan, sink, name);
+}
+
+void ImageDecoder::decode_full(std::span<const std::byte> data, DecodedImage& out, const std::string& name) {
+  ((*impl_).*known(data, name).whole)(data, out, name);
+}
+
+ImageHeader ImageDecoder::verify(std::span<const std::byte> data, const std::string& name) {
+  return ((*impl_).*known(data, name).verify)(data, name);
 }
 
 }  // namespace pinfeed::loader

@@ -12,6 +12,7 @@
 #include <numbers>
 
 #include "pinfeed/error.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 
 namespace pinfeed::loader {
@@ -207,11 +208,18 @@ std::vector<std::byte> encode_webp(const std::uint8_t* rgb, int width, int heigh
 
 std::vector<std::byte> make_synthetic_image(std::uint64_t seed, int klass, std::uint64_t index,
                                             const SyntheticImageSpec& spec, const std::string& format) {
-  if (format == "jpeg") return make_synthetic_jpeg(seed, klass, index, spec);
+  // One case per codec registry row: a new format without an encoder is a
+  // compile error here (-Wswitch), not a dataset that cannot be made.
+  const ImageFormat f = parse_image_format(format, "image format");
+  if (f == ImageFormat::jpeg) return make_synthetic_jpeg(seed, klass, index, spec);
   const std::vector<std::uint8_t> rgb = render_synthetic_rgb(seed, klass, index, spec.width, spec.height, spec.style);
-  if (format == "png") return encode_png(rgb.data(), spec.width, spec.height);
-  if (format == "webp") return encode_webp(rgb.data(), spec.width, spec.height, false, spec.quality);
-  throw ConfigError(fmt::format("image format '{}' is not jpeg, png or webp", format));
+  switch (f) {
+    case ImageFormat::png: return encode_png(rgb.data(), spec.width, spec.height);
+    case ImageFormat::webp: return encode_webp(rgb.data(), spec.width, spec.height, false, spec.quality);
+    case ImageFormat::jpeg:
+    case ImageFormat::unknown: break;
+  }
+  throw ConfigError(fmt::format("image format '{}' has no encoder", format));
 }
 
 }  // namespace pinfeed::loader

@@ -1,5 +1,6 @@
 // JPEG decode and transforms: ROI + scaled decode against full decode then
 // crop/resize; the colour spaces and encodings ImageNet holds.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <malloc.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 #include <span>
@@ -279,6 +281,66 @@ TEST(ImageDecoderTest, LosslessPngAndWebPDecodeToTheExactPixelsFullAndByRegion) 
   DecodedImage img;
   d.decode_full(lossy, img, "lossy.webp");
   EXPECT_LT(mean_abs_diff(packed(img), rgb_region_as_bgra(rgb, w, whole)), 12.0);
+}
+
+// The codec registry: every row's format is sniffed from the bytes its
+// encoder writes, decodes through each entry point, and is named the same
+// way by every list read from the table. A new row without a sniffer, a
+// decoder or an encoder fails here.
+TEST(ImageDecoderTest, EveryCodecRowSniffsDecodesAndNamesItsFormat) {
+  SyntheticImageSpec spec;
+  spec.width = 64;
+  spec.height = 48;
+  ImageDecoder d;
+  std::vector<std::string> words;
+  for (const ImageCodec& c : kImageCodecs) {
+    SCOPED_TRACE(std::string(c.word));
+    words.emplace_back(c.word);
+    const auto data = make_synthetic_image(1, 2, 3, spec, std::string(c.word));
+    EXPECT_EQ(sniff_format(data), c.format);
+    EXPECT_EQ(find_codec(c.format), &c);
+    EXPECT_EQ(to_string(c.format), c.word);
+    EXPECT_EQ(parse_image_format(c.word, "format"), c.format);
+    EXPECT_EQ(extension(c.format), c.extensions[0]);
+    for (std::string_view e : c.extensions) {
+      if (!e.empty()) {
+        EXPECT_EQ(format_for_extension(e), c.format) << e;
+      }
+    }
+    const std::string name = fmt::format("a.{}", c.extensions[0]);
+    const ImageHeader h = d.header(data, name);
+    EXPECT_EQ(h.width, 64);
+    EXPECT_EQ(h.height, 48);
+    DecodedImage full;
+    d.decode_full(data, full, name);
+    EXPECT_EQ(full.width, 64);
+    CollectRows rows;
+    d.decode_planned(data, [](const ImageHeader&) { return JpegDecoder::Plan{Region{8, 4, 20, 10}, 1}; }, rows, name);
+    EXPECT_EQ(rows.width, 20);
+    EXPECT_EQ(rows.height, 10);
+    EXPECT_EQ(d.verify(data, name).width, 64);
+    // A truncated file of every format is a DataError naming it.
+    const std::vector<std::byte> cut(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(data.size() / 2));
+    try {
+      d.decode_full(cut, full, name);
+      ADD_FAILURE() << "a truncated " << c.word << " decoded";
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(codec_word_list(), words);
+  EXPECT_EQ(codec_names(), "JPEG, PNG or WebP");
+  EXPECT_EQ(codec_words("and"), "jpeg, png and webp");
+  EXPECT_EQ(codec_extensions(), ".jpg, .jpeg, .png, .webp");
+  EXPECT_EQ(format_for_extension("gif"), ImageFormat::unknown);
+  EXPECT_EQ(extension(ImageFormat::unknown), "bin");
+  EXPECT_THROW((void)parse_image_format("gif", "format"), ConfigError);
+  try {
+    ImageDecoder().decode_full(std::vector<std::byte>(16, std::byte{'G'}), *std::make_unique<DecodedImage>(), "x.gif");
+    ADD_FAILURE() << "an unknown format decoded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a JPEG, PNG or WebP image"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ImageDecoderTest, BadPngAndWebPAreDataErrorsNamingTheFile) {

@@ -53,4 +53,14 @@ E parse_enum(const std::array<EnumWord<E>, N>& words, std::string_view text, std
   throw ConfigError(fmt::format("{} '{}' is not one of {}", what, text, known));
 }
 
+/// "a, b or c" ("a", "a or b"), with `conjunction` before the last item.
+inline std::string join_list(const std::vector<std::string>& items, std::string_view conjunction) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += i + 1 == items.size() ? fmt::format(" {} ", conjunction) : std::string(", ");
+    out += items[i];
+  }
+  return out;
+}
+
 }  // namespace pinfeed

@@ -8,6 +8,7 @@
 // (libwebp) decodes only the region (libwebp's cropping) and interlaced PNG
 // the whole image, into per-thread scratch given back when over 64 MiB. Every format honours the pixel limit before any
 // pixel buffer is sized, and every failure is a DataError naming the file.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,20 +16,50 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "pinfeed/loader/jpeg_decoder.hpp"
-#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::loader {
 
 enum class ImageFormat { jpeg, png, webp, unknown };
-inline constexpr std::array<EnumWord<ImageFormat>, 4> kImageFormatWords{{{ImageFormat::jpeg, "jpeg"},
-                                                                        {ImageFormat::png, "png"},
-                                                                        {ImageFormat::webp, "webp"},
-                                                                        {ImageFormat::unknown, "unknown"}}};
+
+/// The codec registry: one row per format pinfeed decodes. Everything
+/// outside the decoder that names formats reads it: the extensions a
+/// dataset takes as images, the words of --format, messages ("JPEG, PNG or
+/// WebP"), the names pack and make write. A new format is a row here, a row
+/// of decode functions in image_decoder.cpp (a static_assert keeps the two
+/// in step) and an encoder in synthetic.cpp (a switch the compiler checks).
+struct ImageCodec {
+  ImageFormat format;
+  std::string_view word;                       ///< "jpeg": flags, JSON, to_string()
+  std::string_view display;                    ///< "JPEG": messages
+  std::array<std::string_view, 2> extensions;  ///< lower case, no dot; [0] is the one written; "" unused
+};
+inline constexpr std::array<ImageCodec, 3> kImageCodecs{{
+    {ImageFormat::jpeg, "jpeg", "JPEG", {"jpg", "jpeg"}},
+    {ImageFormat::png, "png", "PNG", {"png", ""}},
+    {ImageFormat::webp, "webp", "WebP", {"webp", ""}},
+}};
+
+/// The row of `f`; nullptr for unknown.
+const ImageCodec* find_codec(ImageFormat f) noexcept;
+/// The format a file extension (lower case, without the dot) names; unknown if none.
+ImageFormat format_for_extension(std::string_view ext) noexcept;
+/// The format whose word is `word`; ConfigError "<what> '<word>' is not one of jpeg, png or webp".
+ImageFormat parse_image_format(std::string_view word, std::string_view what);
+/// "JPEG, PNG or WebP" (`conjunction` "and": "JPEG, PNG and WebP").
+std::string codec_names(std::string_view conjunction = "or");
+/// "jpeg, png or webp": the words, for messages about a flag.
+std::string codec_words(std::string_view conjunction = "or");
+/// The words, in the table's order: a CLI's choices.
+std::vector<std::string> codec_word_list();
+/// ".jpg, .jpeg, .png, .webp": every extension a dataset decodes.
+std::string codec_extensions();
+
 /// From the first bytes: FF D8 (JPEG), the PNG signature, RIFF....WEBP.
 ImageFormat sniff_format(std::span<const std::byte> data) noexcept;
-std::string_view to_string(ImageFormat f) noexcept;  ///< "jpeg", "png", "webp", "unknown"
+std::string_view to_string(ImageFormat f) noexcept;  ///< the codec's word; "unknown"
 /// The file extension for a format ("jpg", "png", "webp"); "bin" for unknown.
 std::string_view extension(ImageFormat f) noexcept;
 
@@ -48,14 +79,23 @@ class ImageDecoder {
   /// `progressive` is false and color_space "rgb"/"rgba"/"gray" for them.
   template <typename PlanFn>
   ImageHeader decode_planned(std::span<const std::byte> data, PlanFn&& plan, RowSink& sink, const std::string& name) {
-    const ImageFormat f = sniff_format(data);
-    if (f == ImageFormat::jpeg) return jpeg_.decode_planned(data, std::forward<PlanFn>(plan), sink, name);
-    if (f == ImageFormat::unknown) refuse_unknown(data, name);
-    const ImageHeader h = header(data, name);
-    const JpegDecoder::Plan p = plan(h);
-    decode_other(data, p.region, sink, name);
-    return h;
+    return decode_planned_ref(data, PlanRef(plan), sink, name);
   }
+
+  /// plan(header) -> JpegDecoder::Plan, by reference (no copy, no allocation).
+  class PlanRef {
+   public:
+    template <typename F>
+    explicit PlanRef(F& f) noexcept
+        : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+          call_([](void* o, const ImageHeader& h) -> JpegDecoder::Plan { return (*static_cast<F*>(o))(h); }) {}
+    JpegDecoder::Plan operator()(const ImageHeader& h) const { return call_(obj_, h); }
+
+   private:
+    void* obj_;
+    JpegDecoder::Plan (*call_)(void*, const ImageHeader&);
+  };
+  ImageHeader decode_planned_ref(std::span<const std::byte> data, PlanRef plan, RowSink& sink, const std::string& name);
 
   /// Decodes the whole image at full size into `out` (tightly packed BGRA).
   void decode_full(std::span<const std::byte> data, DecodedImage& out, const std::string& name);
@@ -68,8 +108,6 @@ class ImageDecoder {
   [[nodiscard]] JpegDecoder& jpeg() noexcept { return jpeg_; }
 
  private:
-  [[noreturn]] static void refuse_unknown(std::span<const std::byte> data, const std::string& name);
-  void decode_other(std::span<const std::byte> data, const Region& region, RowSink& sink, const std::string& name);
   JpegDecoder jpeg_;
   struct Impl;
   std::unique_ptr<Impl> impl_;
