@@ -150,10 +150,12 @@ void Worker::make_model(int image_size) {
   model_->set_sync(group_.world, [this](Stream& s, float* data, std::size_t count) {
     ddp_->collective(s, data, count, ReduceOp::sum);
   });
-  if (cfg_.profile) {
-    model_->set_forward_hook([this](Stream& s) { mark(s, &Marks::forward_end); });
-    ddp_->set_comm_hooks([this](Stream& s) { mark(s, &Marks::comm_first); },
-                         [this](Stream& s) { mark(s, &Marks::comm_last); });
+  profiler_ = std::make_unique<StepProfiler>(backend_, cfg_.profile);
+  if (profiler_->enabled()) {
+    using Mark = StepProfiler::Mark;
+    model_->set_forward_hook([this](Stream& s) { profiler_->mark(s, Mark::forward_end); });
+    ddp_->set_comm_hooks([this](Stream& s) { profiler_->mark(s, Mark::comm_first); },
+                         [this](Stream& s) { profiler_->mark(s, Mark::comm_last); });
   }
   compute_ = backend_.create_stream();
   copy_ = backend_.create_stream();
@@ -190,7 +192,7 @@ Worker::Start Worker::resume_or_initialize() {
   mismatch("seed", ck.seed, cfg_.loader.seed);
   mismatch("parameter count", ck.weights.size(), model_->param_count());
   mismatch("model image_size", ck.model.image_size, mc.image_size);
-  if (mc.kind == ModelKind::mlp) mismatch("model pool", ck.model.pool, mc.pool);  // the CNN has no pooling factor
+  if (model_type(mc.kind).uses_pool) mismatch("model pool", ck.model.pool, mc.pool);
   mismatch("model classes", ck.model.classes, mc.classes);
   // The same parameter count can be another shape (--hidden 4,8 vs 8,4):
   // every field of the shape must match.
@@ -263,7 +265,6 @@ void Worker::allocate_buffers() {
   // Every slot the loader has can be waiting on a copy event at once, plus
   // the two in flight here.
   copy_events_ = std::make_unique<EventRing>(backend_, loader_->config().prefetch + 2);
-  if (cfg_.profile) profile_copied_ = backend_.create_event();
 }
 
 void Worker::allocate_staging(std::size_t floats) {
@@ -309,10 +310,7 @@ bool Worker::run_epoch(std::uint64_t epoch, std::uint64_t position) {
   }
   check_equal_work(epoch, steps_per_epoch_ - first_step);
   backend_.fill(*compute_, step_stats_.as<float>(), steps_per_epoch_ * 2, 0.0F);
-  {
-    const std::scoped_lock lock(profile_mutex_);
-    profile_sum_ = StepProfile{};
-  }
+  (void)profiler_->take();  // the epoch's sum starts at zero
   EpochSummary summary;
   summary.epoch = epoch;
   double wait_seconds = 0;
@@ -351,11 +349,7 @@ bool Worker::run_epoch(std::uint64_t epoch, std::uint64_t position) {
   return !stopped;
 }
 
-void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, EpochSummary& s, double& wait_seconds) {
-  const std::size_t b = micro_batches_ % 2;
-  // Buffer b was last read by the compute two micro-batches ago (which
-  // waited for its copy): sleep until the device says so, no polling.
-  compute_done_[b]->wait();
+loader::Batch Worker::next_batch(std::size_t b, std::uint64_t step, EpochSummary& s, double& wait_seconds) {
   const auto t0 = Clock::now();
   std::optional<loader::Batch> batch = loader_->next();
   const double waited = seconds_since(t0);
@@ -368,35 +362,38 @@ void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, Ep
   if (batch->size() != micro_batch_) {
     throw Error(fmt::format("rank {}: a batch of {} samples where {} were expected", rank_, batch->size(), micro_batch_));
   }
-  const int classes = model_->config().classes;
-  check_labels(*batch, loader_->dataset(), classes);
+  check_labels(*batch, loader_->dataset(), model_->config().classes);
   (batch->pinned() ? s.pinned_batches : s.pageable_batches) += 1;
   s.replaced += batch->replaced();
+  return std::move(*batch);
+}
 
-  // The copy: slot samples and labels (both pinned), then the slot goes
-  // back once the copy's event completes (Note [Slot lifetime]).
-  backend_.stream_wait(*copy_, *compute_done_[b]);
-  const std::shared_ptr<Event>& copied = copy_events_->next();
-  if (cfg_.profile) {
-    marks_ = std::make_shared<Marks>();
-    mark(*copy_, &Marks::copy_start);
+void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, EpochSummary& s, double& wait_seconds) {
+  const std::size_t b = micro_batches_ % 2;
+  // Buffer b was last read by the compute two micro-batches ago (which
+  // waited for its copy): sleep until the device says so, no polling.
+  compute_done_[b]->wait();
+  {
+    loader::Batch batch = next_batch(b, step, s, wait_seconds);
+    // The copy: slot samples and labels (both pinned), then the slot goes
+    // back once the copy's event completes (Note [Slot lifetime]) as the
+    // batch leaves this scope.
+    backend_.stream_wait(*copy_, *compute_done_[b]);
+    const std::shared_ptr<Event>& copied = copy_events_->next();
+    profiler_->begin(*copy_);
+    copy_batch(backend_, *copy_, batch, in_[b].get(), labels_[b].as<std::int32_t>(), copied);
+    // The compute, after the copy.
+    backend_.stream_wait(*compute_, *copied);
   }
-  copy_batch(backend_, *copy_, *batch, in_[b].get(), labels_[b].as<std::int32_t>(), copied);
-  if (cfg_.profile) {
-    // copy_batch recorded `copied` before this mark: the compute stream
-    // also waits for the mark (profile_copied_), so the step's last
-    // callback reads copy_end after it was written.
-    mark(*copy_, &Marks::copy_end);
-    backend_.record(*profile_copied_, *copy_);
-  }
-  batch.reset();
+  profiler_->copied(*copy_, *compute_);
+  compute(b, micro_in_step, step, lr);
+  backend_.record(*compute_done_[b], *compute_);
+  ++micro_batches_;
+}
 
-  // The compute, after the copy.
-  backend_.stream_wait(*compute_, *copied);
-  if (cfg_.profile) {
-    backend_.stream_wait(*compute_, *profile_copied_);
-    mark(*compute_, &Marks::compute_start);
-  }
+void Worker::compute(std::size_t b, unsigned micro_in_step, std::uint64_t step, float lr) {
+  using Mark = StepProfiler::Mark;
+  profiler_->mark(*compute_, Mark::compute_start);
   const float* x = in_[b].as<float>();
   if (cfg_.device_normalize) {
     const int side = model_->config().image_size;
@@ -410,51 +407,73 @@ void Worker::micro_step(unsigned micro_in_step, std::uint64_t step, float lr, Ep
   model_->train_step(*compute_, x, labels_[b].as<std::int32_t>(), static_cast<int>(micro_batch_),
                      1.0F / static_cast<float>(cfg_.accumulation), step_stats_.as<float>() + 2 * step,
                      [&](std::size_t p) { ddp_->grad_ready(p, *compute_); });
-  if (cfg_.profile) mark(*compute_, &Marks::backward_end);
+  profiler_->mark(*compute_, Mark::backward_end);
   ddp_->finish_backward(*compute_);
-  if (cfg_.profile) mark(*compute_, &Marks::reduced);
+  profiler_->mark(*compute_, Mark::reduced);
   if (sync) model_->sgd(*compute_, SgdStep{lr, static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay)});
-  if (cfg_.profile) {
-    // The step's end: every mark of this micro-step is taken by now (the
-    // compute stream waited for the copy and for the comm stream).
-    backend_.host_callback(*compute_, [this, m = marks_, sync] {
-      const auto d = [](Clock::time_point from, Clock::time_point to) {
-        return to > from ? std::chrono::duration<double>(to - from).count() : 0.0;
-      };
-      const auto end = Clock::now();
-      const std::scoped_lock lock(profile_mutex_);
-      StepProfile& p = profile_sum_;
-      p.copy += d(m->copy_start, m->copy_end);
-      p.forward += d(m->compute_start, m->forward_end);
-      p.backward += d(m->forward_end, m->backward_end);
-      if (sync) p.allreduce += d(m->comm_first, m->comm_last);
-      p.allreduce_exposed += d(m->backward_end, m->reduced);
-      p.optimizer += d(m->reduced, end);
-    });
-  }
-  backend_.record(*compute_done_[b], *compute_);
-  ++micro_batches_;
+  profiler_->end(*compute_, sync);
 }
 
-void Worker::mark(Stream& s, Clock::time_point Marks::*field) {
-  backend_.host_callback(s, [m = marks_, field] { (*m).*field = Clock::now(); });
+StepProfiler::StepProfiler(DeviceBackend& backend, bool enabled)
+    : backend_(backend), enabled_(enabled), copied_(enabled ? backend.create_event() : nullptr) {}
+
+void StepProfiler::begin(Stream& copy) {
+  if (!enabled_) return;
+  marks_ = std::make_shared<Marks>();
+  mark(copy, Mark::copy_start);
+}
+
+void StepProfiler::mark(Stream& s, Mark m) {
+  if (!enabled_) return;
+  backend_.host_callback(s, [marks = marks_, m] { (*marks)[static_cast<std::size_t>(m)] = Clock::now(); });
+}
+
+void StepProfiler::copied(Stream& copy, Stream& compute) {
+  if (!enabled_) return;
+  // copy_batch recorded the slot's event before this mark: the compute
+  // stream also waits for the mark, so the step's last callback reads
+  // copy_end after it was written.
+  mark(copy, Mark::copy_end);
+  backend_.record(*copied_, copy);
+  backend_.stream_wait(compute, *copied_);
+}
+
+void StepProfiler::end(Stream& compute, bool sync) {
+  if (!enabled_) return;
+  // Every mark of this micro-step is taken by now: the compute stream
+  // waited for the copy and for the comm stream.
+  backend_.host_callback(compute, [this, m = marks_, sync] {
+    const auto at = [&](Mark k) { return (*m)[static_cast<std::size_t>(k)]; };
+    const auto d = [&](Mark from, Mark to) {
+      return at(to) > at(from) ? std::chrono::duration<double>(at(to) - at(from)).count() : 0.0;
+    };
+    const auto done = Clock::now();
+    const std::scoped_lock lock(mutex_);
+    sum_.copy += d(Mark::copy_start, Mark::copy_end);
+    sum_.forward += d(Mark::compute_start, Mark::forward_end);
+    sum_.backward += d(Mark::forward_end, Mark::backward_end);
+    if (sync) sum_.allreduce += d(Mark::comm_first, Mark::comm_last);
+    sum_.allreduce_exposed += d(Mark::backward_end, Mark::reduced);
+    sum_.optimizer += done > at(Mark::reduced) ? std::chrono::duration<double>(done - at(Mark::reduced)).count() : 0.0;
+  });
+}
+
+StepProfile StepProfiler::take() {
+  const std::scoped_lock lock(mutex_);
+  return std::exchange(sum_, StepProfile{});
 }
 
 void Worker::reduce_epoch(EpochSummary& s, std::uint64_t first_step, std::uint64_t end_step, double wait_seconds) {
   s.steps = end_step - first_step;
   if (cfg_.profile && s.steps > 0) {
-    StepProfile mine;
-    {
-      const std::scoped_lock lock(profile_mutex_);
-      mine = profile_sum_;
-    }
-    std::array<float, 7> v{static_cast<float>(wait_seconds), static_cast<float>(mine.copy),
-                           static_cast<float>(mine.forward), static_cast<float>(mine.backward),
-                           static_cast<float>(mine.allreduce), static_cast<float>(mine.allreduce_exposed),
-                           static_cast<float>(mine.optimizer)};
+    StepProfile mine = profiler_->take();
+    mine.wait = wait_seconds;
+    std::array<float, kStepProfileFields.size()> v{};
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(mine.*kStepProfileFields[i]);
     host_all_reduce(v);
     const double per = 1.0 / (static_cast<double>(s.steps) * group_.world);  // per step, mean over workers
-    s.profile = StepProfile{true, v[0] * per, v[1] * per, v[2] * per, v[3] * per, v[4] * per, v[5] * per, v[6] * per};
+    s.profile.measured = true;
+    for (std::size_t i = 0; i < v.size(); ++i) s.profile.*kStepProfileFields[i] = v[i] * per;
   }
   s.samples = s.steps * cfg_.global_batch;
   s.images_per_second = s.seconds > 0 ? static_cast<double>(s.samples) / s.seconds : 0;

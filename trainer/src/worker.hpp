@@ -71,6 +71,43 @@ struct EpochCounters {
   static EpochCounters from(std::span<const float, 4> v) { return {v[0], v[1], v[2], v[3]}; }
 };
 
+/// TrainConfig::profile's scoped timer: marks stamped by host callbacks in
+/// stream order, summed by the step's last one. Made disabled, every call is
+/// a no-op and enqueues nothing, so the step reads the same either way.
+class StepProfiler {
+ public:
+  enum class Mark { copy_start, copy_end, compute_start, forward_end, backward_end, reduced, comm_first, comm_last };
+  StepProfiler(DeviceBackend& backend, bool enabled);
+  [[nodiscard]] bool enabled() const noexcept { return enabled_; }
+  /// A micro-step's marks start: copy_start on the copy stream.
+  void begin(Stream& copy);
+  /// Enqueues a host callback on `s` that stamps `m`.
+  void mark(Stream& s, Mark m);
+  /// copy_end on `copy`, and `compute` waits for it (the step's last
+  /// callback reads copy_end after it was written).
+  void copied(Stream& copy, Stream& compute);
+  /// The step's end, on `compute`: every mark of the micro-step is taken by
+  /// then; adds their spans to the sum (the all-reduce's only when `sync`).
+  void end(Stream& compute, bool sync);
+  /// The sum so far (wait not included), and back to zero.
+  StepProfile take();
+
+ private:
+  using Marks = std::array<std::chrono::steady_clock::time_point, 8>;
+  DeviceBackend& backend_;
+  bool enabled_;
+  std::shared_ptr<Event> copied_;  // recorded after the copy_end mark
+  std::shared_ptr<Marks> marks_;
+  std::mutex mutex_;  // guards sum_ (written from stream threads)
+  StepProfile sum_;
+};
+
+/// StepProfile's timed fields, in order: one reduction over the workers
+/// reads and writes them by name.
+inline constexpr std::array<double StepProfile::*, 7> kStepProfileFields{
+    &StepProfile::wait,     &StepProfile::copy,      &StepProfile::forward,  &StepProfile::backward,
+    &StepProfile::allreduce, &StepProfile::allreduce_exposed, &StepProfile::optimizer};
+
 class Worker {
  public:
   Worker(WorkerGroup& group, int local, DeviceBackend& backend, Communicator& comm);
@@ -110,6 +147,10 @@ class Worker {
   /// One micro-batch: its copy, forward, backward with DDP, and on the
   /// step's last micro-batch the SGD update.
   void micro_step(unsigned micro_in_step, std::uint64_t step, float lr, EpochSummary& s, double& wait_seconds);
+  /// The loader's next batch for input buffer `b`, checked and counted.
+  loader::Batch next_batch(std::size_t b, std::uint64_t step, EpochSummary& s, double& wait_seconds);
+  /// Forward, backward with DDP and (when `sync`) SGD on input buffer `b`.
+  void compute(std::size_t b, unsigned micro_in_step, std::uint64_t step, float lr);
   void reduce_epoch(EpochSummary& s, std::uint64_t first_step, std::uint64_t end_step, double wait_seconds);
   void validate_epoch(EpochSummary& s);
   void check_equal_work(std::uint64_t epoch, std::uint64_t steps);
@@ -150,18 +191,7 @@ class Worker {
   std::size_t micro_batch_ = 0;      // samples per micro-batch on this rank
   std::uint64_t micro_batches_ = 0;  // micro-batches run so far: picks the input buffer
 
-  // TrainConfig::profile: per micro-step marks, taken by host callbacks in
-  // stream order, summed into profile_sum_ by the last one (the step's end).
-  struct Marks {
-    std::chrono::steady_clock::time_point copy_start, copy_end, compute_start, forward_end, backward_end, reduced,
-        comm_first, comm_last;
-  };
-  /// Enqueues a host callback on `s` that stamps `field` of the current marks.
-  void mark(Stream& s, std::chrono::steady_clock::time_point Marks::*field);
-  std::shared_ptr<Marks> marks_;
-  std::shared_ptr<Event> profile_copied_;  // recorded after the copy_end mark
-  std::mutex profile_mutex_;  // guards profile_sum_ (written from stream threads)
-  StepProfile profile_sum_;
+  std::unique_ptr<StepProfiler> profiler_;  // TrainConfig::profile (disabled: no-ops)
   std::uint64_t steps_per_epoch_ = 0;
   std::uint64_t global_step_ = 0;
   LrSchedule schedule_;
