@@ -178,14 +178,37 @@ int run_training(const pt::TrainConfig& config, const pt::TrainCallbacks& cb, bo
   return 0;
 }
 
+/// The model flags given must be the chosen kind's (the model registry's
+/// own_flags and uses_batch_norm): --pool on a CNN or --sync-bn on an MLP
+/// would otherwise be ignored.
+void check_model_flags(const CLI::App& app, const pt::ModelConfig& model) {
+  const pt::ModelType& chosen = pt::model_type(model.kind);
+  for (const pt::ModelType* t : pt::model_types()) {
+    if (t == &chosen) continue;
+    for (std::string_view flag : t->own_flags) {
+      if (std::find(chosen.own_flags.begin(), chosen.own_flags.end(), flag) == chosen.own_flags.end() &&
+          app.count(std::string(flag)) > 0) {
+        throw pinfeed::ConfigError(fmt::format("{} is the {}'s: --model {}:{} sets the {}'s widths", flag, t->word,
+                                               chosen.word, chosen.widths_help, chosen.word));
+      }
+    }
+  }
+  if (model.sync_bn && !chosen.uses_batch_norm) {
+    throw pinfeed::ConfigError(fmt::format("--sync-bn is for a model with BatchNorm (the {} has none)", chosen.word));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"pinfeed-train: data-parallel training of the reference classifier, fed by the pinfeed loader"};
   // The version names the communicators this build has: a wheel has no MPI
   // (its plugins live at Debian's paths), and a launcher can ask first.
-  app.set_version_flag("--version", fmt::format("pinfeed-train 0.1.0 (communicators: threads{}{})",
-                                                pt::gloo_compiled() ? ", gloo" : "", pt::mpi_compiled() ? ", mpi" : ""));
+  std::string communicators = "threads";
+  for (const pt::LaunchBootstrap& b : pt::launch_bootstraps()) {
+    if (b.compiled()) communicators += fmt::format(", {}", b.cpu_communicator);
+  }
+  app.set_version_flag("--version", fmt::format("pinfeed-train 0.1.0 (communicators: {})", communicators));
   pt::TrainConfig config;
   config.loader.transform.size = 64;
   config.model.pool = 4;
@@ -255,12 +278,7 @@ int main(int argc, char** argv) {
       }
       config.model.parse_spec(model_spec);
     }
-    if (config.model.kind == pt::ModelKind::cnn && (app.count("--hidden") > 0 || app.count("--pool") > 0)) {
-      throw pinfeed::ConfigError("--hidden and --pool are the MLP's: --model cnn:C,C... sets the CNN's widths");
-    }
-    if (config.model.sync_bn && config.model.kind != pt::ModelKind::cnn) {
-      throw pinfeed::ConfigError("--sync-bn is for --model cnn (the MLP has no BatchNorm)");
-    }
+    check_model_flags(app, config.model);
     config.devices = pt::parse_devices(devices);
     config.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(comm_timeout_s * 1000));
     config.device_normalize = !host_normalize;

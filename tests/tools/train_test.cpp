@@ -262,10 +262,13 @@ TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
   }
   r = train(d + "--devices cpu:1 --batch-size 8 --model cnn --hidden 4");
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.err.find("--hidden and --pool are the MLP's"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--hidden is the mlp's: --model cnn:C,C... sets the cnn's widths"), std::string::npos) << r.err;
+  r = train("--data " + data() + " --size 16 --devices cpu:1 --batch-size 8 --model cnn:4 --pool 2");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--pool is the mlp's"), std::string::npos) << r.err;
   r = train(d + "--devices cpu:1 --batch-size 8 --sync-bn");
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.err.find("--sync-bn is for --model cnn"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--sync-bn is for a model with BatchNorm (the mlp has none)"), std::string::npos) << r.err;
   r = train(d + "--devices cpu:1 --batch-size 8 --model mlp:8 --hidden 4");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("give one"), std::string::npos) << r.err;

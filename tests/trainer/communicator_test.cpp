@@ -1,7 +1,17 @@
-// ThreadCommunicator: results, determinism, mismatched calls, timeouts and
-// abort; the solo communicator.
+// The communicator contract every communicator passes (a typed test: solo,
+// threads, Gloo over a real store on loopback, MPI under mpirun), then the
+// thread group's own promises (determinism, mismatched calls, timeouts,
+// abort) and the solo communicator's.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "pinfeed/trainer/communicator.hpp"
@@ -31,6 +41,253 @@ struct Group {
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::unique_ptr<Stream>> streams;
 };
+
+// ---------------------------------------------------------------------------
+// The contract. Each kind makes this process's ranks of a world (all of
+// them for solo, threads and Gloo; one per process under mpirun), and every
+// test reads ranks and sizes from the communicators, so the same test runs
+// unchanged in one process or across several. What is not shared is left
+// out: abort() ends the process for MPI and Gloo (the other ranks then fail
+// at once), and only the thread group can name a missing rank.
+
+/// This process's ranks: a CPU backend, a comm stream and a communicator each.
+struct Ranks {
+  std::vector<std::unique_ptr<CpuBackend>> backends;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::unique_ptr<Stream>> streams;
+  void add_backends(int n) {
+    for (int r = 0; r < n; ++r) backends.push_back(std::make_unique<CpuBackend>(CpuBackendConfig{r, {}, 4096}));
+  }
+  void add_streams() {
+    for (auto& b : backends) streams.push_back(b->create_stream());
+  }
+  /// fn(i) on one host thread per local rank i.
+  template <class F>
+  void each(F&& fn) {
+    std::vector<std::jthread> t;
+    for (std::size_t i = 0; i < comms.size(); ++i) t.emplace_back([&, i] { fn(i); });
+  }
+};
+
+constexpr CommConfig kContractConfig{std::chrono::seconds(60)};
+
+struct SoloKind {
+  static constexpr const char* kName = "solo";
+  static void make(Ranks& r) {
+    r.add_backends(1);
+    r.comms.push_back(make_solo_communicator());
+    r.add_streams();
+  }
+};
+
+struct ThreadsKind {
+  static constexpr const char* kName = "threads";
+  static void make(Ranks& r) {
+    r.add_backends(3);
+    std::vector<DeviceBackend*> raw;
+    for (auto& b : r.backends) raw.push_back(b.get());
+    r.comms = make_thread_group(raw, kContractConfig);
+    r.add_streams();
+  }
+};
+
+/// A loopback port nobody listens on now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// Three torchrun-style ranks as threads of this process: rank 0 serves the
+/// rendezvous store on loopback, and Gloo's meshes are real TCP connections.
+struct GlooKind {
+  static constexpr const char* kName = "gloo";
+  static void make(Ranks& r) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    GTEST_SKIP() << "Gloo's own threads and allocations are not instrumented (the release build runs this)";
+#endif
+    if (!gloo_compiled()) GTEST_SKIP() << "built without Gloo";
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    constexpr int kWorld = 3;
+    r.add_backends(kWorld);
+    r.comms.resize(kWorld);
+    std::vector<std::string> errors(kWorld);
+    {
+      std::vector<std::jthread> t;
+      for (int k = 0; k < kWorld; ++k) {
+        t.emplace_back([&, k] {
+          LaunchEnv env;
+          env.rank = k;
+          env.world_size = kWorld;
+          env.local_rank = k;
+          env.local_size = kWorld;
+          env.launcher = "torchrun";
+          try {
+            r.comms[static_cast<std::size_t>(k)] =
+                make_gloo_communicator(*r.backends[static_cast<std::size_t>(k)], env, kContractConfig);
+          } catch (const std::exception& e) {
+            errors[static_cast<std::size_t>(k)] = e.what();
+          }
+        });
+      }
+    }
+    ::unsetenv("MASTER_ADDR");
+    ::unsetenv("MASTER_PORT");
+    for (const auto& e : errors) ASSERT_EQ(e, "");
+    r.add_streams();
+  }
+};
+
+/// One rank per process, under `mpirun -np 2` (ctest's
+/// CommunicatorContract.UnderMpirun runs this binary so).
+struct MpiKind {
+  static constexpr const char* kName = "mpi";
+  static void make(Ranks& r) {
+    const LaunchEnv env = read_launch_env();
+    if (!mpi_compiled() || env.launcher != "mpi") GTEST_SKIP() << "run under mpirun (ctest's CommunicatorContract.UnderMpirun does)";
+    ASSERT_EQ(launch_bootstrap(env).cpu_communicator, "mpi");
+    r.add_backends(1);
+    r.comms.push_back(launch_bootstrap(env).make_cpu(*r.backends[0], kContractConfig, env));
+    r.add_streams();
+  }
+};
+
+template <class Kind>
+class CommunicatorContract : public ::testing::Test {
+ protected:
+  void SetUp() override { Kind::make(ranks_); }
+  Ranks ranks_;
+};
+
+struct KindNames {
+  template <class Kind>
+  static std::string GetName(int /*index*/) {
+    std::string n = Kind::kName;
+    n[0] = static_cast<char>(n[0] - 'a' + 'A');
+    return n;
+  }
+};
+using Kinds = ::testing::Types<SoloKind, ThreadsKind, GlooKind, MpiKind>;
+TYPED_TEST_SUITE(CommunicatorContract, Kinds, KindNames);
+
+TYPED_TEST(CommunicatorContract, EveryRankKnowsItsPlaceAndTheWorld) {
+  Ranks& g = this->ranks_;
+  const int world = g.comms.front()->size();
+  std::vector<int> seen;
+  for (const auto& c : g.comms) {
+    EXPECT_EQ(c->size(), world);
+    EXPECT_EQ(c->name(), TypeParam::kName);
+    EXPECT_GE(c->rank(), 0);
+    EXPECT_LT(c->rank(), world);
+    seen.push_back(c->rank());
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "two local ranks share a number";
+}
+
+// Sums and averages over every rank, three collectives of different sizes
+// queued back to back on each stream before one synchronize: each lands on
+// its own buffer, in order. The values are small whole numbers, so any
+// summation order gives the same exact sum.
+TYPED_TEST(CommunicatorContract, AllReduceSumsAndAveragesOverEveryRankInQueueOrder) {
+  Ranks& g = this->ranks_;
+  const int world = g.comms.front()->size();
+  const std::vector<std::size_t> sizes{1, 1001, 65537};
+  std::vector<std::vector<std::vector<float>>> data(g.comms.size());
+  g.each([&](std::size_t i) {
+    const int rank = g.comms[i]->rank();
+    for (const std::size_t n : sizes) {
+      auto& v = data[i].emplace_back(n);
+      for (std::size_t k = 0; k < n; ++k) v[k] = static_cast<float>(rank + 1) + static_cast<float>(k % 7);
+    }
+    Stream& s = *g.streams[i];
+    g.comms[i]->all_reduce(s, data[i][0].data(), sizes[0], ReduceOp::sum);
+    g.comms[i]->all_reduce(s, data[i][1].data(), sizes[1], ReduceOp::average);
+    g.comms[i]->all_reduce(s, data[i][2].data(), sizes[2], ReduceOp::sum);
+    g.backends[i]->synchronize(s);
+  });
+  const float rank_sum = static_cast<float>(world * (world + 1) / 2);
+  for (std::size_t i = 0; i < g.comms.size(); ++i) {
+    for (std::size_t j = 0; j < sizes.size(); ++j) {
+      for (std::size_t k = 0; k < sizes[j]; k += 97) {
+        const float sum = rank_sum + static_cast<float>(world) * static_cast<float>(k % 7);
+        const float want = j == 1 ? sum / static_cast<float>(world) : sum;
+        ASSERT_FLOAT_EQ(data[i][j][k], want) << "rank " << g.comms[i]->rank() << ", collective " << j << ", element " << k;
+      }
+      ASSERT_FLOAT_EQ(data[i][j].back(), (j == 1 ? 1.0F / static_cast<float>(world) : 1.0F) *
+                                             (rank_sum + static_cast<float>(world) * static_cast<float>((sizes[j] - 1) % 7)));
+    }
+  }
+}
+
+TYPED_TEST(CommunicatorContract, BroadcastGivesEveryRankTheRootsBuffer) {
+  Ranks& g = this->ranks_;
+  const int world = g.comms.front()->size();
+  for (int root = 0; root < world; ++root) {
+    std::vector<std::vector<float>> data(g.comms.size());
+    g.each([&](std::size_t i) {
+      const int rank = g.comms[i]->rank();
+      data[i].assign(513, 0.0F);
+      for (std::size_t k = 0; k < data[i].size(); ++k) data[i][k] = static_cast<float>(rank * 1000) + 0.5F * static_cast<float>(k);
+      g.comms[i]->broadcast(*g.streams[i], data[i].data(), data[i].size(), root);
+      g.backends[i]->synchronize(*g.streams[i]);
+    });
+    for (std::size_t i = 0; i < g.comms.size(); ++i) {
+      for (std::size_t k = 0; k < data[i].size(); ++k) {
+        ASSERT_EQ(data[i][k], static_cast<float>(root * 1000) + 0.5F * static_cast<float>(k))
+            << "root " << root << ", rank " << g.comms[i]->rank() << ", element " << k;
+      }
+    }
+  }
+}
+
+TYPED_TEST(CommunicatorContract, ABarrierReleasesNoRankBeforeEveryRankArrives) {
+  Ranks& g = this->ranks_;
+  std::atomic<int> arrived{0};
+  std::vector<int> seen(g.comms.size(), -1);
+  for (int round = 0; round < 3; ++round) {
+    g.each([&](std::size_t i) {
+      arrived.fetch_add(1);
+      g.comms[i]->barrier();
+      seen[i] = arrived.load();
+    });
+    for (std::size_t i = 0; i < g.comms.size(); ++i) {
+      EXPECT_GE(seen[i], static_cast<int>(g.comms.size()) * (round + 1)) << "local rank " << i << " left early";
+    }
+  }
+}
+
+TYPED_TEST(CommunicatorContract, ARootOutsideTheWorldIsAConfigErrorBeforeAnythingIsSent) {
+  Ranks& g = this->ranks_;
+  const int world = g.comms.front()->size();
+  std::vector<float> v(4, 1.0F);
+  for (std::size_t i = 0; i < g.comms.size(); ++i) {
+    EXPECT_THROW(g.comms[i]->broadcast(*g.streams[i], v.data(), v.size(), world), ConfigError);
+    EXPECT_THROW(g.comms[i]->broadcast(*g.streams[i], v.data(), v.size(), -1), ConfigError);
+  }
+  // Nothing was queued: the group still works.
+  g.each([&](std::size_t i) {
+    std::vector<float> one{1.0F};
+    g.comms[i]->all_reduce(*g.streams[i], one.data(), 1, ReduceOp::sum);
+    g.backends[i]->synchronize(*g.streams[i]);
+    EXPECT_EQ(one[0], static_cast<float>(world));
+  });
+}
+
+// ---------------------------------------------------------------------------
+// The thread group's own promises.
 
 TEST(ThreadCommunicatorTest, AllReduceSumsAndAveragesInRankOrder) {
   for (const int ranks : {1, 2, 3, 4}) {

@@ -25,7 +25,7 @@ TEST(DdpLaunchTest, TwoProcessesReachTheWeightsOfTwoThreads) {
   if (expected != nullptr) {
     ASSERT_EQ(env.launcher, expected);
   }
-  const char* communicator = env.mpi_launch() ? "mpi" : "gloo";
+  const std::string communicator(launch_bootstrap(env).cpu_communicator);  // the rule train() follows
   // Each rank writes the same deterministic dataset into its own folder.
   testing::TempDir dir;
   const auto data = testing::make_small_dataset(dir.path(), 4, 16);

@@ -148,6 +148,44 @@ TEST(ModelConfigTest, EverySpecReadsBackAsTheSameModel) {
   for (const char* bad : {"cnn:0", "cnn:4,", "resnet", "mlp:x", "cnn:-2"}) EXPECT_THROW(m.parse_spec(bad), ConfigError) << bad;
 }
 
+// The model registry: every row names, parses, validates and builds its
+// own kind, and what callers ask of it (BatchNorm, pool) is what the model
+// it makes does. A new row that forgets one fails here.
+TEST(ModelConfigTest, EveryModelTypeSpellsParsesAndBuildsItsKind) {
+  CpuBackend backend;
+  for (const ModelType* t : model_types()) {
+    SCOPED_TRACE(std::string(t->word));
+    EXPECT_EQ(&model_type(t->kind), t);
+    EXPECT_EQ(&model_type(t->word, "model"), t);
+    ModelConfig m;
+    m.image_size = 16;
+    m.pool = 4;
+    m.classes = 3;
+    m.parse_spec(std::string(t->word) + ":4,6");
+    EXPECT_EQ(m.kind, t->kind);
+    EXPECT_EQ(m.*t->widths, (std::vector<int>{4, 6}));
+    EXPECT_EQ(m.spec(), std::string(t->word) + ":4,6");
+    EXPECT_NO_THROW(m.validate());
+    const std::unique_ptr<Model> model = make_model(backend, m, 2);
+    EXPECT_EQ(model->config().kind, t->kind);
+    EXPECT_GT(model->param_count(), 0U);
+    EXPECT_EQ(model->buffer_count() > 0, t->uses_batch_norm) << "BatchNorm keeps running statistics";
+    EXPECT_EQ(model->initial_buffers().size(), model->buffer_count());
+    m.pool = 5;  // does not divide 16
+    if (t->uses_pool) {
+      EXPECT_THROW(m.validate(), ConfigError);
+    } else {
+      EXPECT_NO_THROW(m.validate());
+    }
+  }
+  try {
+    (void)model_type("resnet", "--model 'resnet'");
+    ADD_FAILURE() << "an unknown model kind was found";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected mlp[:W,W...] or cnn[:C,C...]"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(DdpTest, TheModelLearnsTheSyntheticClasses) {
   TrainConfig c = config(2);
   c.epochs = 6;

@@ -34,6 +34,29 @@
 
 namespace pinfeed::trainer {
 
+namespace {
+
+void validate_cnn(const ModelConfig& c) {
+  if (c.channels.empty() || c.channels.size() > 8) {
+    throw ConfigError(fmt::format("model {}: a cnn has 1..8 blocks, not {}", c.spec(), c.channels.size()));
+  }
+  for (const int w : c.channels) {
+    if (w < 1 || w > 4096) throw ConfigError(fmt::format("model {}: a block width must be 1..4096, not {}", c.spec(), w));
+  }
+}
+
+std::unique_ptr<Model> make_cnn(DeviceBackend& backend, const ModelConfig& config, int max_batch) {
+  return std::make_unique<Cnn>(backend, config, max_batch);
+}
+
+}  // namespace
+
+const ModelType& cnn_model_type() {
+  static const ModelType t{ModelKind::cnn, "cnn", "C,C...", &ModelConfig::channels, /*uses_pool=*/false,
+                           /*uses_batch_norm=*/true, {}, validate_cnn, make_cnn};
+  return t;
+}
+
 Cnn::Cnn(DeviceBackend& backend, ModelConfig config, int max_batch) : Model(backend, std::move(config), max_batch) {
   int in = 3, side = config_.image_size;
   std::size_t widest = 0;
@@ -68,6 +91,7 @@ Cnn::Cnn(DeviceBackend& backend, ModelConfig config, int max_batch) : Model(back
     b.sums = floats(2 * out);
     b.red = floats(2 * out);
     widest = std::max(widest, out * m);
+    b.running = buffer_count_;  // running_mean, then running_var: out floats each
     buffer_count_ += 2 * out;
   }
   buffers_ = floats(buffer_count_);
@@ -100,9 +124,12 @@ std::vector<float> Cnn::initial_weights(std::uint64_t seed) const {
 
 std::vector<float> Cnn::initial_buffers() const {
   std::vector<float> v;
+  v.resize(buffer_count_);
   for (const Block& b : blocks_) {
-    v.insert(v.end(), static_cast<std::size_t>(b.out), 0.0F);  // running_mean
-    v.insert(v.end(), static_cast<std::size_t>(b.out), 1.0F);  // running_var
+    const auto out = static_cast<std::ptrdiff_t>(b.out);
+    const auto mean = v.begin() + static_cast<std::ptrdiff_t>(b.running);
+    std::fill(mean, mean + out, 0.0F);       // running_mean
+    std::fill(mean + out, mean + 2 * out, 1.0F);  // running_var
   }
   return v;
 }
@@ -113,7 +140,7 @@ void Cnn::set_sync(int world, AllReduceSum sum) {
   sum_ = std::move(sum);
 }
 
-BatchNormArgs Cnn::bn_args(const Block& b, std::size_t block, int n, bool training) const {
+BatchNormArgs Cnn::bn_args(const Block& b, int n, bool training) const {
   BatchNormArgs a;
   a.c = b.out;
   ConvShape sh = b.shape;
@@ -122,9 +149,7 @@ BatchNormArgs Cnn::bn_args(const Block& b, std::size_t block, int n, bool traini
   a.count = static_cast<float>(a.m) * static_cast<float>(training && sum_ ? world_ : 1);
   a.gamma = weights() + params_[b.gamma].offset;
   a.beta = weights() + params_[b.beta].offset;
-  std::size_t first = 0;
-  for (std::size_t k = 0; k < block; ++k) first += 2 * static_cast<std::size_t>(blocks_[k].out);
-  a.running_mean = buffers() + first;
+  a.running_mean = buffers() + b.running;
   a.running_var = a.running_mean + b.out;
   a.invstd = b.invstd.as<float>();
   return a;
@@ -152,7 +177,7 @@ void Cnn::forward(Stream& s, const float* images, int n, bool training) {
     g.c = b.z.as<float>();
     g.ldc = static_cast<int>(m);
     backend_.gemm(s, g);
-    const BatchNormArgs a = bn_args(b, k, n, training);
+    const BatchNormArgs a = bn_args(b, n, training);
     if (training) {
       backend_.bn_stats(s, b.z.as<float>(), b.out, m, b.sums.as<float>());
       if (sum_) sum_(s, b.sums.as<float>(), 2 * static_cast<std::size_t>(b.out));
@@ -227,7 +252,7 @@ void Cnn::train_step(Stream& s, const float* images, const std::int32_t* labels,
     ConvShape sh = b.shape;
     sh.n = n;
     const std::size_t m = sh.columns();
-    const BatchNormArgs a = bn_args(b, idx, n, true);
+    const BatchNormArgs a = bn_args(b, n, true);
     float* dgamma = grads() + params_[b.gamma].offset;
     float* dbeta = grads() + params_[b.beta].offset;
     backend_.bn_backward_reduce(s, g_.as<float>(), b.y.as<float>(), b.xhat.as<float>(), a, b.red.as<float>(), dgamma, dbeta);

@@ -46,7 +46,7 @@ std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const
   c.devices = devices_for(1);
   curves.push_back(run(c, "1 worker", callbacks));
   c.devices = devices_for(workers);
-  const bool batch_norm = config.model.kind == ModelKind::cnn;
+  const bool batch_norm = model_type(config.model.kind).uses_batch_norm;
   if (batch_norm) {
     // BatchNorm: with statistics over the global batch (SyncBN) the same
     // computation as 1 worker; with each worker's own (DDP's default) not.

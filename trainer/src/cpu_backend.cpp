@@ -21,7 +21,6 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/device_type.hpp"
-#include "tcp_store.hpp"
 
 namespace pinfeed::trainer {
 
@@ -725,10 +724,9 @@ void CpuBackend::consumer_record(std::uintptr_t consumer, Event& e) {
 
 namespace {
 int cpu_workers_possible() noexcept { return 256; }
-/// mpirun and srun: MPI; torchrun (or srun of a build without MPI, with
-/// MASTER_ADDR/MASTER_PORT): Gloo over the rendezvous store.
+/// The launch's bootstrap decides (communicator.hpp, launch_bootstraps()).
 std::unique_ptr<Communicator> make_cpu_launched(DeviceBackend& backend, CommConfig config, const LaunchEnv& env) {
-  return detail::use_mpi_bootstrap(env) ? make_mpi_communicator(backend, config) : make_gloo_communicator(backend, env, config);
+  return launch_bootstrap(env).make_cpu(backend, config, env);
 }
 std::unique_ptr<DeviceBackend> make_cpu_backend(int index, const BackendOptions& options) {
   CpuBackendConfig c;

@@ -2,49 +2,78 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 
+#include "pinfeed/enum_words.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/trainer/model.hpp"
 
 namespace pinfeed::trainer {
 
-void ModelConfig::validate() const {
-  if (image_size < 1 || image_size > 4096) throw ConfigError(fmt::format("model image_size must be 1..4096, got {}", image_size));
-  if (classes < 2) throw ConfigError(fmt::format("model classes must be >= 2, got {}", classes));
-  if (kind == ModelKind::cnn) {
-    if (channels.empty() || channels.size() > 8) {
-      throw ConfigError(fmt::format("model {}: a cnn has 1..8 blocks, not {}", spec(), channels.size()));
-    }
-    for (const int c : channels) {
-      if (c < 1 || c > 4096) throw ConfigError(fmt::format("model {}: a block width must be 1..4096, not {}", spec(), c));
-    }
-    return;
+namespace {
+
+void validate_mlp(const ModelConfig& c) {
+  if (c.pool < 1 || c.image_size % c.pool != 0) {
+    throw ConfigError(fmt::format("model pool {} must divide the image size {}", c.pool, c.image_size));
   }
-  if (pool < 1 || image_size % pool != 0) {
-    throw ConfigError(fmt::format("model pool {} must divide the image size {}", pool, image_size));
-  }
-  for (const int h : hidden) {
+  for (const int h : c.hidden) {
     if (h < 1 || h > 65536) throw ConfigError(fmt::format("model hidden width must be 1..65536, got {}", h));
   }
-  if (static_cast<long long>(input_features()) > 16'777'216) {
-    throw ConfigError(fmt::format("model input of {} features is too large: raise pool", input_features()));
+  if (static_cast<long long>(c.input_features()) > 16'777'216) {
+    throw ConfigError(fmt::format("model input of {} features is too large: raise pool", c.input_features()));
   }
 }
 
+std::unique_ptr<Model> make_mlp(DeviceBackend& backend, const ModelConfig& config, int max_batch) {
+  return std::make_unique<Mlp>(backend, config, max_batch);
+}
+
+}  // namespace
+
+const ModelType& mlp_model_type() {
+  static const ModelType t{ModelKind::mlp, "mlp", "W,W...", &ModelConfig::hidden, /*uses_pool=*/true,
+                           /*uses_batch_norm=*/false, {"--hidden", "--pool"}, validate_mlp, make_mlp};
+  return t;
+}
+
+std::span<const ModelType* const> model_types() {
+  static const std::array<const ModelType*, 2> types{&mlp_model_type(), &cnn_model_type()};
+  return types;
+}
+
+const ModelType& model_type(ModelKind kind) {
+  for (const ModelType* t : model_types()) {
+    if (t->kind == kind) return *t;
+  }
+  throw ConfigError("model: unknown kind");
+}
+
+const ModelType& model_type(std::string_view word, std::string_view what) {
+  std::vector<std::string> forms;
+  for (const ModelType* t : model_types()) {
+    if (t->word == word) return *t;
+    forms.push_back(fmt::format("{}[:{}]", t->word, t->widths_help));
+  }
+  throw ConfigError(fmt::format("{}: expected {} (e.g. cnn:32,64,128)", what, join_list(forms, "or")));
+}
+
+void ModelConfig::validate() const {
+  if (image_size < 1 || image_size > 4096) throw ConfigError(fmt::format("model image_size must be 1..4096, got {}", image_size));
+  if (classes < 2) throw ConfigError(fmt::format("model classes must be >= 2, got {}", classes));
+  model_type(kind).validate(*this);
+}
+
 std::string ModelConfig::spec() const {
-  return kind == ModelKind::cnn ? fmt::format("cnn:{}", fmt::join(channels, ","))
-                                : fmt::format("mlp:{}", fmt::join(hidden, ","));
+  const ModelType& t = model_type(kind);
+  return fmt::format("{}:{}", t.word, fmt::join(this->*t.widths, ","));
 }
 
 void ModelConfig::parse_spec(const std::string& text) {
   const auto colon = text.find(':');
-  const std::string name = text.substr(0, colon);
-  if (name != "mlp" && name != "cnn") {
-    throw ConfigError(fmt::format("--model '{}': expected mlp[:W,W...] or cnn[:C,C...] (e.g. cnn:32,64,128)", text));
-  }
+  const ModelType& t = model_type(text.substr(0, colon), fmt::format("--model '{}'", text));
   std::vector<int> widths;
   const bool given = colon != std::string::npos;
   if (given && colon + 1 < text.size()) {
@@ -62,9 +91,9 @@ void ModelConfig::parse_spec(const std::string& text) {
       at = comma + 1;
     }
   }
-  kind = name == "cnn" ? ModelKind::cnn : ModelKind::mlp;
+  kind = t.kind;
   // "mlp:" is an MLP without hidden layers (what spec() writes for one).
-  if (given) (kind == ModelKind::cnn ? channels : hidden) = widths;
+  if (given) this->*t.widths = widths;
 }
 
 Model::Model(DeviceBackend& backend, ModelConfig config, int max_batch)
@@ -94,8 +123,7 @@ void Model::zero_grad(Stream& s) { backend_.fill(s, grads(), count_, 0.0F); }
 void Model::sgd(Stream& s, const SgdStep& step) { backend_.sgd(s, weights(), grads(), momentum(), count_, step); }
 
 std::unique_ptr<Model> make_model(DeviceBackend& backend, const ModelConfig& config, int max_batch) {
-  if (config.kind == ModelKind::cnn) return std::make_unique<Cnn>(backend, config, max_batch);
-  return std::make_unique<Mlp>(backend, config, max_batch);
+  return model_type(config.kind).make(backend, config, max_batch);
 }
 
 Mlp::Mlp(DeviceBackend& backend, ModelConfig config, int max_batch) : Model(backend, std::move(config), max_batch) {

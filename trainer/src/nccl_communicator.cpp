@@ -329,7 +329,7 @@ std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& bac
   int rank = env.rank, size = env.world_size;
   ncclUniqueId id{};
   std::unique_ptr<detail::TcpStore> store;
-  if (detail::use_mpi_bootstrap(env)) {
+  if (launch_bootstrap(env).kind == Bootstrap::mpi) {
 #ifdef PINFEED_HAVE_MPI
     detail::mpi_init();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -356,7 +356,10 @@ std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& bac
     } else {
       const std::vector<char> bytes = store->get("nccl/id");
       if (bytes.size() != sizeof id.internal) {
-        throw CommError(rank, "rendezvous get(nccl id)", bytes.size(), "the NCCL unique id in the store has the wrong size");
+        throw CommError(rank, "rendezvous get(nccl id)", bytes.size(),
+                        fmt::format("the NCCL unique id rank 0 set under the store's key 'nccl/id' is {} bytes, not "
+                                    "{}: another program wrote it, or another pinfeed version",
+                                    bytes.size(), sizeof id.internal));
       }
       std::copy(bytes.begin(), bytes.end(), id.internal);
     }

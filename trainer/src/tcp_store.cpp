@@ -515,13 +515,6 @@ bool resolves_to_loopback_only(const std::string& host) {
 }
 }  // namespace
 
-bool use_mpi_bootstrap(const LaunchEnv& env) {
-  if (!env.mpi_launch()) return false;
-  if (mpi_compiled()) return true;
-  const char* addr = std::getenv("MASTER_ADDR");
-  return addr == nullptr || *addr == '\0' || std::getenv("MASTER_PORT") == nullptr;
-}
-
 std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port_text = std::getenv("MASTER_PORT");

@@ -82,11 +82,6 @@ class TcpStore {
 /// (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT) under "pinfeed/".
 /// ConfigError naming the variable when MASTER_ADDR/MASTER_PORT are missing
 /// or malformed.
-/// Whether a multi-process launch bootstraps through MPI: mpirun and srun
-/// launches do, except on a build without MPI (the wheel) when MASTER_ADDR
-/// and MASTER_PORT name a store to use instead (srun with them exported).
-bool use_mpi_bootstrap(const LaunchEnv& env);
-
 std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
 }  // namespace pinfeed::trainer::detail

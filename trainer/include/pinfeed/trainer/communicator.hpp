@@ -3,14 +3,23 @@
 // a stream of the rank's backend, so they overlap with compute exactly as the
 // backend's streams do.
 //
-//   SoloCommunicator    one rank in all: collectives are identities.
-//   ThreadCommunicator  CPU ranks as threads of one process (create_group).
-//                       Reduces in rank order: results do not depend on the
-//                       chunking or on which thread finished first.
-//   MpiCommunicator     one CPU rank per process under mpirun (MPI_Allreduce).
-//   NcclCommunicator    GPUs: one communicator per device, made together in
-//                       one process (ncclCommInitAll) or one per process with
-//                       the unique id broadcast over MPI (nccl_communicator.hpp).
+//   SoloCommunicator    "solo": one rank in all, collectives are identities.
+//   ThreadCommunicator  "threads": CPU ranks as threads of one process
+//                       (make_thread_group). Reduces in rank order: results
+//                       do not depend on the chunking or on which thread
+//                       finished first.
+//   MpiCommunicator     "mpi": one CPU rank per process under mpirun or srun.
+//   GlooCommunicator    "gloo": one CPU rank per process under torchrun, over
+//                       TCP, meeting through the rendezvous store.
+//   NcclCommunicator    "nccl": GPUs, one communicator per device, made
+//                       together in one process (ncclCommInitAll) or one per
+//                       process with the unique id sent over the launch's
+//                       bootstrap (nccl_communicator.hpp).
+//
+// Which one a launched process uses is one table, launch_bootstraps(): the
+// launcher decides the bootstrap, the bootstrap the CPU communicator (and
+// how NCCL's unique id travels). tests/trainer/communicator_test.cpp holds
+// every communicator to the same contract (a typed test).
 //
 // Every rank must issue the same collectives, in the same order, with the
 // same sizes; the thread communicator checks this and fails loudly. A
@@ -21,7 +30,9 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pinfeed/error.hpp"
@@ -108,5 +119,25 @@ bool mpi_compiled() noexcept;
 /// (once; finalized at exit), rank and size from MPI_COMM_WORLD. Throws
 /// ConfigError when built without MPI.
 std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& backend, CommConfig config = {});
+
+/// How the ranks of a multi-process launch find each other.
+enum class Bootstrap { mpi, store };
+
+/// One row per bootstrap, tried in order: the first that serves a launch
+/// is the one its ranks use (every rank reads the same environment, so all
+/// choose the same row).
+struct LaunchBootstrap {
+  Bootstrap kind;
+  std::string_view name;              ///< "mpi", "store"
+  std::string_view cpu_communicator;  ///< what a CPU rank over it is: Communicator::name()
+  std::string_view how;               ///< for messages and --version
+  bool (*compiled)() noexcept;        ///< the CPU communicator is in this build
+  bool (*serves)(const LaunchEnv& env);
+  /// The CPU rank's communicator (throws ConfigError when not compiled).
+  std::unique_ptr<Communicator> (*make_cpu)(DeviceBackend& backend, CommConfig config, const LaunchEnv& env);
+};
+std::span<const LaunchBootstrap> launch_bootstraps() noexcept;
+/// The row `env`'s launch uses.
+const LaunchBootstrap& launch_bootstrap(const LaunchEnv& env);
 
 }  // namespace pinfeed::trainer

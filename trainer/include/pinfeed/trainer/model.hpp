@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pinfeed/trainer/device_backend.hpp"
@@ -36,6 +38,39 @@ struct ModelConfig {
   /// Sets kind and widths from a --model value; ConfigError naming it.
   void parse_spec(const std::string& spec);
 };
+
+class Model;
+
+/// The model registry, as DeviceType is the devices': one row per kind,
+/// registered by the model's own translation unit (mlp.cpp, cnn.cpp). Every
+/// caller that decides something by the kind (validation, --model, the
+/// flags that belong to one kind, --sync-bn, --compare's SyncBN curves, a
+/// checkpoint's shape) asks the row, so a new model is one row and its class.
+struct ModelType {
+  ModelKind kind = ModelKind::mlp;
+  std::string_view word;  ///< "mlp": --model's prefix, spec()'s
+  std::string_view widths_help;  ///< "W,W...": what the widths after the colon are
+  /// The widths "word:W,W" sets (ModelConfig::hidden, ::channels).
+  std::vector<int> ModelConfig::*widths = nullptr;
+  /// The model uses ModelConfig::pool (a checkpoint's pool must match).
+  bool uses_pool = false;
+  /// The model has BatchNorm: --sync-bn applies, --compare adds the SyncBN curve.
+  bool uses_batch_norm = false;
+  /// pinfeed-train's flags that only this kind reads ("--hidden", "--pool").
+  std::vector<std::string_view> own_flags;
+  /// The kind's own checks, after ModelConfig::validate()'s common ones.
+  void (*validate)(const ModelConfig& config) = nullptr;
+  std::unique_ptr<Model> (*make)(DeviceBackend& backend, const ModelConfig& config, int max_batch) = nullptr;
+};
+
+/// Every kind, in ModelKind's order.
+std::span<const ModelType* const> model_types();
+const ModelType& model_type(ModelKind kind);
+/// The kind named `word`; ConfigError naming the known ones (with `what` first).
+const ModelType& model_type(std::string_view word, std::string_view what);
+/// Each kind's registration.
+const ModelType& mlp_model_type();
+const ModelType& cnn_model_type();
 
 struct ParamInfo {
   std::string name;         ///< "fc1.weight", "bn2.bias", ...
@@ -157,10 +192,11 @@ class Cnn final : public Model {
     ConvShape shape;  // for max_batch (n is set per call)
     int out = 0;
     std::size_t conv = 0, gamma = 0, beta = 0;  // parameter indices
+    std::size_t running = 0;  // offset of its running_mean (then running_var) in buffers()
     DeviceBuffer col, z, xhat, y, invstd, sums, red;
   };
   void forward(Stream& s, const float* images, int n, bool training);
-  [[nodiscard]] BatchNormArgs bn_args(const Block& b, std::size_t block, int n, bool training) const;
+  [[nodiscard]] BatchNormArgs bn_args(const Block& b, int n, bool training) const;
 
   std::vector<Block> blocks_;
   std::size_t fc_w_ = 0, fc_b_ = 0;

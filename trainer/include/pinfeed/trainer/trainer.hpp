@@ -119,7 +119,7 @@ struct TrainResult {
   int world_size = 1;
   int rank = 0;                         ///< this process's rank (multi-process launches)
   std::string devices;                  ///< "cpu:0, cpu:1", "cuda:0 (NVIDIA H200)"
-  std::string communicator;             ///< "threads", "mpi", "nccl"
+  std::string communicator;             ///< Communicator::name(): "solo", "threads", "mpi", "gloo", "nccl"
   std::uint64_t steps = 0;              ///< optimizer steps done in all (including before a resume)
   std::uint64_t steps_per_epoch = 0;
   double seconds = 0;

@@ -1,0 +1,64 @@
+// What every communicator shares: CommError, the words of a timeout, and
+// the launch bootstraps (how a rank launched by mpirun, srun or torchrun
+// finds its peers), one table for the CPU communicators and NCCL alike.
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdlib>
+#include <utility>
+
+#include "pinfeed/trainer/communicator.hpp"
+
+namespace pinfeed::trainer {
+
+CommError::CommError(int rank, std::string op, std::size_t bytes, const std::string& reason)
+    : Error(fmt::format("rank {}: {} of {} bytes failed: {}", rank, op, bytes, reason)),
+      rank_(rank),
+      op_(std::move(op)),
+      bytes_(bytes) {}
+
+std::string timeout_reason(std::chrono::milliseconds timeout) {
+  const auto n = timeout.count();
+  return fmt::format("did not complete within {}: a rank stopped, hung or was lost",
+                     n % 1000 == 0 ? fmt::format("{} s", n / 1000) : fmt::format("{} ms", n));
+}
+
+namespace {
+
+bool store_named() {
+  const char* addr = std::getenv("MASTER_ADDR");
+  return addr != nullptr && *addr != '\0' && std::getenv("MASTER_PORT") != nullptr;
+}
+
+/// mpirun and srun launches, except on a build without MPI (the wheel) when
+/// MASTER_ADDR and MASTER_PORT name a store to use instead (srun with them
+/// exported). Without either, MPI's row explains that MPI is missing.
+bool mpi_serves(const LaunchEnv& env) { return env.mpi_launch() && (mpi_compiled() || !store_named()); }
+bool store_serves(const LaunchEnv& /*env*/) { return true; }
+
+std::unique_ptr<Communicator> make_mpi_launched(DeviceBackend& backend, CommConfig config, const LaunchEnv& /*env*/) {
+  return make_mpi_communicator(backend, config);
+}
+std::unique_ptr<Communicator> make_gloo_launched(DeviceBackend& backend, CommConfig config, const LaunchEnv& env) {
+  return make_gloo_communicator(backend, env, config);
+}
+
+constexpr std::array<LaunchBootstrap, 2> kBootstraps{{
+    {Bootstrap::mpi, "mpi", "mpi", "MPI_COMM_WORLD (mpirun, or srun of a build with MPI)", &mpi_compiled, &mpi_serves,
+     &make_mpi_launched},
+    {Bootstrap::store, "store", "gloo", "the rendezvous store at MASTER_ADDR:MASTER_PORT (torchrun)", &gloo_compiled,
+     &store_serves, &make_gloo_launched},
+}};
+
+}  // namespace
+
+std::span<const LaunchBootstrap> launch_bootstraps() noexcept { return kBootstraps; }
+
+const LaunchBootstrap& launch_bootstrap(const LaunchEnv& env) {
+  for (const LaunchBootstrap& b : kBootstraps) {
+    if (b.serves(env)) return b;
+  }
+  return kBootstraps.back();  // the store's row serves every launch: not reached
+}
+
+}  // namespace pinfeed::trainer
