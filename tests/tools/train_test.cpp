@@ -186,7 +186,7 @@ TEST_F(TrainToolTest, SigtermLeavesNoTemporaryAndASecondRunOnTheSameCheckpointIs
   // The first run saves at every step; the second starts while it runs; then
   // SIGTERM (mostly mid-save: saves are most of each step) ends the first.
   const std::string script = fmt::format(
-      "{0} --epochs 1000 --checkpoint-every 1 & pid=$!\n"
+      "{0} --epochs 1000 --checkpoint-every 1 2>{2}/first.err & pid=$!\n"
       "for i in $(seq 600); do [ -e {1} ] && break; sleep 0.05; done\n"
       "{0} --epochs 1 2>{2}/second.err; echo $? >{2}/second.rc\n"
       "kill -TERM $pid; wait $pid; echo $? >{2}/first.rc\n",
@@ -199,7 +199,7 @@ TEST_F(TrainToolTest, SigtermLeavesNoTemporaryAndASecondRunOnTheSameCheckpointIs
     s << in.rdbuf();
     return s.str();
   };
-  EXPECT_EQ(text("first.rc"), "143\n");
+  EXPECT_EQ(text("first.rc"), "143\n") << text("first.err");
   EXPECT_NE(text("second.rc"), "0\n");
   EXPECT_NE(text("second.err").find("another run is writing this checkpoint"), std::string::npos) << text("second.err");
   for (const auto& e : std::filesystem::directory_iterator(dir)) {

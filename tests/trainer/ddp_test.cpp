@@ -373,8 +373,12 @@ TEST_F(DdpTest, SigtermDuringASaveRemovesTheTemporaryAndExitsWith143) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     install_checkpoint_signal_handlers();
-    // The temporary is complete when the signal comes (the real handler, a real signal).
-    save_checkpoint(path, c, SaveHooks{[] { ::kill(::getpid(), SIGTERM); }});
+    // The temporary is complete when the signal comes (the real handler, a
+    // real signal); the save goes on until the signal thread has it.
+    save_checkpoint(path, c, SaveHooks{[] {
+                      ::kill(::getpid(), SIGTERM);
+                      while (!termination_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                    }});
     _exit(0);
   }
   int status = 0;

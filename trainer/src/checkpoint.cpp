@@ -1,15 +1,20 @@
 #include "pinfeed/trainer/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <fmt/format.h>
 #include <zlib.h>
 #include <nlohmann/json.hpp>
@@ -37,39 +42,42 @@ void put(std::vector<std::byte>& out, const T* p, std::size_t count) {
   out.insert(out.end(), b, b + count * sizeof(T));
 }
 
-void write_all(int fd, const std::byte* p, std::size_t n, const std::filesystem::path& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw DataError(path, fmt::format("write failed: {}", std::strerror(errno)));
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
-
 // Note [Temporaries and signals]
 // A save writes a full-size temporary beside the checkpoint, then renames it
-// over. A SIGINT/SIGTERM meanwhile used to leave the temporary behind. Each
-// save in flight registers its temporary's path in a slot the signal handler
-// can read without locks or allocation; the handler unlinks the registered
-// ones and _exits. A slot is claimed (1), filled, published (2) before the
-// file is created, and freed (0) after the rename or the failure: the
-// handler only ever sees a complete path. SIGKILL cannot be handled: the
-// next run's CheckpointLock removes what it left.
+// over. A SIGINT/SIGTERM meanwhile used to leave the temporary behind.
+// install_checkpoint_signal_handlers() blocks both signals in the calling
+// thread, before any other thread exists, so every thread inherits the mask
+// and one thread of ours takes them with sigwait: no syscall of a worker is
+// ever interrupted (EINTR) and nothing runs in signal context, whichever
+// thread the kernel would have picked. That thread raises `g_terminating`,
+// waits (a bounded time) until no save is in flight, and _exits with
+// 128 + the signal's number.
+// Each save in flight registers its temporary's path in a slot: claimed (1),
+// filled, published (2) before the file is created, freed (0) after the
+// rename or the temporary's removal. A save looks at `g_terminating` before
+// it creates the file, between chunks of the write and before the rename;
+// once it is raised the save removes its temporary, frees its slot and parks
+// its thread until the exit. A save that stays stuck in the kernel past the
+// bound (a hung filesystem) has its temporary removed by the signal thread.
+// SIGKILL cannot be handled: the next run's CheckpointLock removes what it
+// left.
 constexpr std::size_t kSlots = 8;
 constexpr std::size_t kPathMax = 4096;
+constexpr std::size_t kWriteChunk = std::size_t{64} << 20;  // how often a long write looks at g_terminating
+constexpr auto kSaveGrace = std::chrono::seconds(10);     // how long a signal waits for saves in flight
 struct TempSlot {
   std::atomic<int> state{0};
   std::array<char, kPathMax> path{};
 };
 std::array<TempSlot, kSlots> g_temporaries;
+std::atomic<bool> g_terminating{false};
 static_assert(std::atomic<int>::is_always_lock_free);
 
-/// Registers `tmp` for the signal handler while alive (nothing if every
-/// slot is taken or the path is too long: the save still works).
+/// Registers `tmp` for the signal thread while alive (nothing if every slot
+/// is taken or the path is too long: the save still works).
 class RegisteredTemp {
  public:
-  explicit RegisteredTemp(const std::filesystem::path& tmp) {
+  explicit RegisteredTemp(const std::filesystem::path& tmp) : tmp_(tmp) {
     if (tmp.native().size() >= kPathMax) return;
     for (TempSlot& s : g_temporaries) {
       int expected = 0;
@@ -82,16 +90,49 @@ class RegisteredTemp {
   }
   RegisteredTemp(const RegisteredTemp&) = delete;
   RegisteredTemp& operator=(const RegisteredTemp&) = delete;
-  ~RegisteredTemp() {
-    if (slot_ != nullptr) slot_->state.store(0, std::memory_order_release);
+  ~RegisteredTemp() { release(); }
+
+  /// The process is exiting on a signal: remove the temporary, free the
+  /// slot, and never return (the signal thread ends the process).
+  void abandon_if_terminating() {
+    if (!g_terminating.load(std::memory_order_acquire)) return;
+    (void)::unlink(tmp_.c_str());
+    release();
+    for (;;) ::pause();  // every signal is blocked here: sleeps until the exit
   }
 
  private:
+  void release() {
+    if (slot_ != nullptr) slot_->state.store(0, std::memory_order_release);
+    slot_ = nullptr;
+  }
+  const std::filesystem::path& tmp_;
   TempSlot* slot_ = nullptr;
 };
 
-extern "C" void remove_temporaries_and_exit(int sig) {
-  for (TempSlot& s : g_temporaries) {
+void write_all(int fd, const std::byte* p, std::size_t n, const std::filesystem::path& path,
+               RegisteredTemp& registered) {
+  while (n > 0) {
+    registered.abandon_if_terminating();
+    const ssize_t w = ::write(fd, p, std::min(n, kWriteChunk));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw DataError(path, fmt::format("write failed: {}", std::strerror(errno)));
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+[[noreturn]] void end_on_signal(int sig) {
+  g_terminating.store(true, std::memory_order_release);
+  const auto deadline = std::chrono::steady_clock::now() + kSaveGrace;
+  const auto in_flight = [] {
+    return std::any_of(g_temporaries.begin(), g_temporaries.end(),
+                       [](const TempSlot& s) { return s.state.load(std::memory_order_acquire) != 0; });
+  };
+  while (in_flight() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (TempSlot& s : g_temporaries) {  // saves still stuck past the grace
     if (s.state.load(std::memory_order_acquire) == 2) (void)::unlink(s.path.data());
   }
   ::_exit(128 + sig);
@@ -117,15 +158,30 @@ std::filesystem::path resolve_checkpoint_path(const std::filesystem::path& path)
 }
 
 void install_checkpoint_signal_handlers() {
-  for (const int sig : {SIGINT, SIGTERM}) {
-    struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // nohup, a background job
-    struct sigaction sa {};
-    sa.sa_handler = remove_temporaries_and_exit;
-    sigemptyset(&sa.sa_mask);
-    (void)::sigaction(sig, &sa, nullptr);
-  }
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t set;
+    sigemptyset(&set);
+    for (const int sig : {SIGINT, SIGTERM}) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // nohup, a background job
+      sigaddset(&set, sig);
+    }
+    if (sigisemptyset(&set) != 0) return;
+    if (const int e = ::pthread_sigmask(SIG_BLOCK, &set, nullptr); e != 0) {
+      throw Error(fmt::format("cannot block SIGINT/SIGTERM: {}", std::strerror(e)));
+    }
+    // Note [Temporaries and signals]
+    std::thread([set] {
+      int sig = 0;
+      while (::sigwait(&set, &sig) != 0) {
+      }
+      end_on_signal(sig);
+    }).detach();
+  });
 }
+
+bool termination_requested() { return g_terminating.load(std::memory_order_acquire); }
 
 CheckpointLock::CheckpointLock(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
@@ -209,17 +265,19 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
   const std::filesystem::path target = resolve_checkpoint_path(path);
   const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
   const std::filesystem::path tmp = dir / fmt::format("{}{}", temporary_prefix(target), ::getpid());
-  const RegisteredTemp registered(tmp);  // Note [Temporaries and signals]
+  RegisteredTemp registered(tmp);  // Note [Temporaries and signals]
   try {
+    registered.abandon_if_terminating();
     const UniqueFd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!f) throw DataError(tmp, fmt::format("cannot create: {}", std::strerror(errno)));
-    write_all(f.get(), out.data(), out.size(), tmp);
+    write_all(f.get(), out.data(), out.size(), tmp, registered);
     if (::fsync(f.get()) != 0) throw DataError(tmp, fmt::format("fsync failed: {}", std::strerror(errno)));
   } catch (...) {
     ::unlink(tmp.c_str());  // a failed write (disk full) leaves no temporary behind
     throw;
   }
   if (hooks.before_rename) hooks.before_rename();
+  registered.abandon_if_terminating();
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());

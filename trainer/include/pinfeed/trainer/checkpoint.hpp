@@ -73,8 +73,16 @@ class CheckpointLock {
 
 /// SIGINT and SIGTERM (unless ignored): the temporary of a save in progress
 /// is removed and the process exits with 128 + the signal's number. Without
-/// it a kill during a save left a full-size temporary behind.
+/// it a kill during a save left a full-size temporary behind. Call it before
+/// the process starts any thread: it blocks both signals in the caller, so
+/// every thread started later inherits the mask, and takes them on a thread
+/// of its own (sigwait), never in signal context and never as EINTR in a
+/// worker. Calling it again does nothing.
 void install_checkpoint_signal_handlers();
+
+/// True once SIGINT/SIGTERM has arrived under
+/// install_checkpoint_signal_handlers(): the process is exiting.
+bool termination_requested();
 
 /// Where a checkpoint path leads: its symlinks followed (to a target that
 /// may not exist yet). DataError on a symlink loop.
