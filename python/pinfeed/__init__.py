@@ -72,12 +72,23 @@ def _int_arg(name, value, lo, hi):
     return int(value)
 
 
+# The table's options that Loader takes under another keyword (DataLoader's
+# and torchvision's words) or through another argument. Passed under the
+# table's name they are refused, naming the keyword; the docstring lists them
+# under the keyword. The checks, the construction and the docstring read this
+# one table.
+_KEYWORD_FOR = {
+    "crop": "transform",
+    "drop_last_batch": "drop_last",
+    "drop_last": "sampler=DistributedSampler(drop_last=...)",
+    "pin": "pin_memory",
+    "require_pinned": "pin_memory='require'",
+}
 # Where a keyword of Loader means something else than the table's option of
 # the same name (DataLoader's meanings), or has another default.
 _PY_NOTES = {
     "shuffle": "Loader's shuffle defaults to False, as DataLoader's",
-    "drop_last": "the sampler's: DistributedSampler(drop_last=); Loader's drop_last is drop_last_batch",
-    "drop_last_batch": "Loader's drop_last",
+    "drop_last": "the sampler's trim; Loader's drop_last is the last batch's",
     "prefetch": "or prefetch_factor",
     "threads": "or num_workers",
 }
@@ -86,9 +97,32 @@ _PY_NOTES = {
 def _options_doc():
     lines = []
     for o in _OPTIONS.values():
-        note = f" [{_PY_NOTES[o['name']]}]" if o["name"] in _PY_NOTES else ""
-        lines.append(f"    {o['name']}={o['default']!r}: {o['help']} ({o['range']}){note}")
+        name = o["name"]
+        keyword = _KEYWORD_FOR.get(name, name)
+        shown = keyword if "=" in keyword else f"{keyword}={o['default']!r}"
+        note = [_PY_NOTES[name]] if name in _PY_NOTES else []
+        if keyword != name:
+            note.append(f"the C ABI's and pinfeed-train's {name}, default {o['default']!r}")
+        suffix = f" [{'; '.join(note)}]" if note else ""
+        lines.append(f"    {shown}: {o['help']} ({o['range']}){suffix}")
     return "\n".join(lines)
+
+
+def _threads_from_num_workers(value):
+    return _int_arg("num_workers", value, 0, _OPTIONS["threads"]["max"])
+
+
+def _prefetch_from_factor(value):
+    # DataLoader's prefetch_factor batches ahead, plus the one the loop holds.
+    return _int_arg("prefetch_factor", value, 1, _OPTIONS["prefetch"]["max"] - 1) + 1
+
+
+# DataLoader's names for Loader's keywords: DataLoader's name -> (Loader's
+# keyword, what that is, the conversion).
+_DATALOADER_ALIASES = {
+    "num_workers": ("threads", "decode threads", _threads_from_num_workers),
+    "prefetch_factor": ("prefetch", "pool slots", _prefetch_from_factor),
+}
 
 
 def _triple(name, value):
@@ -190,6 +224,128 @@ def _pair(name, value, parts):
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise TypeError(f"{name} must be a pair of numbers ({parts}), got {value!r}")
     return float(lo), float(hi)
+
+
+def _check_arguments(data, pin_memory, transform, persistent_workers, options):
+    """The arguments Loader checks itself (the table's options are checked in C++)."""
+    if not isinstance(data, (str, os.PathLike)):
+        raise TypeError(f"data must be a path or a shard pattern, not {type(data).__name__}")
+    if not any(pin_memory is v for v in (True, False)) and pin_memory not in ("auto", "require"):
+        raise ValueError(f"pin_memory must be 'auto', True, 'require' or False, got {pin_memory!r}")
+    crops = _OPTIONS["crop"]["choices"]
+    if not isinstance(transform, str) or transform not in crops:
+        raise ValueError(f"transform must be one of {crops}, got {transform!r}")
+    for name in options:
+        if name == "drop_last_batch":
+            raise TypeError("drop_last_batch is now drop_last (DataLoader's meaning: drop the last incomplete "
+                            "batch); the sampler's trim is DistributedSampler(drop_last=True)")
+        if name in _KEYWORD_FOR:
+            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}: Loader takes it as "
+                            f"{_KEYWORD_FOR[name]}")
+        if name not in _OPTIONS:
+            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+    if not isinstance(persistent_workers, bool):
+        raise TypeError(f"persistent_workers must be True or False, not {persistent_workers!r}")
+
+
+def _dataloader_alias(alias, value, mine):
+    """Loader's keyword from DataLoader's name for it (num_workers, prefetch_factor)."""
+    global _warned_num_workers
+    if value is None:
+        return mine
+    keyword, what, convert = _DATALOADER_ALIASES[alias]
+    if mine is not None:
+        raise TypeError(f"pass {keyword} ({what}) or {alias} (its DataLoader name), not both")
+    converted = convert(value)
+    if alias == "num_workers" and not _warned_num_workers:
+        # DataLoader's workers are processes; pinfeed's are decode threads.
+        _warned_num_workers = True
+        warnings.warn(f"pinfeed: num_workers={converted} is taken as threads={converted}: pinfeed decodes on "
+                      "threads of this process, not in worker processes (0: this process's share of the "
+                      "cores)", UserWarning, stacklevel=3)
+    return converted
+
+
+def _reconcile_sampler(sampler, shuffle, seed, rank, world_size):
+    """(shuffle, seed, the sampler's trim, rank, world_size): pinfeed's
+    sampler, or torch's DistributedSampler read for its options, against
+    Loader's own arguments."""
+    trim = _default("drop_last")
+    if sampler is not None:
+        missing = [a for a in ("num_replicas", "rank", "shuffle", "seed", "drop_last") if not hasattr(sampler, a)]
+        if missing:
+            raise TypeError(f"sampler must be a pinfeed.DistributedSampler (or torch's), not "
+                            f"{type(sampler).__name__}: it lacks {', '.join(missing)}")
+        if shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle=True (as in DataLoader): "
+                             "pass shuffle to the sampler")
+        if seed is not None and seed != sampler.seed:
+            raise ValueError(f"seed={seed} disagrees with the sampler's seed={sampler.seed}")
+        shuffle, seed, trim = sampler.shuffle, sampler.seed, sampler.drop_last
+        for name, mine, theirs in (("rank", rank, sampler.rank), ("world_size", world_size, sampler.num_replicas)):
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ValueError(f"{name}={mine} disagrees with the sampler's {theirs}")
+        rank = sampler.rank if rank is None else rank
+        world_size = sampler.num_replicas if world_size is None else world_size
+    shuffle = False if shuffle is None else shuffle
+    seed = _default("seed") if seed is None else seed
+    return shuffle, seed, trim, rank, world_size
+
+
+def _fold_transform_arguments(options, scale, ratio, size, flip, interpolation):
+    """torchvision's spellings into the table's options: scale=/ratio= pairs,
+    size=(h, w), flip=p, interpolation as a string or an InterpolationMode.
+    Returns (size, flip); the rest goes into `options`."""
+    for name, value, keys, parts in (("scale", scale, ("scale_min", "scale_max"), "min area share, max"),
+                                     ("ratio", ratio, ("ratio_min", "ratio_max"), "min aspect ratio, max")):
+        if value is None:
+            continue
+        if any(k in options for k in keys):
+            raise TypeError(f"pass {name}=(lo, hi) or {keys[0]}/{keys[1]}, not both")
+        options[keys[0]], options[keys[1]] = _pair(name, value, parts)
+    if isinstance(size, (tuple, list)):
+        if "height" in options:
+            raise TypeError("pass size=(h, w) or size= and height=, not both")
+        if len(size) != 2:
+            raise ValueError(f"size must be an int or (height, width), got {size!r}")
+        options["height"], size = size
+    if not isinstance(flip, bool) and isinstance(flip, numbers.Real) and not isinstance(flip, numbers.Integral):
+        if "flip_p" in options:
+            raise TypeError("pass flip=p or flip_p=, not both")
+        options["flip_p"], flip = float(flip), float(flip) > 0
+    if interpolation is not None:
+        name = getattr(interpolation, "value", interpolation)  # torchvision.transforms.InterpolationMode
+        if not isinstance(name, str):
+            raise TypeError(f"interpolation must be a string or an InterpolationMode, not {interpolation!r}")
+        options["interpolation"] = {"nearest-exact": "nearest"}.get(name.lower(), name.lower())
+    return size, flip
+
+
+def _check_device_arguments(dtype, memory_format, copy_delay_us):
+    if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype!r}")
+    if memory_format not in (None, torch.contiguous_format, torch.channels_last):
+        raise ValueError(f"memory_format must be torch.contiguous_format or torch.channels_last, got {memory_format!r}")
+    if isinstance(copy_delay_us, bool) or not isinstance(copy_delay_us, numbers.Integral) or copy_delay_us < 0:
+        raise ValueError(f"_copy_delay_us must be a non-negative integer, got {copy_delay_us!r}")
+
+
+def _place_in_launch(rank, world_size, local_rank, options):
+    """(rank, world_size, local_rank), the unset ones from the launch; the
+    ranks on this host (local_ranks) split its memory and, threads=0, its
+    cores."""
+    if rank is None or world_size is None or local_rank is None or "local_ranks" not in options:
+        env = launch_env()
+        rank = env["rank"] if rank is None else rank
+        world_size = env["world_size"] if world_size is None else world_size
+        local_rank = env["local_rank"] if local_rank is None else local_rank
+        options.setdefault("local_ranks", env["local_world_size"])
+    rank = _int_arg("rank", rank, 0, 2**31 - 1)
+    world_size = _int_arg("world_size", world_size, 1, 2**31 - 1)
+    local_rank = _int_arg("local_rank", local_rank, 0, 2**31 - 1)
+    if not (0 <= rank < world_size):
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    return rank, world_size, local_rank
 
 
 class Loader:
@@ -299,144 +455,24 @@ class Loader:
                  max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
                  device=None, stream=None, labels_device=True, dtype=None, memory_format=None, _copy_delay_us=0,
                  **options):
-        global _warned_num_workers
-        if not isinstance(data, (str, os.PathLike)):
-            raise TypeError(f"data must be a path or a shard pattern, not {type(data).__name__}")
-        if not any(pin_memory is v for v in (True, False)) and pin_memory not in ("auto", "require"):
-            raise ValueError(f"pin_memory must be 'auto', True, 'require' or False, got {pin_memory!r}")
-        crops = _OPTIONS["crop"]["choices"]
-        if not isinstance(transform, str) or transform not in crops:
-            raise ValueError(f"transform must be one of {crops}, got {transform!r}")
-        for name in options:
-            if name == "drop_last_batch":
-                raise TypeError("drop_last_batch is now drop_last (DataLoader's meaning: drop the last incomplete "
-                                "batch); the sampler's trim is DistributedSampler(drop_last=True)")
-            if name not in _OPTIONS or name in ("crop", "pin", "require_pinned", "drop_last"):
-                raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
-        if not isinstance(persistent_workers, bool):
-            raise TypeError(f"persistent_workers must be True or False, not {persistent_workers!r}")
-        # DataLoader's workers are processes; pinfeed's are decode threads.
-        if num_workers is not None:
-            if threads is not None:
-                raise TypeError("pass threads or num_workers (its DataLoader name), not both")
-            threads = _int_arg("num_workers", num_workers, 0, _OPTIONS["threads"]["max"])
-            if not _warned_num_workers:
-                _warned_num_workers = True
-                warnings.warn(f"pinfeed: num_workers={threads} is taken as threads={threads}: pinfeed decodes on "
-                              "threads of this process, not in worker processes (0: this process's share of the "
-                              "cores)", UserWarning, stacklevel=2)
-        if prefetch_factor is not None:
-            if prefetch is not None:
-                raise TypeError("pass prefetch (pool slots) or prefetch_factor (its DataLoader name), not both")
-            factor = _int_arg("prefetch_factor", prefetch_factor, 1, _OPTIONS["prefetch"]["max"] - 1)
-            prefetch = factor + 1
+        _check_arguments(data, pin_memory, transform, persistent_workers, options)
+        threads = _dataloader_alias("num_workers", num_workers, threads)
+        prefetch = _dataloader_alias("prefetch_factor", prefetch_factor, prefetch)
         threads = _default("threads") if threads is None else threads
         prefetch = _default("prefetch") if prefetch is None else prefetch
-        # The sampler: pinfeed's, or torch's DistributedSampler read for its options.
-        sampler_trim = _default("drop_last")
-        if sampler is not None:
-            missing = [a for a in ("num_replicas", "rank", "shuffle", "seed", "drop_last") if not hasattr(sampler, a)]
-            if missing:
-                raise TypeError(f"sampler must be a pinfeed.DistributedSampler (or torch's), not "
-                                f"{type(sampler).__name__}: it lacks {', '.join(missing)}")
-            if shuffle:
-                raise ValueError("sampler option is mutually exclusive with shuffle=True (as in DataLoader): "
-                                 "pass shuffle to the sampler")
-            if seed is not None and seed != sampler.seed:
-                raise ValueError(f"seed={seed} disagrees with the sampler's seed={sampler.seed}")
-            shuffle, seed, sampler_trim = sampler.shuffle, sampler.seed, sampler.drop_last
-            for name, mine, theirs in (("rank", rank, sampler.rank), ("world_size", world_size, sampler.num_replicas)):
-                if mine is not None and theirs is not None and mine != theirs:
-                    raise ValueError(f"{name}={mine} disagrees with the sampler's {theirs}")
-            rank = sampler.rank if rank is None else rank
-            world_size = sampler.num_replicas if world_size is None else world_size
-        shuffle = False if shuffle is None else shuffle
-        seed = _default("seed") if seed is None else seed
-        for name, value, keys, parts in (("scale", scale, ("scale_min", "scale_max"), "min area share, max"),
-                                         ("ratio", ratio, ("ratio_min", "ratio_max"), "min aspect ratio, max")):
-            if value is None:
-                continue
-            if any(k in options for k in keys):
-                raise TypeError(f"pass {name}=(lo, hi) or {keys[0]}/{keys[1]}, not both")
-            options[keys[0]], options[keys[1]] = _pair(name, value, parts)
-        # size=(h, w) as torchvision's; flip=p a probability; interpolation a
-        # string or torchvision's InterpolationMode.
-        if isinstance(size, (tuple, list)):
-            if "height" in options:
-                raise TypeError("pass size=(h, w) or size= and height=, not both")
-            if len(size) != 2:
-                raise ValueError(f"size must be an int or (height, width), got {size!r}")
-            options["height"], size = size
-        if not isinstance(flip, bool) and isinstance(flip, numbers.Real) and not isinstance(flip, numbers.Integral):
-            if "flip_p" in options:
-                raise TypeError("pass flip=p or flip_p=, not both")
-            options["flip_p"], flip = float(flip), float(flip) > 0
-        if interpolation is not None:
-            name = getattr(interpolation, "value", interpolation)  # torchvision.transforms.InterpolationMode
-            if not isinstance(name, str):
-                raise TypeError(f"interpolation must be a string or an InterpolationMode, not {interpolation!r}")
-            options["interpolation"] = {"nearest-exact": "nearest"}.get(name.lower(), name.lower())
+        shuffle, seed, sampler_trim, rank, world_size = _reconcile_sampler(sampler, shuffle, seed, rank, world_size)
+        size, flip = _fold_transform_arguments(options, scale, ratio, size, flip, interpolation)
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
-        if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype must be torch.float32, torch.float16 or torch.bfloat16, got {dtype!r}")
-        if memory_format not in (None, torch.contiguous_format, torch.channels_last):
-            raise ValueError(f"memory_format must be torch.contiguous_format or torch.channels_last, got {memory_format!r}")
-        if isinstance(_copy_delay_us, bool) or not isinstance(_copy_delay_us, numbers.Integral) or _copy_delay_us < 0:
-            raise ValueError(f"_copy_delay_us must be a non-negative integer, got {_copy_delay_us!r}")
+        _check_device_arguments(dtype, memory_format, _copy_delay_us)
         mean, std = _triple("mean", mean), _triple("std", std)
         if any(v <= 0 for v in std):
             raise ValueError(f"std must be positive, got {std!r}")
-        if rank is None or world_size is None or local_rank is None or "local_ranks" not in options:
-            env = launch_env()
-            rank = env["rank"] if rank is None else rank
-            world_size = env["world_size"] if world_size is None else world_size
-            local_rank = env["local_rank"] if local_rank is None else local_rank
-            # Ranks on this host split its memory and (threads=0) its cores.
-            options.setdefault("local_ranks", env["local_world_size"])
-        rank = _int_arg("rank", rank, 0, 2**31 - 1)
-        world_size = _int_arg("world_size", world_size, 1, 2**31 - 1)
-        self.local_rank = _int_arg("local_rank", local_rank, 0, 2**31 - 1)
-        if not (0 <= rank < world_size):
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        rank, world_size, self.local_rank = _place_in_launch(rank, world_size, local_rank, options)
         # device=: the batches go to a device through the loader's own copy
         # stream; uint8 from the decoders, normalized there.
         self._device = _parse_device(device, self.local_rank)
-        feed = None
-        if self._device is not None:
-            if copy:
-                raise ValueError("copy=True is for device=None: device batches own their memory already")
-            if layout not in ("nchw-f32", "nhwc-u8"):
-                raise ValueError(f"layout must be 'nchw-f32' or 'nhwc-u8', got {layout!r}")
-            normalize_on_device = layout == "nchw-f32"
-            if not normalize_on_device and (dtype is not None or memory_format is not None):
-                raise ValueError("dtype= and memory_format= apply to normalized float batches (layout='nchw-f32'), "
-                                 "not to layout='nhwc-u8'")
-            if not isinstance(labels_device, bool):
-                raise TypeError(f"labels_device must be True or False, not {labels_device!r}")
-            layout = "nhwc-u8"
-            feed = {"type": self._device.type, "index": 0 if self._device.index is None else self._device.index,
-                    "normalize": normalize_on_device, "copy_delay_us": int(_copy_delay_us),
-                    "dtype": {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")}
-            if stream is not None:
-                if self._device.type != "cuda" or not hasattr(stream, "cuda_stream"):
-                    raise TypeError(f"stream= must be a torch.cuda.Stream on the device, not {stream!r}")
-                if stream.device != self._device:
-                    raise ValueError(f"stream= is on {stream.device}, the batches go to {self._device}")
-        elif stream is not None and not (hasattr(stream, "cuda_stream") or isinstance(stream, _pinfeed.CpuConsumer)):
-            raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
-        elif dtype not in (None, torch.float32) or memory_format not in (None, torch.contiguous_format):
-            raise ValueError("dtype= and memory_format= go with device= (convert CPU batches yourself)")
-        # The GPU the pinned slots are registered with: the device= one, else
-        # torch's current device once torch has a context, else the local
-        # rank's (DDP's convention; none on a host without it). Not device 0
-        # in every rank.
-        if self._device is not None:
-            cuda_device = self._device.index if self._device.type == "cuda" else None
-        elif torch.cuda.is_initialized():
-            cuda_device = torch.cuda.current_device()
-        else:
-            cuda_device = self.local_rank
+        layout, feed = self._device_feed(layout, copy, dtype, memory_format, labels_device, stream, _copy_delay_us)
         self._stream, self._labels_device = stream, bool(labels_device)
         self._cuda_seen = False  # CUDA was initialized once: stays so
         self._dtype = None if dtype in (None, torch.float32) else dtype
@@ -445,7 +481,8 @@ class Loader:
         # (ConfigError is a ValueError; a wrong type is a TypeError), named.
         self._impl = _pinfeed.Loader({
             "dataset": os.fsencode(data), "list_root": None if list_root is None else os.fsencode(list_root),
-            "rank": rank, "world_size": world_size, "mean": list(mean), "std": list(std), "cuda_device": cuda_device,
+            "rank": rank, "world_size": world_size, "mean": list(mean), "std": list(std),
+            "cuda_device": self._pinned_for_device(),
             "batch_size": batch_size, "threads": threads, "prefetch": prefetch, "shuffle": shuffle,
             "drop_last": sampler_trim, "drop_last_batch": drop_last, "seed": seed, "crop": transform,
             "size": size, "resize": resize, "flip": flip, "layout": layout, "bad_sample": bad_sample,
@@ -478,6 +515,46 @@ class Loader:
             if report["pinned_slots"] < report["slots"]:
                 warnings.warn(f"pinfeed: pin_memory=True, but {report['reason']}; the other slots are pageable "
                               "(pin_memory='require' makes this an error)", RuntimeWarning, stacklevel=2)
+
+    def _device_feed(self, layout, copy, dtype, memory_format, labels_device, stream, copy_delay_us):
+        """(layout, feed): what the C++ loader is asked for with device= (uint8
+        slots, and the feed's settings), or the layout as it is and None."""
+        if self._device is None:
+            if stream is not None and not (hasattr(stream, "cuda_stream") or isinstance(stream, _pinfeed.CpuConsumer)):
+                raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
+            if dtype not in (None, torch.float32) or memory_format not in (None, torch.contiguous_format):
+                raise ValueError("dtype= and memory_format= go with device= (convert CPU batches yourself)")
+            return layout, None
+        if copy:
+            raise ValueError("copy=True is for device=None: device batches own their memory already")
+        if layout not in ("nchw-f32", "nhwc-u8"):
+            raise ValueError(f"layout must be 'nchw-f32' or 'nhwc-u8', got {layout!r}")
+        normalize_on_device = layout == "nchw-f32"
+        if not normalize_on_device and (dtype is not None or memory_format is not None):
+            raise ValueError("dtype= and memory_format= apply to normalized float batches (layout='nchw-f32'), "
+                             "not to layout='nhwc-u8'")
+        if not isinstance(labels_device, bool):
+            raise TypeError(f"labels_device must be True or False, not {labels_device!r}")
+        feed = {"type": self._device.type, "index": 0 if self._device.index is None else self._device.index,
+                "normalize": normalize_on_device, "copy_delay_us": int(copy_delay_us),
+                "dtype": {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32")}
+        if stream is not None:
+            if self._device.type != "cuda" or not hasattr(stream, "cuda_stream"):
+                raise TypeError(f"stream= must be a torch.cuda.Stream on the device, not {stream!r}")
+            if stream.device != self._device:
+                raise ValueError(f"stream= is on {stream.device}, the batches go to {self._device}")
+        return "nhwc-u8", feed
+
+    def _pinned_for_device(self):
+        """The GPU the pinned slots are registered with: the device= one, else
+        torch's current device once torch has a context, else the local
+        rank's (DDP's convention; none on a host without it). Not device 0
+        in every rank."""
+        if self._device is not None:
+            return self._device.index if self._device.type == "cuda" else None
+        if torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+        return self.local_rank
 
     def _check_classes(self, expected):
         if isinstance(expected, Loader):

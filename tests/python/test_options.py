@@ -13,6 +13,9 @@ from pinfeed import _pinfeed
 from test_loader import _Config
 
 OPTIONS = {o["name"]: o for o in _pinfeed.loader_options()}
+# Table name -> Loader's keyword, where Loader takes another word (the
+# module's own table: the checks and the docstring read it too).
+KEYWORD_FOR = pinfeed._KEYWORD_FOR
 # Python keyword -> table name, where Python keeps the torchvision-like word.
 PY_NAMES = {"transform": "crop"}
 
@@ -40,9 +43,26 @@ def test_python_keyword_defaults_are_the_tables():
         assert p.default == table["default"], name
         checked += 1
     assert checked >= 9
-    # Every option is documented in the docstring with its default and range.
+    # Every option is documented in the docstring with its range, under the
+    # keyword Loader() takes: the help a user reads is the API they call.
+    doc_lines = [line.strip() for line in pinfeed.Loader.__doc__.splitlines()]
     for o in OPTIONS.values():
-        assert f"{o['name']}={o['default']!r}" in pinfeed.Loader.__doc__
+        keyword = KEYWORD_FOR.get(o["name"], o["name"])
+        shown = keyword if "=" in keyword else f"{keyword}={o['default']!r}"
+        assert any(line.startswith(f"{shown}: ") for line in doc_lines), shown
+    # No line offers a keyword that Loader() refuses (drop_last is Loader's
+    # own keyword, for the table's drop_last_batch).
+    for name in set(KEYWORD_FOR) - {"drop_last"}:
+        assert not any(line.startswith(f"{name}=") for line in doc_lines), name
+
+
+@pytest.mark.parametrize("name", sorted(KEYWORD_FOR))
+def test_a_table_name_loader_takes_under_another_keyword_is_refused_naming_it(dataset, name):
+    if name == "drop_last":  # Loader's own drop_last keyword (the last batch's)
+        return
+    value = OPTIONS[name]["default"]
+    with pytest.raises(TypeError, match=name):
+        small(dataset, **{name: value})
 
 
 def _just_outside(o):
@@ -56,7 +76,7 @@ def _just_outside(o):
 
 
 @pytest.mark.parametrize("name", [n for n, o in OPTIONS.items()
-                                  if o["type"] != "boolean" and n not in ("crop", "pin", "require_pinned")])
+                                  if o["type"] != "boolean" and n not in KEYWORD_FOR])
 def test_python_rejects_what_the_table_rejects_naming_the_option(dataset, name):
     with pytest.raises(ValueError, match=name):
         small(dataset, **{name: _just_outside(OPTIONS[name])})
