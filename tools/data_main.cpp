@@ -16,6 +16,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/dataset_tools.hpp"
+#include "pinfeed/loader/image_decoder.hpp"
 #include "pinfeed/loader/transform.hpp"
 #include "pinfeed/units.hpp"
 #include "progress.hpp"
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
     if (*mk) {
       const auto s = pl::write_synthetic_dataset(make, quiet ? pl::Progress{} : progress_bar("make"));
       const std::size_t files = s.train_files + s.val_files;
-      const std::string kind = make.format == "jpeg" ? "JPEGs" : make.format == "png" ? "PNGs" : "WebPs";
+      const std::string kind =
+          fmt::format("{}s", pl::find_codec(pl::parse_image_format(make.format, "--format"))->display);
       fmt::print("wrote {} train + {} val {}, {} classes, {} ({:.0f} KB per file on average) to {} in {:.1f} s\n",
                  s.train_files, s.val_files, kind, make.classes, pinfeed::format_bytes(s.bytes),
                  static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(), seconds());
