@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/file.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <charconv>
 #include <cstring>
 #include <mutex>
+#include <future>
 #include <thread>
 #include <fmt/format.h>
 #include <zlib.h>
@@ -46,10 +48,16 @@ void put(std::vector<std::byte>& out, const T* p, std::size_t count) {
 // A save writes a full-size temporary beside the checkpoint, then renames it
 // over. A SIGINT/SIGTERM meanwhile used to leave the temporary behind.
 // install_checkpoint_signal_handlers() blocks both signals in the calling
-// thread, before any other thread exists, so every thread inherits the mask
-// and one thread of ours takes them with sigwait: no syscall of a worker is
-// ever interrupted (EINTR) and nothing runs in signal context, whichever
-// thread the kernel would have picked. That thread raises `g_terminating`,
+// thread, before it starts any thread of its own, so every later thread
+// inherits the mask and one thread of ours takes them with sigwait: no
+// syscall of a worker is interrupted (EINTR) and nothing of ours runs in
+// signal context. Threads a library started before (OpenBLAS starts its pool
+// when it is loaded) keep the signals unblocked: there a handler passes them
+// on to the signal thread with tgkill (without it, the default action killed
+// the process mid-save). The flag and the slots' states are sequentially
+// consistent: a save publishes its slot, then reads the flag; the signal
+// thread raises the flag, then reads the slots; one of them sees the other.
+// The signal thread raises `g_terminating`,
 // waits (a bounded time) until no save is in flight, and _exits with
 // 128 + the signal's number.
 // Each save in flight registers its temporary's path in a slot: claimed (1),
@@ -83,7 +91,7 @@ class RegisteredTemp {
       int expected = 0;
       if (!s.state.compare_exchange_strong(expected, 1)) continue;
       std::memcpy(s.path.data(), tmp.c_str(), tmp.native().size() + 1);
-      s.state.store(2, std::memory_order_release);
+      s.state.store(2);
       slot_ = &s;
       return;
     }
@@ -95,7 +103,7 @@ class RegisteredTemp {
   /// The process is exiting on a signal: remove the temporary, free the
   /// slot, and never return (the signal thread ends the process).
   void abandon_if_terminating() {
-    if (!g_terminating.load(std::memory_order_acquire)) return;
+    if (!g_terminating.load()) return;
     (void)::unlink(tmp_.c_str());
     release();
     for (;;) ::pause();  // every signal is blocked here: sleeps until the exit
@@ -103,7 +111,7 @@ class RegisteredTemp {
 
  private:
   void release() {
-    if (slot_ != nullptr) slot_->state.store(0, std::memory_order_release);
+    if (slot_ != nullptr) slot_->state.store(0);
     slot_ = nullptr;
   }
   const std::filesystem::path& tmp_;
@@ -122,18 +130,28 @@ void write_all(int fd, const std::byte* p, std::size_t n, const std::filesystem:
   }
 }
 
+std::atomic<pid_t> g_signal_thread{0};  // the thread that takes SIGINT/SIGTERM with sigwait
+
+/// On a thread that does not block the signals: to the signal thread, which
+/// does (tgkill is async-signal-safe; errno is left as it was).
+extern "C" void forward_to_signal_thread(int sig) {
+  const int saved = errno;
+  if (const pid_t tid = g_signal_thread.load(); tid != 0) (void)::syscall(SYS_tgkill, ::getpid(), tid, sig);
+  errno = saved;
+}
+
 [[noreturn]] void end_on_signal(int sig) {
-  g_terminating.store(true, std::memory_order_release);
+  g_terminating.store(true);
   const auto deadline = std::chrono::steady_clock::now() + kSaveGrace;
   const auto in_flight = [] {
     return std::any_of(g_temporaries.begin(), g_temporaries.end(),
-                       [](const TempSlot& s) { return s.state.load(std::memory_order_acquire) != 0; });
+                       [](const TempSlot& s) { return s.state.load() != 0; });
   };
   while (in_flight() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (TempSlot& s : g_temporaries) {  // saves still stuck past the grace
-    if (s.state.load(std::memory_order_acquire) == 2) (void)::unlink(s.path.data());
+    if (s.state.load() == 2) (void)::unlink(s.path.data());
   }
   ::_exit(128 + sig);
 }
@@ -172,16 +190,31 @@ void install_checkpoint_signal_handlers() {
       throw Error(fmt::format("cannot block SIGINT/SIGTERM: {}", std::strerror(e)));
     }
     // Note [Temporaries and signals]
-    std::thread([set] {
+    std::promise<pid_t> started;
+    std::future<pid_t> tid = started.get_future();
+    std::thread([set, started = std::move(started)]() mutable {
+      started.set_value(static_cast<pid_t>(::syscall(SYS_gettid)));
       int sig = 0;
       while (::sigwait(&set, &sig) != 0) {
       }
       end_on_signal(sig);
     }).detach();
+    g_signal_thread.store(tid.get());
+    // Threads that existed before this call (OpenBLAS starts its pool when
+    // it is loaded) do not block the signals: there a handler passes the
+    // signal on to the signal thread.
+    for (const int sig : {SIGINT, SIGTERM}) {
+      if (sigismember(&set, sig) != 1) continue;
+      struct sigaction sa {};
+      sa.sa_handler = forward_to_signal_thread;
+      sa.sa_flags = SA_RESTART;
+      sigemptyset(&sa.sa_mask);
+      (void)::sigaction(sig, &sa, nullptr);
+    }
   });
 }
 
-bool termination_requested() { return g_terminating.load(std::memory_order_acquire); }
+bool termination_requested() { return g_terminating.load(); }
 
 CheckpointLock::CheckpointLock(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
