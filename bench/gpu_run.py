@@ -230,6 +230,202 @@ def python312():
     return None
 
 
+def probe_host(r, a, root):
+    """The bundle, the GPUs and CUDA's libraries here; the summary's first lines."""
+    with open(os.path.join(root, "MANIFEST")) as f:
+        manifest = f.read().splitlines()
+    r.say("bundle: " + "; ".join(manifest[:3]))
+    smi = None
+    if shutil.which("nvidia-smi"):
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            r.say("nvidia-smi did not answer within 30 s")
+    gpus = [line for line in (smi.stdout.splitlines() if smi and smi.returncode == 0 else []) if line.strip()]
+    r.gpus = len(gpus)
+    r.say(f"GPUs: {gpus or 'none'}")
+    python = sys.executable if not a.rehearse else (python312() or "")
+    found = find_cuda_dirs(sys.executable)
+    r.cuda_dirs = sorted(set(found.values()))
+    r.say(f"CUDA libraries: {found or 'none found'}")
+    r.write_summary(mode="rehearse" if a.rehearse else "gpu", gpus=r.gpus, cuda_libraries=r.cuda_dirs,
+                    bundle=manifest[:3])
+    if a.rehearse and r.gpus:
+        r.say("a GPU is here, but --rehearse runs only what needs none")
+    if not a.rehearse and not r.gpus:
+        r.say("no GPU here: every GPU step will fail (use --rehearse on a machine without one)")
+    return manifest, found, python
+
+
+def library_and_module_steps(r, a, root, found, python):
+    """The bundle's libraries resolve; the module imports under Python 3.12."""
+    r.run("libraries", ["true"], 10, gpu=False, check=lambda _: check_libraries(r))
+    for lib in ("libcublas.so.13", "libnccl.so.2"):  # the runtime is linked statically
+        if lib not in found and not a.rehearse:
+            r.not_checked(f"find {lib}", "not in this Python's nvidia wheels, torch/lib or /usr/local/cuda")
+
+    # The Python module with a 3.12 interpreter: the device's with its
+    # torch; in a rehearsal the extension alone (no torch here for 3.12).
+    module = glob.glob(os.path.join(root, "python", "pinfeed", "_pinfeed*.so"))
+    if a.rehearse:
+        if not python:
+            r.not_checked("python module", "no Python 3.12 here (pyenv install 3.12)")
+        else:
+            code = ("import importlib.util as u, sys; s = u.spec_from_file_location('_pinfeed', sys.argv[1]); "
+                    "m = u.module_from_spec(s); s.loader.exec_module(m); print(sys.version.split()[0], m.__name__, "
+                    "len(dir(m)), 'names')")
+            r.run("python module", [python, "-c", code, module[0]], 60, gpu=False,
+                  check=lambda out: {"imported": out.strip()})
+    else:
+        code = ("import sys, torch, pinfeed; print(sys.version.split()[0], pinfeed.__file__, torch.__version__, "
+                "torch.cuda.is_available())")
+
+        def torch_sees_gpu(out):
+            assert out.split()[-1] == "True", f"torch sees no GPU: {out.strip()}"
+            return {"torch": out.split()[-2]}
+        r.run("python module", [python, "-c", code], 90, gpu=False,
+              env=r.env(PYTHONPATH=os.path.join(root, "python")), check=torch_sees_gpu)
+
+
+def gpu_test_steps(r):
+    """The GPU test executables (ctest -L gpu); they load in a rehearsal too."""
+    # The GPU test executables (ctest -L gpu). They load in a rehearsal too.
+    gpu_tests = ("pinned_resource_gpu_test", "device_backend_gpu_test", "ddp_gpu_test")
+    for t in gpu_tests:
+        r.run(f"{t} loads", [r.test(t), "--gtest_list_tests"], 30, gpu=False, quiet=True,
+              check=lambda out: {"tests": sum(1 for line in out.splitlines() if line.startswith("  "))})
+        r.run(t, [r.test(t), "--gtest_brief=1"], 90, check=no_skips)
+
+
+def diag_and_copy_steps(r, a):
+    """pinfeed-diag, pinning, and host-to-device copies."""
+    # pinfeed-diag's GPU section names the device; the pool pins through
+    # cudaHostRegister (the memory bench's resource pins automatically).
+    # Both run without a GPU too: in a rehearsal, the same commands.
+    def diag_sees_gpu(out):
+        j = last_json(out)
+        gpus = j["cuda"]["devices"]
+        assert gpus or a.rehearse, f"pinfeed-diag reports no GPU: {j['cuda'].get('message')}"
+        return {"gpus": len(gpus), "plan": j.get("plan")}
+    r.run("pinfeed-diag", [r.bin("pinfeed-diag"), "--gpus", "1", "--batch", "256x3x224x224:u8", "--prefetch", "4",
+          "--sample-ms", "100", "--json"], 30, gpu=False, check=diag_sees_gpu)
+    r.run("pinning through cudaHostRegister", [r.bin("pinfeed-memory-bench"), "--benchmark_filter=Pinned|Pool",
+          "--benchmark_min_time=0.05", "--benchmark_repetitions=1"], 90, gpu=False)
+
+    # Host-to-device copies: pinned must beat pageable clearly (on a GPU;
+    # the CPU backend's two copies are both memcpy).
+    def copy_figures(out):
+        j = last_json(out)
+        ratio = j["pageable_over_pinned"]
+        figures = {k: j[k] for k in ("pinned_gb_per_s", "pageable_gb_per_s", "pageable_over_pinned")}
+        if j["device"].startswith("cuda"):
+            assert ratio > 1.25, f"pageable copies take {ratio:.2f}x the pinned time: pinned is not clearly faster"
+        return figures
+    r.run("copy cpu (the CPU backend's mechanism)", [r.bin("pinfeed-bench"), "copy", "--device", "cpu", "--mib", "64",
+          "--repeat", "3", "--json"], 60, gpu=False, check=copy_figures)
+    r.run("copy pinned vs pageable", [r.bin("pinfeed-bench"), "copy", "--device", "cuda:0", "--mib", "256",
+          "--repeat", "10", "--json"], 60, check=copy_figures)
+
+
+def training_steps(r, a, data):
+    """pinfeed-train on cuda:0 (the CPU twins in a rehearsal)."""
+    # Training on cuda:0: the MLP and the CNN; loss falls, every batch
+    # pinned, held-out accuracy above the bar. The same runs on the CPU
+    # backend in a rehearsal, smaller, with the same assertions.
+    r.run("datasets", ["sh", "-c", f"{shlex.quote(r.bin('pinfeed-data'))} -q make --out {data}/mlp --classes 10 "
+          f"--per-class 400 --val 0.2 --seed 1 && {shlex.quote(r.bin('pinfeed-data'))} -q make --out {data}/tex "
+          f"--classes 4 --per-class 300 --val 0.2 --style texture --seed 2"], 120, gpu=False)
+    train = [r.bin("pinfeed-train"), "--json", "-q"]
+    mlp = ["--data", f"{data}/mlp/train", "--val", f"{data}/mlp/val", "--epochs", "5", "--batch-size", "32",
+           "--size", "64", "--pool", "8"]
+    cnn = ["--data", f"{data}/tex/train", "--val", f"{data}/tex/val", "--epochs", "6", "--batch-size", "64",
+           "--size", "64", "--model", "cnn:32,64,128", "--lr", "0.4"]
+    bars = {"mlp": 0.5, "cnn": 0.6}
+
+    def trained(kind, gpu_run):
+        def check(out):
+            j = last_json(out)
+            first, last = j["epochs"][0], j["epochs"][-1]
+            assert last["loss"] < 0.7 * first["loss"], f"loss went {first['loss']:.3f} -> {last['loss']:.3f}"
+            if gpu_run:
+                assert all(e["pinned_batches"] > 0 and e["pageable_batches"] == 0 for e in j["epochs"]), \
+                    "a GPU epoch had pageable batches (or none pinned)"
+            assert last["val_accuracy"] >= bars[kind], \
+                f"held-out accuracy {last['val_accuracy']:.3f} is under the bar {bars[kind]}"
+            return {"loss_first": first["loss"], "loss_last": last["loss"], "val_accuracy": last["val_accuracy"],
+                    "images_per_second": last["images_per_second"], "data_wait_fraction": last["data_wait_fraction"],
+                    "steps_per_epoch": last["steps"]}
+        return check
+    if a.rehearse:
+        r.run("train mlp (cpu backend)", train + mlp + ["--devices", "cpu:1"], 240, gpu=False,
+              check=trained("mlp", False))
+        small = ["--data", f"{data}/tex/train", "--val", f"{data}/tex/val", "--epochs", "4", "--batch-size", "32",
+                 "--size", "32", "--model", "cnn:8,16", "--lr", "0.2"]
+        r.run("train cnn (cpu backend)", train + small + ["--devices", "cpu:1"], 240, gpu=False,
+              check=trained("cnn", False))
+    r.run("train mlp on cuda:0", train + mlp + ["--devices", "cuda:0"], 90, check=trained("mlp", True))
+    r.run("train cnn on cuda:0", train + cnn + ["--devices", "cuda:0"], 90, check=trained("cnn", True))
+
+    # Compute-bound (an MLP of 3 x 32768 on 32 px images, ~13.5 GFLOP an
+    # image against the loader's 10k+ images/s at 16 threads; 25 steps an
+    # epoch): the loader and the copies keep up, the GPU never waits.
+    def compute_bound(out):
+        last = last_json(out)["epochs"][-1]
+        assert last["steps"] >= 20, f"{last['steps']} steps in the last epoch: too few to judge the wait"
+        assert last["data_wait_fraction"] < 0.1, \
+            f"data_wait_fraction {last['data_wait_fraction']:.3f} in a compute-bound run: the feed stalls the GPU"
+        return {k: last[k] for k in ("images_per_second", "data_wait_fraction", "steps")}
+    r.run("compute-bound mlp on cuda:0", train + ["--data", f"{data}/mlp/train", "--epochs", "2", "--batch-size", "128",
+          "--size", "32", "--pool", "1", "--hidden", "32768,32768,32768", "--threads", "16", "--devices", "cuda:0"],
+          120, check=compute_bound)
+    # The loader -> GPU feed at 224 px, 16 decode threads, --profile's step breakdown.
+    r.run("feed cnn 224px, 16 threads", train + ["--data", f"{data}/mlp/train", "--epochs", "2", "--batch-size", "128",
+          "--size", "224", "--model", "cnn:32,64,128,256", "--threads", "16", "--profile", "--devices", "cuda:0"],
+          90, check=lambda out: {k: last_json(out)["epochs"][-1].get(k) for k in
+                                 ("images_per_second", "data_wait_fraction", "profile_seconds_per_step")})
+
+
+def python_steps(r, root, repo, python, data):
+    """The Python module with the device's torch."""
+    # Python with the device's torch: device= batches against batches
+    # moved by hand, then images/s through Python into GPU memory.
+    py_env = r.env(PYTHONPATH=os.path.join(root, "python"), PINFEED_DATA_TOOL=r.bin("pinfeed-data"),
+                   PINFEED_TRAIN_TOOL=r.bin("pinfeed-train"), PYTHONUNBUFFERED=1)
+    r.run("python device tests", [python or "python3", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+          os.path.join(repo, "tests", "python", "test_device_gpu.py")], 90, env=py_env, check=pytest_no_skips)
+    r.run("python feed 224px, 16 threads", [python or "python3", os.path.join(repo, "bench", "python_device_bench.py"),
+          f"{data}/mlp/train", "--device", "cuda:0", "--batch-size", "256", "--size", "224", "--threads", "16",
+          "--rounds", "3", "--json"], 90, env=py_env,
+          check=lambda out: {k: v for k, v in last_json(out).items() if k != "rounds"})
+
+
+def sanitizer_steps(r, a):
+    """compute-sanitizer memcheck and racecheck."""
+    # compute-sanitizer last (the slowest steps, so they cannot starve the
+    # rest): memcheck over the CNN's kernels (im2col/col2im, BatchNorm,
+    # pooling, the whole CNN's gradient), racecheck without the whole-CNN
+    # test (its ~10k launches under racecheck are the slowest of all).
+    nvcc = shutil.which("nvcc")
+    sanitizer = shutil.which("compute-sanitizer") or next(iter(
+        ([os.path.join(os.path.dirname(nvcc), "compute-sanitizer")] if nvcc else []) +
+        glob.glob("/usr/local/cuda*/bin/compute-sanitizer") + glob.glob("/opt/nvidia/*/compute-sanitizer")), None)
+    if sanitizer and not os.path.exists(sanitizer):
+        sanitizer = None
+    twins = {"memcheck": "*Im2col*:*Col2im*:*BatchNorm*:*GlobalAveragePooling*:*Cnn*",
+             "racecheck": "*Im2col*:*Col2im*:*BatchNorm*:*GlobalAveragePooling*"}
+    r.run("compute-sanitizer's tests", [r.test("device_backend_gpu_test"), "--gtest_list_tests",
+          f"--gtest_filter={twins['memcheck']}"], 30, gpu=False, quiet=True, check=lambda out: {"tests": at_least(
+              5, sum(1 for line in out.splitlines() if line.startswith("  ")), "tests match the sanitizer's filter")})
+    for tool in ("memcheck", "racecheck"):
+        cmd = [sanitizer or "compute-sanitizer", "--tool", tool, "--error-exitcode", "3",
+               r.test("device_backend_gpu_test"), f"--gtest_filter={twins[tool]}"]
+        if sanitizer or a.rehearse:
+            r.run(f"compute-sanitizer {tool}", cmd, 150, check=lambda out, t=tool: sanitizer_clean(t, out))
+        else:
+            r.not_checked(f"compute-sanitizer {tool}", "compute-sanitizer is not installed here")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", default=".gpu/pinfeed-gpu.tar.xz")
@@ -256,179 +452,13 @@ def main():
     data = os.path.join(work, "data")
     manifest, finished = [], False
     try:
-        with open(os.path.join(root, "MANIFEST")) as f:
-            manifest = f.read().splitlines()
-        r.say("bundle: " + "; ".join(manifest[:3]))
-        smi = None
-        if shutil.which("nvidia-smi"):
-            try:
-                smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                                      "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-            except subprocess.TimeoutExpired:
-                r.say("nvidia-smi did not answer within 30 s")
-        gpus = [line for line in (smi.stdout.splitlines() if smi and smi.returncode == 0 else []) if line.strip()]
-        r.gpus = len(gpus)
-        r.say(f"GPUs: {gpus or 'none'}")
-        python = sys.executable if not a.rehearse else (python312() or "")
-        found = find_cuda_dirs(sys.executable)
-        r.cuda_dirs = sorted(set(found.values()))
-        r.say(f"CUDA libraries: {found or 'none found'}")
-        r.write_summary(mode="rehearse" if a.rehearse else "gpu", gpus=r.gpus, cuda_libraries=r.cuda_dirs,
-                        bundle=manifest[:3])
-        if a.rehearse and r.gpus:
-            r.say("a GPU is here, but --rehearse runs only what needs none")
-        if not a.rehearse and not r.gpus:
-            r.say("no GPU here: every GPU step will fail (use --rehearse on a machine without one)")
-
-        r.run("libraries", ["true"], 10, gpu=False, check=lambda _: check_libraries(r))
-        for lib in ("libcublas.so.13", "libnccl.so.2"):  # the runtime is linked statically
-            if lib not in found and not a.rehearse:
-                r.not_checked(f"find {lib}", "not in this Python's nvidia wheels, torch/lib or /usr/local/cuda")
-
-        # The Python module with a 3.12 interpreter: the device's with its
-        # torch; in a rehearsal the extension alone (no torch here for 3.12).
-        module = glob.glob(os.path.join(root, "python", "pinfeed", "_pinfeed*.so"))
-        if a.rehearse:
-            if not python:
-                r.not_checked("python module", "no Python 3.12 here (pyenv install 3.12)")
-            else:
-                code = ("import importlib.util as u, sys; s = u.spec_from_file_location('_pinfeed', sys.argv[1]); "
-                        "m = u.module_from_spec(s); s.loader.exec_module(m); print(sys.version.split()[0], m.__name__, "
-                        "len(dir(m)), 'names')")
-                r.run("python module", [python, "-c", code, module[0]], 60, gpu=False,
-                      check=lambda out: {"imported": out.strip()})
-        else:
-            code = ("import sys, torch, pinfeed; print(sys.version.split()[0], pinfeed.__file__, torch.__version__, "
-                    "torch.cuda.is_available())")
-
-            def torch_sees_gpu(out):
-                assert out.split()[-1] == "True", f"torch sees no GPU: {out.strip()}"
-                return {"torch": out.split()[-2]}
-            r.run("python module", [python, "-c", code], 90, gpu=False,
-                  env=r.env(PYTHONPATH=os.path.join(root, "python")), check=torch_sees_gpu)
-
-        # The GPU test executables (ctest -L gpu). They load in a rehearsal too.
-        gpu_tests = ("pinned_resource_gpu_test", "device_backend_gpu_test", "ddp_gpu_test")
-        for t in gpu_tests:
-            r.run(f"{t} loads", [r.test(t), "--gtest_list_tests"], 30, gpu=False, quiet=True,
-                  check=lambda out: {"tests": sum(1 for line in out.splitlines() if line.startswith("  "))})
-            r.run(t, [r.test(t), "--gtest_brief=1"], 90, check=no_skips)
-
-        # pinfeed-diag's GPU section names the device; the pool pins through
-        # cudaHostRegister (the memory bench's resource pins automatically).
-        # Both run without a GPU too: in a rehearsal, the same commands.
-        def diag_sees_gpu(out):
-            j = last_json(out)
-            gpus = j["cuda"]["devices"]
-            assert gpus or a.rehearse, f"pinfeed-diag reports no GPU: {j['cuda'].get('message')}"
-            return {"gpus": len(gpus), "plan": j.get("plan")}
-        r.run("pinfeed-diag", [r.bin("pinfeed-diag"), "--gpus", "1", "--batch", "256x3x224x224:u8", "--prefetch", "4",
-              "--sample-ms", "100", "--json"], 30, gpu=False, check=diag_sees_gpu)
-        r.run("pinning through cudaHostRegister", [r.bin("pinfeed-memory-bench"), "--benchmark_filter=Pinned|Pool",
-              "--benchmark_min_time=0.05", "--benchmark_repetitions=1"], 90, gpu=False)
-
-        # Host-to-device copies: pinned must beat pageable clearly (on a GPU;
-        # the CPU backend's two copies are both memcpy).
-        def copy_figures(out):
-            j = last_json(out)
-            ratio = j["pageable_over_pinned"]
-            figures = {k: j[k] for k in ("pinned_gb_per_s", "pageable_gb_per_s", "pageable_over_pinned")}
-            if j["device"].startswith("cuda"):
-                assert ratio > 1.25, f"pageable copies take {ratio:.2f}x the pinned time: pinned is not clearly faster"
-            return figures
-        r.run("copy cpu (the CPU backend's mechanism)", [r.bin("pinfeed-bench"), "copy", "--device", "cpu", "--mib", "64",
-              "--repeat", "3", "--json"], 60, gpu=False, check=copy_figures)
-        r.run("copy pinned vs pageable", [r.bin("pinfeed-bench"), "copy", "--device", "cuda:0", "--mib", "256",
-              "--repeat", "10", "--json"], 60, check=copy_figures)
-
-        # Training on cuda:0: the MLP and the CNN; loss falls, every batch
-        # pinned, held-out accuracy above the bar. The same runs on the CPU
-        # backend in a rehearsal, smaller, with the same assertions.
-        r.run("datasets", ["sh", "-c", f"{shlex.quote(r.bin('pinfeed-data'))} -q make --out {data}/mlp --classes 10 "
-              f"--per-class 400 --val 0.2 --seed 1 && {shlex.quote(r.bin('pinfeed-data'))} -q make --out {data}/tex "
-              f"--classes 4 --per-class 300 --val 0.2 --style texture --seed 2"], 120, gpu=False)
-        train = [r.bin("pinfeed-train"), "--json", "-q"]
-        mlp = ["--data", f"{data}/mlp/train", "--val", f"{data}/mlp/val", "--epochs", "5", "--batch-size", "32",
-               "--size", "64", "--pool", "8"]
-        cnn = ["--data", f"{data}/tex/train", "--val", f"{data}/tex/val", "--epochs", "6", "--batch-size", "64",
-               "--size", "64", "--model", "cnn:32,64,128", "--lr", "0.4"]
-        bars = {"mlp": 0.5, "cnn": 0.6}
-
-        def trained(kind, gpu_run):
-            def check(out):
-                j = last_json(out)
-                first, last = j["epochs"][0], j["epochs"][-1]
-                assert last["loss"] < 0.7 * first["loss"], f"loss went {first['loss']:.3f} -> {last['loss']:.3f}"
-                if gpu_run:
-                    assert all(e["pinned_batches"] > 0 and e["pageable_batches"] == 0 for e in j["epochs"]), \
-                        "a GPU epoch had pageable batches (or none pinned)"
-                assert last["val_accuracy"] >= bars[kind], \
-                    f"held-out accuracy {last['val_accuracy']:.3f} is under the bar {bars[kind]}"
-                return {"loss_first": first["loss"], "loss_last": last["loss"], "val_accuracy": last["val_accuracy"],
-                        "images_per_second": last["images_per_second"], "data_wait_fraction": last["data_wait_fraction"],
-                        "steps_per_epoch": last["steps"]}
-            return check
-        if a.rehearse:
-            r.run("train mlp (cpu backend)", train + mlp + ["--devices", "cpu:1"], 240, gpu=False,
-                  check=trained("mlp", False))
-            small = ["--data", f"{data}/tex/train", "--val", f"{data}/tex/val", "--epochs", "4", "--batch-size", "32",
-                     "--size", "32", "--model", "cnn:8,16", "--lr", "0.2"]
-            r.run("train cnn (cpu backend)", train + small + ["--devices", "cpu:1"], 240, gpu=False,
-                  check=trained("cnn", False))
-        r.run("train mlp on cuda:0", train + mlp + ["--devices", "cuda:0"], 90, check=trained("mlp", True))
-        r.run("train cnn on cuda:0", train + cnn + ["--devices", "cuda:0"], 90, check=trained("cnn", True))
-
-        # Compute-bound (an MLP of 3 x 32768 on 32 px images, ~13.5 GFLOP an
-        # image against the loader's 10k+ images/s at 16 threads; 25 steps an
-        # epoch): the loader and the copies keep up, the GPU never waits.
-        def compute_bound(out):
-            last = last_json(out)["epochs"][-1]
-            assert last["steps"] >= 20, f"{last['steps']} steps in the last epoch: too few to judge the wait"
-            assert last["data_wait_fraction"] < 0.1, \
-                f"data_wait_fraction {last['data_wait_fraction']:.3f} in a compute-bound run: the feed stalls the GPU"
-            return {k: last[k] for k in ("images_per_second", "data_wait_fraction", "steps")}
-        r.run("compute-bound mlp on cuda:0", train + ["--data", f"{data}/mlp/train", "--epochs", "2", "--batch-size", "128",
-              "--size", "32", "--pool", "1", "--hidden", "32768,32768,32768", "--threads", "16", "--devices", "cuda:0"],
-              120, check=compute_bound)
-        # The loader -> GPU feed at 224 px, 16 decode threads, --profile's step breakdown.
-        r.run("feed cnn 224px, 16 threads", train + ["--data", f"{data}/mlp/train", "--epochs", "2", "--batch-size", "128",
-              "--size", "224", "--model", "cnn:32,64,128,256", "--threads", "16", "--profile", "--devices", "cuda:0"],
-              90, check=lambda out: {k: last_json(out)["epochs"][-1].get(k) for k in
-                                     ("images_per_second", "data_wait_fraction", "profile_seconds_per_step")})
-
-        # Python with the device's torch: device= batches against batches
-        # moved by hand, then images/s through Python into GPU memory.
-        py_env = r.env(PYTHONPATH=os.path.join(root, "python"), PINFEED_DATA_TOOL=r.bin("pinfeed-data"),
-                       PINFEED_TRAIN_TOOL=r.bin("pinfeed-train"), PYTHONUNBUFFERED=1)
-        r.run("python device tests", [python or "python3", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-              os.path.join(repo, "tests", "python", "test_device_gpu.py")], 90, env=py_env, check=pytest_no_skips)
-        r.run("python feed 224px, 16 threads", [python or "python3", os.path.join(repo, "bench", "python_device_bench.py"),
-              f"{data}/mlp/train", "--device", "cuda:0", "--batch-size", "256", "--size", "224", "--threads", "16",
-              "--rounds", "3", "--json"], 90, env=py_env,
-              check=lambda out: {k: v for k, v in last_json(out).items() if k != "rounds"})
-
-        # compute-sanitizer last (the slowest steps, so they cannot starve the
-        # rest): memcheck over the CNN's kernels (im2col/col2im, BatchNorm,
-        # pooling, the whole CNN's gradient), racecheck without the whole-CNN
-        # test (its ~10k launches under racecheck are the slowest of all).
-        nvcc = shutil.which("nvcc")
-        sanitizer = shutil.which("compute-sanitizer") or next(iter(
-            ([os.path.join(os.path.dirname(nvcc), "compute-sanitizer")] if nvcc else []) +
-            glob.glob("/usr/local/cuda*/bin/compute-sanitizer") + glob.glob("/opt/nvidia/*/compute-sanitizer")), None)
-        if sanitizer and not os.path.exists(sanitizer):
-            sanitizer = None
-        twins = {"memcheck": "*Im2col*:*Col2im*:*BatchNorm*:*GlobalAveragePooling*:*Cnn*",
-                 "racecheck": "*Im2col*:*Col2im*:*BatchNorm*:*GlobalAveragePooling*"}
-        r.run("compute-sanitizer's tests", [r.test("device_backend_gpu_test"), "--gtest_list_tests",
-              f"--gtest_filter={twins['memcheck']}"], 30, gpu=False, quiet=True, check=lambda out: {"tests": at_least(
-                  5, sum(1 for line in out.splitlines() if line.startswith("  ")), "tests match the sanitizer's filter")})
-        for tool in ("memcheck", "racecheck"):
-            cmd = [sanitizer or "compute-sanitizer", "--tool", tool, "--error-exitcode", "3",
-                   r.test("device_backend_gpu_test"), f"--gtest_filter={twins[tool]}"]
-            if sanitizer or a.rehearse:
-                r.run(f"compute-sanitizer {tool}", cmd, 150, check=lambda out, t=tool: sanitizer_clean(t, out))
-            else:
-                r.not_checked(f"compute-sanitizer {tool}", "compute-sanitizer is not installed here")
+        manifest, found, python = probe_host(r, a, root)
+        library_and_module_steps(r, a, root, found, python)
+        gpu_test_steps(r)
+        diag_and_copy_steps(r, a)
+        training_steps(r, a, data)
+        python_steps(r, root, repo, python, data)
+        sanitizer_steps(r, a)
         finished = True
     finally:
         failed = [s["name"] for s in r.steps if s["status"] == "fail"]

@@ -33,6 +33,114 @@ pl::Progress progress_bar(const std::string& what) {
   return [bar](std::size_t done, std::size_t total) { bar->update(done, total); };
 }
 
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Each subcommand: its flags (add) and what it does (run).
+struct MakeCommand {
+  pl::SyntheticDatasetConfig make;
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    app = parent.add_subcommand("make", "write a deterministic synthetic ImageNet-like JPEG set (ImageFolder layout)");
+    app->add_option("--out", make.out, "output folder (train/ and val/ inside)")->required();
+    app->add_option("--classes", make.classes, "number of classes")->check(CLI::Range(1, 1000));
+    app->add_option("--per-class", make.per_class, "images per class")->check(CLI::Range(1, 100000));
+    app->add_option("--val", make.val_fraction, "share of each class written to val/")->check(CLI::Range(0.0, 0.9));
+    app->add_option("--seed", make.seed, "seed: the same seed writes the same bytes");
+    app->add_option("--quality", make.quality, "JPEG (and WebP) quality")->check(CLI::Range(1, 100));
+    app->add_option("--format", make.format, "image format: " + pl::codec_words())
+        ->check(CLI::IsMember(pl::codec_word_list()))
+        ->capture_default_str();
+    app->add_option("--style", make.style,
+                    "what tells the classes apart: photo (hue, grating angle: a colour average does) or texture (fine "
+                    "stripes, checks or blobs under random colours: a convolution does, average pooling cannot)")
+        ->check(CLI::IsMember({"photo", "texture"}))
+        ->capture_default_str();
+    app->add_option("--threads", make.threads, "threads (0: every core)");
+  }
+
+  int run(bool quiet) const {
+    const auto t0 = Clock::now();
+    const auto s = pl::write_synthetic_dataset(make, quiet ? pl::Progress{} : progress_bar("make"));
+    const std::size_t files = s.train_files + s.val_files;
+    const std::string kind =
+        fmt::format("{}s", pl::find_codec(pl::parse_image_format(make.format, "--format"))->display);
+    fmt::print("wrote {} train + {} val {}, {} classes, {} ({:.0f} KB per file on average) to {} in {:.1f} s\n",
+               s.train_files, s.val_files, kind, make.classes, pinfeed::format_bytes(s.bytes),
+               static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(), seconds_since(t0));
+    return 0;
+  }
+};
+
+struct PackCommand {
+  std::string from, out;
+  pl::PackConfig pack;
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    app = parent.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards");
+    app->add_option("--from", from, "ImageFolder root")->required()->check(CLI::ExistingDirectory);
+    app->add_option("--out", out, "shard prefix: PREFIX-000000.tar, ...")->required();
+    app->add_option("--per-shard", pack.per_shard, "samples per shard")
+        ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
+        ->capture_default_str();
+    app->add_option("--max-side", pack.max_side,
+                    "re-encode images whose longer side exceeds N as JPEGs with that side N (training decodes fewer "
+                    "pixels; smaller images are kept as they are); 0 keeps every file")
+        ->check(CLI::Range(0, 0) | CLI::Range(pl::kMinImageSize, pl::kMaxPackSide))
+        ->capture_default_str();
+    app->add_option("--quality", pack.quality, "JPEG quality of re-encoded images")
+        ->check(CLI::Range(1, 100))
+        ->capture_default_str();
+    app->add_option("--threads", pack.threads, "re-encoding threads (0: every core)");
+  }
+
+  int run(bool quiet) const {
+    const auto t0 = Clock::now();
+    const pl::ImageFolder folder(from);
+    const auto s = pl::pack_shards(folder, out, pack, quiet ? pl::Progress{} : progress_bar("pack"));
+    fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", s.samples, folder.num_classes(), s.pattern,
+               seconds_since(t0));
+    if (pack.max_side > 0) {
+      fmt::print("  {} of {} re-encoded with the longer side {} at quality {}: {} -> {} of images\n", s.resized,
+                 s.samples, pack.max_side, pack.quality, pinfeed::format_bytes(s.bytes_in),
+                 pinfeed::format_bytes(s.bytes_out));
+    }
+    return 0;
+  }
+};
+
+struct ScanCommand {
+  std::string what;
+  bool as_json = false;
+  unsigned threads = 0;
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    app = parent.add_subcommand("scan", "decode every sample and report the ones that fail");
+    app->add_option("dataset", what, "folder, file list, or tar shard pattern")->required();
+    app->add_flag("--json", as_json, "print JSON");
+    app->add_option("--threads", threads, "threads (0: every core)");
+  }
+
+  int run(bool quiet) const {
+    const auto t0 = Clock::now();
+    const auto dataset = pl::open_dataset(what);
+    const auto bad = pl::scan_dataset(*dataset, threads, quiet || as_json ? pl::Progress{} : progress_bar("scan"));
+    if (as_json) {
+      json j{{"dataset", dataset->summary()}, {"samples", dataset->size()}, {"bad", json::array()}};
+      for (const auto& b : bad) j["bad"].push_back({{"index", b.index}, {"path", b.where}, {"reason", b.reason}});
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("{}\n", dataset->summary());
+      for (const auto& b : bad) fmt::print("  bad: {}: {}\n", b.where, b.reason);
+      fmt::print("{} of {} samples cannot be used ({:.1f} s)\n", bad.size(), dataset->size(), seconds_since(t0));
+    }
+    return bad.empty() ? 0 : 1;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,86 +150,17 @@ int main(int argc, char** argv) {
   app.fallthrough();  // -q works after the subcommand too
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "no progress output");
-
-  pl::SyntheticDatasetConfig make;
-  auto* mk = app.add_subcommand("make", "write a deterministic synthetic ImageNet-like JPEG set (ImageFolder layout)");
-  mk->add_option("--out", make.out, "output folder (train/ and val/ inside)")->required();
-  mk->add_option("--classes", make.classes, "number of classes")->check(CLI::Range(1, 1000));
-  mk->add_option("--per-class", make.per_class, "images per class")->check(CLI::Range(1, 100000));
-  mk->add_option("--val", make.val_fraction, "share of each class written to val/")->check(CLI::Range(0.0, 0.9));
-  mk->add_option("--seed", make.seed, "seed: the same seed writes the same bytes");
-  mk->add_option("--quality", make.quality, "JPEG (and WebP) quality")->check(CLI::Range(1, 100));
-  mk->add_option("--format", make.format, "image format: " + pl::codec_words())
-      ->check(CLI::IsMember(pl::codec_word_list()))
-      ->capture_default_str();
-  mk->add_option("--style", make.style,
-                 "what tells the classes apart: photo (hue, grating angle: a colour average does) or texture (fine "
-                 "stripes, checks or blobs under random colours: a convolution does, average pooling cannot)")
-      ->check(CLI::IsMember({"photo", "texture"}))
-      ->capture_default_str();
-  mk->add_option("--threads", make.threads, "threads (0: every core)");
-
-  std::string pack_from, pack_out;
-  pl::PackConfig pack;
-  auto* pk = app.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards");
-  pk->add_option("--from", pack_from, "ImageFolder root")->required()->check(CLI::ExistingDirectory);
-  pk->add_option("--out", pack_out, "shard prefix: PREFIX-000000.tar, ...")->required();
-  pk->add_option("--per-shard", pack.per_shard, "samples per shard")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
-      ->capture_default_str();
-  pk->add_option("--max-side", pack.max_side,
-                 "re-encode images whose longer side exceeds N as JPEGs with that side N (training decodes fewer "
-                 "pixels; smaller images are kept as they are); 0 keeps every file")
-      ->check(CLI::Range(0, 0) | CLI::Range(pl::kMinImageSize, pl::kMaxPackSide))
-      ->capture_default_str();
-  pk->add_option("--quality", pack.quality, "JPEG quality of re-encoded images")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  pk->add_option("--threads", pack.threads, "re-encoding threads (0: every core)");
-
-  std::string scan_what;
-  bool scan_json = false;
-  unsigned scan_threads = 0;
-  auto* sc = app.add_subcommand("scan", "decode every sample and report the ones that fail");
-  sc->add_option("dataset", scan_what, "folder, file list, or tar shard pattern")->required();
-  sc->add_flag("--json", scan_json, "print JSON");
-  sc->add_option("--threads", scan_threads, "threads (0: every core)");
-
+  MakeCommand make;
+  PackCommand pack;
+  ScanCommand scan;
+  make.add(app);
+  pack.add(app);
+  scan.add(app);
   return pinfeed::tools::run_tool("pinfeed-data", app, argc, argv, [&]() -> int {
     spdlog::set_level(spdlog::level::warn);
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-    if (*mk) {
-      const auto s = pl::write_synthetic_dataset(make, quiet ? pl::Progress{} : progress_bar("make"));
-      const std::size_t files = s.train_files + s.val_files;
-      const std::string kind =
-          fmt::format("{}s", pl::find_codec(pl::parse_image_format(make.format, "--format"))->display);
-      fmt::print("wrote {} train + {} val {}, {} classes, {} ({:.0f} KB per file on average) to {} in {:.1f} s\n",
-                 s.train_files, s.val_files, kind, make.classes, pinfeed::format_bytes(s.bytes),
-                 static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(), seconds());
-    } else if (*pk) {
-      const pl::ImageFolder folder(pack_from);
-      const auto s = pl::pack_shards(folder, pack_out, pack, quiet ? pl::Progress{} : progress_bar("pack"));
-      fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", s.samples, folder.num_classes(), s.pattern, seconds());
-      if (pack.max_side > 0) {
-        fmt::print("  {} of {} re-encoded with the longer side {} at quality {}: {} -> {} of images\n", s.resized,
-                   s.samples, pack.max_side, pack.quality, pinfeed::format_bytes(s.bytes_in),
-                   pinfeed::format_bytes(s.bytes_out));
-      }
-    } else if (*sc) {
-      const auto dataset = pl::open_dataset(scan_what);
-      const auto bad = pl::scan_dataset(*dataset, scan_threads, quiet || scan_json ? pl::Progress{} : progress_bar("scan"));
-      if (scan_json) {
-        json j{{"dataset", dataset->summary()}, {"samples", dataset->size()}, {"bad", json::array()}};
-        for (const auto& b : bad) j["bad"].push_back({{"index", b.index}, {"path", b.where}, {"reason", b.reason}});
-        fmt::print("{}\n", j.dump(2));
-      } else {
-        fmt::print("{}\n", dataset->summary());
-        for (const auto& b : bad) fmt::print("  bad: {}: {}\n", b.where, b.reason);
-        fmt::print("{} of {} samples cannot be used ({:.1f} s)\n", bad.size(), dataset->size(), seconds());
-      }
-      return bad.empty() ? 0 : 1;
-    }
+    if (*make.app) return make.run(quiet);
+    if (*pack.app) return pack.run(quiet);
+    if (*scan.app) return scan.run(quiet);
     return 0;
   });
 }

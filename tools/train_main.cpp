@@ -198,30 +198,38 @@ void check_model_flags(const CLI::App& app, const pt::ModelConfig& model) {
   }
 }
 
-}  // namespace
+/// What the command line sets, beside the TrainConfig itself.
+struct TrainFlags {
+  pt::TrainConfig config;
+  std::string devices = "auto", compare_out = "compare", model_spec;
+  double bucket_mb = 25, comm_timeout_s = 300;
+  int compare = 0;
+  bool as_json = false, quiet = false, host_normalize = false;
 
-int main(int argc, char** argv) {
-  CLI::App app{"pinfeed-train: data-parallel training of the reference classifier, fed by the pinfeed loader"};
-  // The version names the communicators this build has: a wheel has no MPI
-  // (its plugins live at Debian's paths), and a launcher can ask first.
+  TrainFlags() {
+    config.loader.transform.size = 64;
+    config.model.pool = 4;
+  }
+};
+
+/// The version names the communicators this build has: a wheel has no MPI
+/// (its plugins live at Debian's paths), and a launcher can ask first.
+std::string version_text() {
   std::string communicators = "threads";
   for (const pt::LaunchBootstrap& b : pt::launch_bootstraps()) {
     if (b.compiled()) communicators += fmt::format(", {}", b.cpu_communicator);
   }
-  app.set_version_flag("--version", fmt::format("pinfeed-train 0.1.0 (communicators: {})", communicators));
-  pt::TrainConfig config;
-  config.loader.transform.size = 64;
-  config.model.pool = 4;
-  std::string devices = "auto", compare_out = "compare";
-  double bucket_mb = 25;
-  int compare = 0;
-  bool as_json = false, quiet = false, host_normalize = false;
+  return fmt::format("pinfeed-train 0.1.0 (communicators: {})", communicators);
+}
+
+void add_data_and_schedule_flags(CLI::App& app, TrainFlags& f) {
+  pt::TrainConfig& config = f.config;
   app.add_option("--data", config.loader.dataset, "training data: folder, file list or tar shard pattern")->required();
   app.add_option("--val", config.val_dataset, "validation data (center crop)");
   app.add_option("--val-resize", config.val_resize,
                  "validation: shorter side before the center crop (default: size * 256 / 224, torchvision's ratio)")
       ->check(CLI::Range(1, 16384));
-  app.add_option("--devices", devices, "cpu:N, cuda:0,1, cuda:all, or auto (every GPU, else 2 CPU workers)");
+  app.add_option("--devices", f.devices, "cpu:N, cuda:0,1, cuda:all, or auto (every GPU, else 2 CPU workers)");
   app.add_option("--epochs", config.epochs, "epochs")->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", config.global_batch, "global batch: samples per step over all workers")->check(CLI::Range(1, 1 << 20));
   app.add_option("--accumulation", config.accumulation, "micro-batches per step (no_sync on all but the last)")->check(CLI::Range(1, 1024));
@@ -236,17 +244,6 @@ int main(int argc, char** argv) {
                "--resume even if the training set changed since the checkpoint (classes, samples, files; refused "
                "otherwise, naming what changed)");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
-  std::string model_spec;
-  app.add_option("--model", model_spec,
-                 "mlp[:W,W...] (average pooling + MLP, the default) or cnn[:C,C...] (conv3x3+BatchNorm+ReLU blocks of C "
-                 "channels, each halving the resolution; cnn alone is cnn:32,64,128)");
-  app.add_flag("--sync-bn", config.model.sync_bn,
-               "cnn: BatchNorm statistics over every worker (SyncBatchNorm), not each worker's own (DDP's default)");
-  app.add_option("--pool", config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
-  app.add_option("--hidden", config.model.hidden, "hidden layer widths, comma separated")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 65536))
-      ->capture_default_str();
   // The loader's own options, from its table (seed also draws the initial
   // weights; threads are shared by the workers; prefetch is per worker).
   pinfeed::tools::add_loader_flags(app, config.loader,
@@ -254,42 +251,72 @@ int main(int argc, char** argv) {
                                     "flip", "flip_p", "interpolation", "threads:--loader-threads", "prefetch", "bad_sample",
                                     "max_replaced_share", "max_classes",
                                     "pin", "pinned_fraction", "pressure_floor"});
-  app.add_option("--bucket-cap-mb", bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
-  app.add_flag("--host-normalize", host_normalize, "normalize on the host (float32 batches) instead of on the device");
-  app.add_option("--compare", compare, "train with 1 and with N workers (same global batch) and plot both loss curves")
+}
+
+void add_model_flags(CLI::App& app, TrainFlags& f) {
+  app.add_option("--model", f.model_spec,
+                 "mlp[:W,W...] (average pooling + MLP, the default) or cnn[:C,C...] (conv3x3+BatchNorm+ReLU blocks of C "
+                 "channels, each halving the resolution; cnn alone is cnn:32,64,128)");
+  app.add_flag("--sync-bn", f.config.model.sync_bn,
+               "cnn: BatchNorm statistics over every worker (SyncBatchNorm), not each worker's own (DDP's default)");
+  app.add_option("--pool", f.config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
+  app.add_option("--hidden", f.config.model.hidden, "hidden layer widths, comma separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+}
+
+void add_run_flags(CLI::App& app, TrainFlags& f) {
+  app.add_option("--bucket-cap-mb", f.bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
+  app.add_flag("--host-normalize", f.host_normalize, "normalize on the host (float32 batches) instead of on the device");
+  app.add_option("--compare", f.compare, "train with 1 and with N workers (same global batch) and plot both loss curves")
       ->check(CLI::Range(2, 64));
-  app.add_option("--compare-out", compare_out, "prefix of the --compare CSV and PNG");
-  app.add_flag("--profile", config.profile,
+  app.add_option("--compare-out", f.compare_out, "prefix of the --compare CSV and PNG");
+  app.add_flag("--profile", f.config.profile,
                "break each step down: wait for the batch, H2D copy, forward, backward, all-reduce (and its exposed "
                "part), optimizer; per epoch, in ms per step (host callbacks in stream order: a little GPU latency)");
-  double comm_timeout_s = 300;
-  app.add_option("--comm-timeout", comm_timeout_s,
+  app.add_option("--comm-timeout", f.comm_timeout_s,
                  "seconds the rendezvous and each collective may wait for the other ranks; then every rank stops "
                  "with a message (torch's init_process_group timeout)")
       ->check(CLI::Range(1.0, 86400.0));
-  app.add_flag("--json", as_json, "print a JSON summary at the end (and no per-epoch lines)");
-  app.add_flag("-q,--quiet", quiet, "no progress output");
+  app.add_flag("--json", f.as_json, "print a JSON summary at the end (and no per-epoch lines)");
+  app.add_flag("-q,--quiet", f.quiet, "no progress output");
+}
 
-  return pinfeed::tools::run_tool("pinfeed-train", app, argc, argv, [&] {
-    spdlog::set_level(quiet || as_json ? spdlog::level::warn : spdlog::level::info);
-    if (!model_spec.empty()) {
-      if (model_spec.find(':') != std::string::npos && app.count("--hidden") > 0) {
-        throw pinfeed::ConfigError("--hidden and --model with widths both set the widths: give one");
-      }
-      config.model.parse_spec(model_spec);
+/// The parsed flags into the config: the model, the devices, the timeouts.
+void apply_flags(const CLI::App& app, TrainFlags& f) {
+  pt::TrainConfig& config = f.config;
+  if (!f.model_spec.empty()) {
+    if (f.model_spec.find(':') != std::string::npos && app.count("--hidden") > 0) {
+      throw pinfeed::ConfigError("--hidden and --model with widths both set the widths: give one");
     }
-    check_model_flags(app, config.model);
-    config.devices = pt::parse_devices(devices);
-    config.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(comm_timeout_s * 1000));
-    config.device_normalize = !host_normalize;
-    config.ddp.bucket_cap_bytes = static_cast<std::size_t>(bucket_mb * 1024 * 1024);
-    config.ddp.first_bucket_bytes = std::min(config.ddp.first_bucket_bytes, config.ddp.bucket_cap_bytes);
-    // In a multi-process launch every rank trains; rank 0 alone reports.
-    config.launch = pinfeed::read_launch_env();
-    const auto cb = callbacks(quiet || as_json || config.launch->rank != 0, config.epochs);
+    config.model.parse_spec(f.model_spec);
+  }
+  check_model_flags(app, config.model);
+  config.devices = pt::parse_devices(f.devices);
+  config.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.comm_timeout_s * 1000));
+  config.device_normalize = !f.host_normalize;
+  config.ddp.bucket_cap_bytes = static_cast<std::size_t>(f.bucket_mb * 1024 * 1024);
+  config.ddp.first_bucket_bytes = std::min(config.ddp.first_bucket_bytes, config.ddp.bucket_cap_bytes);
+  // In a multi-process launch every rank trains; rank 0 alone reports.
+  config.launch = pinfeed::read_launch_env();
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pinfeed-train: data-parallel training of the reference classifier, fed by the pinfeed loader"};
+  app.set_version_flag("--version", version_text());
+  TrainFlags f;
+  add_data_and_schedule_flags(app, f);
+  add_model_flags(app, f);
+  add_run_flags(app, f);
+  return pinfeed::tools::run_tool("pinfeed-train", app, argc, argv, [&] {
+    spdlog::set_level(f.quiet || f.as_json ? spdlog::level::warn : spdlog::level::info);
+    apply_flags(app, f);
+    const auto cb = callbacks(f.quiet || f.as_json || f.config.launch->rank != 0, f.config.epochs);
     pt::install_checkpoint_signal_handlers();  // Ctrl-C / SIGTERM during a save leave no temporary
-    if (compare > 0) return run_compare(config, compare, cb, compare_out, as_json);
-    return run_training(config, cb, as_json);
+    if (f.compare > 0) return run_compare(f.config, f.compare, cb, f.compare_out, f.as_json);
+    return run_training(f.config, cb, f.as_json);
   });
 }

@@ -337,14 +337,88 @@ bool is_sample_member_name(const std::string& name) {
   return ext == "cls" || is_image_extension(ext);
 }
 
-std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs::path& path) {
+/// One shard's index while its headers are read.
+struct TarIndexState {
   std::vector<TarShards::Member> members;
+  std::unordered_map<std::string, std::size_t> by_name;  // the latest member of each name, for hard links
+  std::string long_name;         // from a GNU 'L' or pax 'x' record, for the next member
+  std::string long_link;         // a link's target, from a GNU 'K' or pax 'x' record
+  std::string last = "(none)";  // the last member's name, for messages
+};
+
+/// The header's size field, after its checksum and number fields are checked.
+std::uint64_t checked_member_size(const std::array<char, kBlock>& h, std::uint64_t off, const std::string& name,
+                                  const fs::path& path) {
+  bool ok = true;
+  const std::uint64_t size = tar_number(&h[124], 12, &ok);
+  const std::uint64_t stored = tar_number(&h[148], 8, &ok);
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? std::uint64_t{' '} : std::uint64_t{static_cast<unsigned char>(h[i])};
+  if (!ok || sum != stored) {
+    throw DataError(path, fmt::format("bad tar header at byte {} (member '{}'; checksum or size field)", off, name));
+  }
+  return size;
+}
+
+/// A GNU 'L' (name) or 'K' (link target) record, or a pax 'x' record's path
+/// and linkpath: they name the next member.
+void read_long_record(TarIndexState& st, char type, const std::string& rec) {
+  if (type == 'L' || type == 'K') {
+    (type == 'L' ? st.long_name : st.long_link) = rec.substr(0, strnlen(rec.data(), rec.size()));
+    return;
+  }
+  std::size_t p = 0;  // pax: "len key=value\n" records; we need only path and linkpath
+  while (p < rec.size()) {
+    const auto sp = rec.find(' ', p), nl = rec.find('\n', p);
+    if (sp == std::string::npos || nl == std::string::npos || nl < sp) break;
+    const std::string kv = rec.substr(sp + 1, nl - sp - 1);
+    if (kv.rfind("path=", 0) == 0) st.long_name = kv.substr(5);
+    if (kv.rfind("linkpath=", 0) == 0) st.long_link = kv.substr(9);
+    p = nl + 1;
+  }
+}
+
+/// A file ('0', '\0', '7'), hard link ('1') or symbolic link ('2') header
+/// whose data starts at `data`: the member it adds, or the refusal.
+void add_member(TarIndexState& st, const std::array<char, kBlock>& h, char type, std::uint64_t data,
+                std::uint64_t size, const fs::path& path) {
+  std::string name = st.long_name;
+  if (name.empty()) {
+    name = field_string(&h[0], 100);
+    const std::string prefix = field_string(&h[345], 155);
+    if (std::memcmp(&h[257], "ustar", 5) == 0 && !prefix.empty()) name = prefix + "/" + name;
+  }
+  const std::string target = st.long_link.empty() ? field_string(&h[157], 100) : st.long_link;
+  st.last = name;
+  st.long_name.clear();
+  st.long_link.clear();
+  if (type == '1') {
+    // A hard link (GNU tar stores a file's second name so): the data is
+    // the earlier member's, as tar extracts it.
+    const auto it = st.by_name.find(target);
+    if (it == st.by_name.end()) {
+      throw DataError(path, fmt::format("{}: a hard link to '{}', which is not an earlier member of the shard", name,
+                                        target));
+    }
+    const TarShards::Member& t = st.members[it->second];
+    st.by_name[name] = st.members.size();
+    st.members.push_back(TarShards::Member{std::move(name), t.offset, t.size});
+  } else if (type == '2') {
+    if (is_sample_member_name(name)) {
+      throw DataError(path, fmt::format("{}: a symbolic link (to '{}'); a shard must hold the sample's own bytes: "
+                                        "pack it with tar --dereference (-h)",
+                                        name, target));
+    }
+  } else {
+    st.by_name[name] = st.members.size();
+    st.members.push_back(TarShards::Member{std::move(name), data, size});
+  }
+}
+
+std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs::path& path) {
+  TarIndexState st;
   std::array<char, kBlock> h{};
   std::uint64_t off = 0;
-  std::string long_name;  // from a GNU 'L' or pax 'x' record, for the next member
-  std::string long_link;  // a link's target, from a GNU 'K' or pax 'x' record
-  std::unordered_map<std::string, std::size_t> by_name;  // the latest member of each name, for hard links
-  std::string last = "(none)";  // the last member's name, for messages
   bool ended = false;
   if (file_size == 0) throw DataError(path, "is empty (0 bytes), not a tar archive");
   // Every step below moves `off` forward by at least one block, and every
@@ -356,15 +430,8 @@ std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs
       ended = true;  // end of archive
       break;
     }
-    const std::string name_here = long_name.empty() ? field_string(&h[0], 100) : long_name;
-    bool ok = true;
-    const std::uint64_t size = tar_number(&h[124], 12, &ok);
-    const std::uint64_t stored = tar_number(&h[148], 8, &ok);
-    std::uint64_t sum = 0;
-    for (std::size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? std::uint64_t{' '} : std::uint64_t{static_cast<unsigned char>(h[i])};
-    if (!ok || sum != stored) {
-      throw DataError(path, fmt::format("bad tar header at byte {} (member '{}'; checksum or size field)", off, name_here));
-    }
+    const std::string name_here = st.long_name.empty() ? field_string(&h[0], 100) : st.long_name;
+    const std::uint64_t size = checked_member_size(h, off, name_here, path);
     const char type = h[156];
     const std::uint64_t data = off + kBlock;  // <= file_size: a whole block was read at off
     const std::uint64_t left = file_size - data;
@@ -375,54 +442,12 @@ std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs
       if (size > (1U << 20U)) throw DataError(path, fmt::format("long-name record of {} bytes at byte {}", size, off));
       std::string rec(size, '\0');
       pread_exact(fd, rec.data(), size, data, path, "long name");
-      if (type == 'L' || type == 'K') {
-        (type == 'L' ? long_name : long_link) = rec.substr(0, strnlen(rec.data(), rec.size()));
-      } else {  // pax: "len key=value\n" records; we need only path
-        std::size_t p = 0;
-        while (p < rec.size()) {
-          const auto sp = rec.find(' ', p), nl = rec.find('\n', p);
-          if (sp == std::string::npos || nl == std::string::npos || nl < sp) break;
-          const std::string kv = rec.substr(sp + 1, nl - sp - 1);
-          if (kv.rfind("path=", 0) == 0) long_name = kv.substr(5);
-          if (kv.rfind("linkpath=", 0) == 0) long_link = kv.substr(9);
-          p = nl + 1;
-        }
-      }
+      read_long_record(st, type, rec);
     } else if (type == '0' || type == '\0' || type == '7' || type == '1' || type == '2') {
-      std::string name = long_name;
-      if (name.empty()) {
-        name = field_string(&h[0], 100);
-        const std::string prefix = field_string(&h[345], 155);
-        if (std::memcmp(&h[257], "ustar", 5) == 0 && !prefix.empty()) name = prefix + "/" + name;
-      }
-      const std::string target = long_link.empty() ? field_string(&h[157], 100) : long_link;
-      last = name;
-      long_name.clear();
-      long_link.clear();
-      if (type == '1') {
-        // A hard link (GNU tar stores a file's second name so): the data is
-        // the earlier member's, as tar extracts it.
-        const auto it = by_name.find(target);
-        if (it == by_name.end()) {
-          throw DataError(path, fmt::format("{}: a hard link to '{}', which is not an earlier member of the shard", name,
-                                            target));
-        }
-        const TarShards::Member& t = members[it->second];
-        by_name[name] = members.size();
-        members.push_back(TarShards::Member{std::move(name), t.offset, t.size});
-      } else if (type == '2') {
-        if (is_sample_member_name(name)) {
-          throw DataError(path, fmt::format("{}: a symbolic link (to '{}'); a shard must hold the sample's own bytes: "
-                                            "pack it with tar --dereference (-h)",
-                                            name, target));
-        }
-      } else {
-        by_name[name] = members.size();
-        members.push_back(TarShards::Member{std::move(name), data, size});
-      }
+      add_member(st, h, type, data, size, path);
     } else {
-      long_name.clear();  // directories, devices, global pax headers: skipped
-      long_link.clear();
+      st.long_name.clear();  // directories, devices, global pax headers: skipped
+      st.long_link.clear();
     }
     // size <= left, so the padded size cannot wrap; the step is >= one block.
     const std::uint64_t padded = size + (kBlock - size % kBlock) % kBlock;
@@ -431,9 +456,9 @@ std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs
   if (!ended) {
     throw DataError(path, fmt::format("has no end-of-archive blocks: it ends after member '{}' ({} members), so it "
                                       "was cut short or is still being written",
-                                      last, members.size()));
+                                      st.last, st.members.size()));
   }
-  return members;
+  return std::move(st.members);
 }
 
 /// How many shard descriptors a TarShards keeps open: a quarter of the

@@ -525,6 +525,52 @@ SamplerConfig sampler_config(const LoaderConfig& c, std::size_t n) {
   c.validate();
   return SamplerConfig{n, c.rank, c.world_size, c.shuffle, c.drop_last, c.seed};
 }
+
+/// The pool's slots, pinning and floor from the loader's options.
+memory::BufferPool::Config pool_config(const LoaderConfig& c) {
+  memory::BufferPool::Config pc;
+  pc.slots = c.prefetch;
+  pc.slot_bytes = c.slot_bytes();
+  // One slot per slab: a running loader always has some slot in use, so
+  // pressure can move its memory only slot by slot.
+  pc.slab_bytes = pc.slot_bytes;
+  pc.pin = c.pin;
+  pc.min_live_slots = c.pressure_floor;
+  if (c.watch_pressure) {
+    // A released slot comes back only while the host (or cgroup) keeps room
+    // above the level at which "elevated" would clear, after it: growing
+    // back must not bring the pressure back (Note [Pool policy]).
+    pc.may_grow = [p = c.pressure](std::uint64_t bytes) -> std::optional<std::string> {
+      const auto s = memory::MemorySnapshot::read(p.root);
+      const std::uint64_t total = s.effective_total(), available = s.effective_available();
+      const double keep = p.elevated.available_fraction / p.hysteresis;
+      const double after = total == 0 || available < bytes ? 0.0
+                                                            : static_cast<double>(available - bytes) / static_cast<double>(total);
+      if (after > keep) return std::nullopt;
+      return fmt::format("{} available of {}: {:.1f}% after {} more, not above {:.1f}%", format_bytes(available),
+                         format_bytes(total), after * 100, format_bytes(bytes), keep * 100);
+    };
+  }
+  return pc;
+}
+
+/// A GPU that reads pageable memory through the host's page tables
+/// (Grace/ATS) says so: its registration need not lock the slots. Empty
+/// otherwise, or for no device.
+std::string host_page_tables_note(int cuda_device) {
+  if (cuda_device < 0) return {};
+  try {
+    for (const memory::cuda::DeviceInfo& d : memory::cuda::devices()) {
+      if (d.index != cuda_device || !d.host_page_tables) continue;
+      return fmt::format("cuda:{} reads pageable memory through the host page tables (Grace/ATS): its "
+                         "registration need not page-lock the slots; VmLck shows what is locked",
+                         d.index);
+    }
+  } catch (const Error&) {
+    // already warned about by pinned_config
+  }
+  return {};
+}
 }  // namespace
 
 Loader::Loader(LoaderConfig config)
@@ -540,29 +586,7 @@ Loader::Loader(LoaderConfig config)
   // program around it (a trainer's stream threads).
   check_thread_room(threads + 6, "the loader");
 
-  memory::BufferPool::Config pc;
-  pc.slots = config_.prefetch;
-  pc.slot_bytes = config_.slot_bytes();
-  // One slot per slab: a running loader always has some slot in use, so
-  // pressure can move its memory only slot by slot.
-  pc.slab_bytes = pc.slot_bytes;
-  pc.pin = config_.pin;
-  pc.min_live_slots = config_.pressure_floor;
-  if (config_.watch_pressure) {
-    // A released slot comes back only while the host (or cgroup) keeps room
-    // above the level at which "elevated" would clear, after it: growing
-    // back must not bring the pressure back (Note [Pool policy]).
-    pc.may_grow = [p = config_.pressure](std::uint64_t bytes) -> std::optional<std::string> {
-      const auto s = memory::MemorySnapshot::read(p.root);
-      const std::uint64_t total = s.effective_total(), available = s.effective_available();
-      const double keep = p.elevated.available_fraction / p.hysteresis;
-      const double after = total == 0 || available < bytes ? 0.0
-                                                            : static_cast<double>(available - bytes) / static_cast<double>(total);
-      if (after > keep) return std::nullopt;
-      return fmt::format("{} available of {}: {:.1f}% after {} more, not above {:.1f}%", format_bytes(available),
-                         format_bytes(total), after * 100, format_bytes(bytes), keep * 100);
-    };
-  }
+  memory::BufferPool::Config pc = pool_config(config_);
   const auto snapshot = memory::MemorySnapshot::read(config_.watch_pressure ? config_.pressure.root : "/");
   // Pinned or pageable, a pool larger than the host's memory is refused
   // before a byte is mapped (Note [Pool fit] in pool_plan.hpp).
@@ -585,18 +609,9 @@ Loader::Loader(LoaderConfig config)
   pool_ = std::make_unique<memory::BufferPool>(pc, pinned_, pageable_);
   if (monitor_) pool_->follow(*monitor_);
   pin_report_.pinned_slots = pool_->stats().pinned_slots;
-  if (pinned_.method() == memory::PinMethod::cuda_register && config_.cuda_device >= 0) {
-    try {
-      for (const memory::cuda::DeviceInfo& d : memory::cuda::devices()) {
-        if (d.index != config_.cuda_device || !d.host_page_tables) continue;
-        pin_report_.note = fmt::format("cuda:{} reads pageable memory through the host page tables (Grace/ATS): its "
-                                       "registration need not page-lock the slots; VmLck shows what is locked",
-                                       d.index);
-        pinfeed::detail::log().info("loader: {}", pin_report_.note);
-      }
-    } catch (const Error&) {
-      // already warned about by pinned_config
-    }
+  if (pinned_.method() == memory::PinMethod::cuda_register) {
+    pin_report_.note = host_page_tables_note(config_.cuda_device);
+    if (!pin_report_.note.empty()) pinfeed::detail::log().info("loader: {}", pin_report_.note);
   }
   if (config_.pin && pin_report_.pinned_slots < pc.slots && pin_report_.reason.empty()) {
     pin_report_.reason = fmt::format("only {} of {} slots could be pinned (see the pool's log)", pin_report_.pinned_slots,

@@ -573,76 +573,85 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
   // Free first, then map: no move needs more memory than it frees. Unmapping
   // (after munlock / cudaHostUnregister) is what makes RSS fall.
   if (old != nullptr) unmap_slab(old, bytes, old_owner);
-  std::byte* fresh = nullptr;
-  HostResource* owner = nullptr;
-  std::string failure;
-  bool pin_refused = false;
-  std::optional<std::string> no_room;
-  if (from == SlabMemory::released && config_.may_grow) {
-    try {
-      no_room = config_.may_grow(bytes);
-    } catch (const std::exception& e) {
-      no_room = e.what();
+  if (from == SlabMemory::released) {
+    if (const std::optional<std::string> no_room = growth_refused(bytes)) {
+      lock.lock();
+      slab.moving = false;
+      moving_ = false;
+      no_grow_before_ = Clock::now() + std::chrono::seconds(1);
+      ++policy_version_;
+      pinfeed::detail::log().debug("buffer pool: slab {} stays released for now: {}", job.slab, *no_room);
+      return;
     }
   }
-  if (no_room) {
-    lock.lock();
-    slab.moving = false;
-    moving_ = false;
-    no_grow_before_ = Clock::now() + std::chrono::seconds(1);
-    ++policy_version_;
-    pinfeed::detail::log().debug("buffer pool: slab {} stays released for now: {}", job.slab, *no_room);
-    return;
-  }
-  if (job.to == SlabMemory::pinned) {
-    fresh = map_slab(pinned_resource_, bytes, failure);
-    owner = &pinned_resource_;
-    pin_refused = fresh == nullptr;
-  }
-  if (job.to != SlabMemory::released && fresh == nullptr) {
-    std::string pageable_failure;
-    fresh = map_slab(pageable_resource_, bytes, pageable_failure);
-    owner = &pageable_resource_;
-    if (fresh == nullptr) failure += (failure.empty() ? "" : "; ") + pageable_failure;
-  }
+  const MappedSlab fresh = map_for_move(job.to, bytes);
 
   lock.lock();
   const auto now = Clock::now();
   slab.moving = false;
   moving_ = false;
-  slab.data = fresh;
-  slab.owner = fresh != nullptr ? owner : nullptr;
-  slab.memory = fresh == nullptr ? SlabMemory::released
-                : owner->is_pinned() ? SlabMemory::pinned
-                                     : SlabMemory::pageable;
+  slab.data = fresh.data;
+  slab.owner = fresh.data != nullptr ? fresh.owner : nullptr;
+  slab.memory = fresh.data == nullptr ? SlabMemory::released
+                : fresh.owner->is_pinned() ? SlabMemory::pinned
+                                           : SlabMemory::pageable;
   ++policy_version_;
-  if (pin_refused) {
+  if (fresh.pin_refused) {
     ++failed_pins_;
     back_off_pinning_locked();  // a refusing resource is not hammered; a new "normal" resets it
   } else if (slab.memory == SlabMemory::pinned) {
     pin_refusals_in_a_row_ = 0;
   }
-  if (job.to != SlabMemory::released && fresh == nullptr) {
+  if (job.to != SlabMemory::released && fresh.data == nullptr) {
     no_grow_before_ = now + std::chrono::seconds(1);  // mapping itself failed: try again in a while
   }
-  if (slab.memory != from) {
-    switch (slab.memory) {
-      case SlabMemory::pinned: ++to_pinned_; break;
-      case SlabMemory::pageable: ++to_pageable_; break;
-      case SlabMemory::released:
-        ++releases_;
-        given_back_bytes_ += bytes;
-        episode_released_slots_ += slab.slot_count;
-        episode_released_bytes_ += bytes;
-        break;
-    }
-  }
+  count_move_locked(slab, from, bytes);
   const bool ok = slab.memory == job.to;
-  record_locked(job.slab, slab.memory, ok ? job.reason : fmt::format("{} failed: {}", job.reason, failure), ok);
+  record_locked(job.slab, slab.memory, ok ? job.reason : fmt::format("{} failed: {}", job.reason, fresh.failure), ok);
   if (slab.memory != SlabMemory::released) unpark_slots_locked(job.slab);
   update_serving_locked();
   pinfeed::detail::log().debug("buffer pool: slab {} ({}) {} -> {} ({}{})", job.slab, format_bytes(bytes), to_string(from),
-                              to_string(slab.memory), job.reason, ok ? "" : fmt::format(", wanted {}: {}", to_string(job.to), failure));
+                              to_string(slab.memory), job.reason,
+                              ok ? "" : fmt::format(", wanted {}: {}", to_string(job.to), fresh.failure));
+}
+
+std::optional<std::string> BufferPool::growth_refused(std::size_t bytes) const {
+  if (!config_.may_grow) return std::nullopt;
+  try {
+    return config_.may_grow(bytes);
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+}
+
+BufferPool::MappedSlab BufferPool::map_for_move(SlabMemory to, std::size_t bytes) {
+  MappedSlab m;
+  if (to == SlabMemory::pinned) {
+    m.data = map_slab(pinned_resource_, bytes, m.failure);
+    m.owner = &pinned_resource_;
+    m.pin_refused = m.data == nullptr;
+  }
+  if (to != SlabMemory::released && m.data == nullptr) {
+    std::string pageable_failure;
+    m.data = map_slab(pageable_resource_, bytes, pageable_failure);
+    m.owner = &pageable_resource_;
+    if (m.data == nullptr) m.failure += (m.failure.empty() ? "" : "; ") + pageable_failure;
+  }
+  return m;
+}
+
+void BufferPool::count_move_locked(const Slab& slab, SlabMemory from, std::size_t bytes) {
+  if (slab.memory == from) return;
+  switch (slab.memory) {
+    case SlabMemory::pinned: ++to_pinned_; break;
+    case SlabMemory::pageable: ++to_pageable_; break;
+    case SlabMemory::released:
+      ++releases_;
+      given_back_bytes_ += bytes;
+      episode_released_slots_ += slab.slot_count;
+      episode_released_bytes_ += bytes;
+      break;
+  }
 }
 
 void BufferPool::settle_locked(std::unique_lock<std::mutex>& lock) {

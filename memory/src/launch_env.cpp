@@ -116,6 +116,114 @@ std::string describe(const LaunchEnv& e) {
   return fmt::format("{} ({}) says rank {} of {}", e.launcher, e.source, e.rank, e.world_size);
 }
 
+/// Under torchrun's agent: torchrun decides, and an outer launch of more
+/// processes is refused.
+Found choose_under_torchrun_agent(const std::vector<Found>& found) {
+  // torchrun's own workers (TORCHELASTIC_RUN_ID is set by its agent only):
+  // whatever launched the agents (srun, mpirun, once per node or not) is
+  // an outer launch whose variables the workers inherit; torchrun decides.
+  // An outer launch of more processes than torchrun's is not one that
+  // started these agents: stale variables, or torchrun runs that do not
+  // know about each other (each would read the whole dataset).
+  const Found& env = found.front();
+  for (std::size_t i = 1; i < found.size(); ++i) {
+    if (found[i].world_size > env.world_size) {
+      throw ConfigError(fmt::format("the launch variables disagree: {}, but {}: more processes outside torchrun than "
+                                    "in it. Give torchrun --nnodes/--nproc-per-node for the whole job (or unset the "
+                                    "stale variables)",
+                                    describe(env), describe(found[i])));
+    }
+  }
+  return env;
+}
+
+/// Without torchrun's agent: the first launcher found decides (a real
+/// launcher over hand-exported RANK/WORLD_SIZE that agree with it); the
+/// others must agree, or be an outer Slurm step of an MPI launch.
+Found choose_launcher(const std::vector<Found>& found) {
+  // RANK/WORLD_SIZE without torchrun's marker were exported by hand (or by
+  // a script): when a real launcher agrees with them, that launcher
+  // decides, so an mpirun launch stays an MPI launch.
+  std::size_t first = 0;
+  if (found.front().launcher == "torchrun" && found.size() > 1 && found[1].rank == found[0].rank &&
+      found[1].world_size == found[0].world_size) {
+    first = 1;
+  }
+  Found env = found[first];
+  const bool mpi = env.launcher == "mpi" || env.launcher == "pmi";
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    if (i == first) continue;
+    const Found& other = found[i];
+    if (other.rank == env.rank && other.world_size == env.world_size) {
+      // An agreeing source that knows the node's layout fills in what the
+      // deciding one lacks (srun --mpi=pmi2 sets PMI_RANK but no
+      // MPI_LOCALRANKID; Slurm's SLURM_LOCALID has it).
+      if (!env.has_local && other.has_local) {
+        env.local_rank = other.local_rank;
+        env.local_size = other.local_size;
+        env.has_local = true;
+      }
+      continue;
+    }
+    // mpirun's daemons started by srun (once per node): the step is an
+    // outer launch of fewer tasks.
+    if (mpi && other.launcher == "slurm" && other.world_size < env.world_size) continue;
+    throw ConfigError(fmt::format("the launch variables disagree: {}, but {}. Unset the stale ones (or launch with "
+                                  "one launcher)",
+                                  describe(env), describe(other)));
+  }
+  return env;
+}
+
+/// An initialized process group (torch.distributed) decides the rank and
+/// size: it must agree with the launch, or be the inner launch of an outer
+/// one (one process per node started by MPI or Slurm).
+void apply_process_group(Found& env, const ProcessGroupView& group, const std::function<const char*(const char*)>& getenv) {
+  if (group.world_size < 1 || group.rank < 0 || group.rank >= group.world_size) {
+    throw ConfigError(fmt::format("{} says rank {} of {}", group.name, group.rank, group.world_size));
+  }
+  const bool agrees = env.rank == group.rank && env.world_size == group.world_size;
+  // A process group over more processes than an MPI or Slurm launch's
+  // (torchrun-less multi-node setups that start one process per node and
+  // form the group themselves) is the inner launch: the outer variables
+  // say nothing about it.
+  const bool outer = !agrees && env.launcher != "torchrun" && env.world_size < group.world_size;
+  if (env.launcher != "single" && !agrees && !outer) {
+    throw ConfigError(fmt::format("{} is initialized as rank {} of {}, but {}", group.name, group.rank,
+                                  group.world_size, describe(env)));
+  }
+  if (env.launcher == "single") {
+    env.local_rank = 0;
+    env.local_size = 1;
+  } else if (outer) {
+    // The group's processes on this node: LOCAL_RANK/LOCAL_WORLD_SIZE when
+    // the script that started them set them, else the group spread evenly
+    // over the outer launch's processes (one per node), consecutive ranks
+    // on a node, as torchrun and mpirun's default mapping place them.
+    const char* lr = getenv("LOCAL_RANK");
+    const char* ls = getenv("LOCAL_WORLD_SIZE");
+    if (lr != nullptr && ls != nullptr) {
+      env.local_rank = parse_int("LOCAL_RANK", lr);
+      env.local_size = parse_int("LOCAL_WORLD_SIZE", ls);
+      if (env.local_size < 1 || env.local_rank >= env.local_size) {
+        throw ConfigError(fmt::format("LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", env.local_rank, env.local_size));
+      }
+    } else if (group.world_size % env.world_size == 0) {
+      env.local_size = group.world_size / env.world_size;
+      env.local_rank = group.rank % env.local_size;
+    } else {
+      throw ConfigError(fmt::format("{} has {} processes, {}: cannot tell how many of them share this node. Set "
+                                    "LOCAL_RANK and LOCAL_WORLD_SIZE",
+                                    group.name, group.world_size, describe(env)));
+    }
+    env.source.clear();
+  }
+  env.rank = group.rank;
+  env.world_size = group.world_size;
+  env.launcher = group.name;
+  env.source = env.source.empty() ? "its process group" : env.source;
+}
+
 }  // namespace
 
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
@@ -131,102 +239,13 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
   if (Found slurm = read_slurm_step(getenv); slurm.launcher != "single") found.push_back(std::move(slurm));
 
   Found env;
-  const bool torchrun_agent = !found.empty() && found.front().launcher == "torchrun" &&
-                              getenv("TORCHELASTIC_RUN_ID") != nullptr;
-  if (torchrun_agent) {
-    // torchrun's own workers (TORCHELASTIC_RUN_ID is set by its agent only):
-    // whatever launched the agents (srun, mpirun, once per node or not) is
-    // an outer launch whose variables the workers inherit; torchrun decides.
-    // An outer launch of more processes than torchrun's is not one that
-    // started these agents: stale variables, or torchrun runs that do not
-    // know about each other (each would read the whole dataset).
-    env = found.front();
-    for (std::size_t i = 1; i < found.size(); ++i) {
-      if (found[i].world_size > env.world_size) {
-        throw ConfigError(fmt::format("the launch variables disagree: {}, but {}: more processes outside torchrun than "
-                                      "in it. Give torchrun --nnodes/--nproc-per-node for the whole job (or unset the "
-                                      "stale variables)",
-                                      describe(env), describe(found[i])));
-      }
-    }
+  // TORCHELASTIC_RUN_ID is set by torchrun's agent only.
+  if (!found.empty() && found.front().launcher == "torchrun" && getenv("TORCHELASTIC_RUN_ID") != nullptr) {
+    env = choose_under_torchrun_agent(found);
   } else if (!found.empty()) {
-    // RANK/WORLD_SIZE without torchrun's marker were exported by hand (or by
-    // a script): when a real launcher agrees with them, that launcher
-    // decides, so an mpirun launch stays an MPI launch.
-    std::size_t first = 0;
-    if (found.front().launcher == "torchrun" && found.size() > 1 && found[1].rank == found[0].rank &&
-        found[1].world_size == found[0].world_size) {
-      first = 1;
-    }
-    env = found[first];
-    const bool mpi = env.launcher == "mpi" || env.launcher == "pmi";
-    for (std::size_t i = 0; i < found.size(); ++i) {
-      if (i == first) continue;
-      const Found& other = found[i];
-      if (other.rank == env.rank && other.world_size == env.world_size) {
-        // An agreeing source that knows the node's layout fills in what the
-        // deciding one lacks (srun --mpi=pmi2 sets PMI_RANK but no
-        // MPI_LOCALRANKID; Slurm's SLURM_LOCALID has it).
-        if (!env.has_local && other.has_local) {
-          env.local_rank = other.local_rank;
-          env.local_size = other.local_size;
-          env.has_local = true;
-        }
-        continue;
-      }
-      // mpirun's daemons started by srun (once per node): the step is an
-      // outer launch of fewer tasks.
-      if (mpi && other.launcher == "slurm" && other.world_size < env.world_size) continue;
-      throw ConfigError(fmt::format("the launch variables disagree: {}, but {}. Unset the stale ones (or launch with "
-                                    "one launcher)",
-                                    describe(env), describe(other)));
-    }
+    env = choose_launcher(found);
   }
-  if (group) {
-    if (group->world_size < 1 || group->rank < 0 || group->rank >= group->world_size) {
-      throw ConfigError(fmt::format("{} says rank {} of {}", group->name, group->rank, group->world_size));
-    }
-    const bool agrees = env.rank == group->rank && env.world_size == group->world_size;
-    // A process group over more processes than an MPI or Slurm launch's
-    // (torchrun-less multi-node setups that start one process per node and
-    // form the group themselves) is the inner launch: the outer variables
-    // say nothing about it.
-    const bool outer = !agrees && env.launcher != "torchrun" && env.world_size < group->world_size;
-    if (env.launcher != "single" && !agrees && !outer) {
-      throw ConfigError(fmt::format("{} is initialized as rank {} of {}, but {}", group->name, group->rank,
-                                    group->world_size, describe(env)));
-    }
-    if (env.launcher == "single") {
-      env.local_rank = 0;
-      env.local_size = 1;
-    } else if (outer) {
-      // The group's processes on this node: LOCAL_RANK/LOCAL_WORLD_SIZE when
-      // the script that started them set them, else the group spread evenly
-      // over the outer launch's processes (one per node), consecutive ranks
-      // on a node, as torchrun and mpirun's default mapping place them.
-      const char* lr = getenv("LOCAL_RANK");
-      const char* ls = getenv("LOCAL_WORLD_SIZE");
-      if (lr != nullptr && ls != nullptr) {
-        env.local_rank = parse_int("LOCAL_RANK", lr);
-        env.local_size = parse_int("LOCAL_WORLD_SIZE", ls);
-        if (env.local_size < 1 || env.local_rank >= env.local_size) {
-          throw ConfigError(fmt::format("LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", env.local_rank, env.local_size));
-        }
-      } else if (group->world_size % env.world_size == 0) {
-        env.local_size = group->world_size / env.world_size;
-        env.local_rank = group->rank % env.local_size;
-      } else {
-        throw ConfigError(fmt::format("{} has {} processes, {}: cannot tell how many of them share this node. Set "
-                                      "LOCAL_RANK and LOCAL_WORLD_SIZE",
-                                      group->name, group->world_size, describe(env)));
-      }
-      env.source.clear();
-    }
-    env.rank = group->rank;
-    env.world_size = group->world_size;
-    env.launcher = group->name;
-    env.source = env.source.empty() ? "its process group" : env.source;
-  }
+  if (group) apply_process_group(env, *group, getenv);
   return static_cast<LaunchEnv&>(env);
 }
 

@@ -612,9 +612,10 @@ void raise(py::exception<E>& type, const char* what) {
   Py_DECREF(message);
 }
 
-PYBIND11_MODULE(_pinfeed, m) {
-  m.doc() = "pinfeed's C++ loader (use the pinfeed package, not this module)";
-  // pinfeed's errors become Python exceptions with the same message.
+namespace {
+
+/// pinfeed's errors become Python exceptions with the same message.
+void bind_errors(py::module_& m) {
   static py::exception<pinfeed::Error> base(m, "Error");
   static py::exception<pinfeed::ConfigError> config_error(m, "ConfigError", PyExc_ValueError);
   static py::exception<pinfeed::DataError> data_error(m, "DataError", base.ptr());
@@ -634,6 +635,9 @@ PYBIND11_MODULE(_pinfeed, m) {
       PyErr_SetString(PyExc_MemoryError, pinfeed::describe_failure(e).c_str());
     }
   });
+}
+
+void bind_loader(py::module_& m) {
   py::class_<CpuConsumer>(m, "CpuConsumer")
       .def(py::init<std::int64_t>(), py::arg("delay_us"))
       .def("read", &CpuConsumer::read)
@@ -660,28 +664,42 @@ PYBIND11_MODULE(_pinfeed, m) {
       .def("samples", &PyLoader::samples)
       .def("pin_report", &PyLoader::pin_report)
       .def("stats_json", &PyLoader::stats_json);
-  m.def(
-      "launch_env",
-      [](const std::optional<std::pair<int, int>>& group) {
-        std::optional<pinfeed::ProcessGroupView> view;
-        if (group) {
-          view.emplace();
-          view->rank = group->first;
-          view->world_size = group->second;
-        }
-        const pinfeed::LaunchEnv e = group ? pinfeed::read_launch_env([](const char* n) -> const char* { return std::getenv(n); }, view)
-                                           : pinfeed::read_launch_env();
-        py::dict d;
-        d["rank"] = e.rank;
-        d["world_size"] = e.world_size;
-        d["local_rank"] = e.local_rank;
-        d["local_world_size"] = e.local_size;
-        d["launcher"] = e.launcher;
-        d["source"] = e.source;
-        return d;
-      },
-      py::arg("group") = py::none(),
-      "where this process sits in a launch (pinfeed/launch_env.hpp); group: torch.distributed's (rank, world_size)");
+}
+
+py::dict launch_env_dict(const std::optional<std::pair<int, int>>& group) {
+  std::optional<pinfeed::ProcessGroupView> view;
+  if (group) {
+    view.emplace();
+    view->rank = group->first;
+    view->world_size = group->second;
+  }
+  const pinfeed::LaunchEnv e = group ? pinfeed::read_launch_env([](const char* n) -> const char* { return std::getenv(n); }, view)
+                                     : pinfeed::read_launch_env();
+  py::dict d;
+  d["rank"] = e.rank;
+  d["world_size"] = e.world_size;
+  d["local_rank"] = e.local_rank;
+  d["local_world_size"] = e.local_size;
+  d["launcher"] = e.launcher;
+  d["source"] = e.source;
+  return d;
+}
+
+std::string diag_json(const std::string& root, unsigned gpus, const std::string& batch, unsigned prefetch,
+                      unsigned sample_ms) {
+  pinfeed::memory::DiagnosticsRequest r;
+  r.root = root;
+  r.gpus = gpus;
+  r.batch_shape = batch;
+  r.prefetch = prefetch;
+  r.sample_ms = sample_ms;
+  py::gil_scoped_release release;
+  return pinfeed::memory::diagnostics_json(r);
+}
+
+void bind_functions(py::module_& m) {
+  m.def("launch_env", &launch_env_dict, py::arg("group") = py::none(),
+        "where this process sits in a launch (pinfeed/launch_env.hpp); group: torch.distributed's (rank, world_size)");
   m.def("loader_options", &loader_options, "the loader's option table: name, type, default, range, help");
   m.def("default_normalization", [] {
     const pl::TransformConfig t;
@@ -694,17 +712,15 @@ PYBIND11_MODULE(_pinfeed, m) {
   });
   m.def("check_same_classes", &pl::check_same_class_names, py::arg("train"), py::arg("val"),
         "ConfigError naming the first difference unless the class names (bytes) are the same");
-  m.def(
-      "diag_json",
-      [](const std::string& root, unsigned gpus, const std::string& batch, unsigned prefetch, unsigned sample_ms) {
-        pinfeed::memory::DiagnosticsRequest r;
-        r.root = root;
-        r.gpus = gpus;
-        r.batch_shape = batch;
-        r.prefetch = prefetch;
-        r.sample_ms = sample_ms;
-        py::gil_scoped_release release;
-        return pinfeed::memory::diagnostics_json(r);
-      },
-      py::arg("root"), py::arg("gpus"), py::arg("batch"), py::arg("prefetch"), py::arg("sample_ms"));
+  m.def("diag_json", &diag_json, py::arg("root"), py::arg("gpus"), py::arg("batch"), py::arg("prefetch"),
+        py::arg("sample_ms"));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_pinfeed, m) {
+  m.doc() = "pinfeed's C++ loader (use the pinfeed package, not this module)";
+  bind_errors(m);
+  bind_loader(m);
+  bind_functions(m);
 }

@@ -212,10 +212,16 @@ void Cnn::forward(Stream& s, const float* images, int n, bool training) {
 void Cnn::train_step(Stream& s, const float* images, const std::int32_t* labels, int n, float loss_scale, float* stats,
                      const GradReady& ready) {
   forward(s, images, n, true);
+  backend_.softmax_cross_entropy(s, logits_.as<float>(), labels, n, config_.classes, loss_scale, dlogits_.as<float>(),
+                                 stats);
+  if (forward_hook_) forward_hook_(s);
+  backward_head(s, n, ready);
+  for (std::size_t idx = blocks_.size(); idx-- > 0;) backward_block(s, idx, n, ready);
+}
+
+void Cnn::backward_head(Stream& s, int n, const GradReady& ready) {
   const Block& last = blocks_.back();
   const int k = config_.classes;
-  backend_.softmax_cross_entropy(s, logits_.as<float>(), labels, n, k, loss_scale, dlogits_.as<float>(), stats);
-  if (forward_hook_) forward_hook_(s);
   Gemm gw;  // dW_fc += dlogits^T . pooled
   gw.trans_a = true;
   gw.m = k;
@@ -247,50 +253,51 @@ void Cnn::train_step(Stream& s, const float* images, const std::int32_t* labels,
   backend_.gemm(s, gp);
   const auto last_hw = static_cast<std::size_t>(last.shape.out_h()) * static_cast<std::size_t>(last.shape.out_w());
   backend_.channel_mean_backward(s, dpooled_.as<float>(), last.out, n, last_hw, g_.as<float>());
-  for (std::size_t idx = blocks_.size(); idx-- > 0;) {
-    Block& b = blocks_[idx];
-    ConvShape sh = b.shape;
-    sh.n = n;
-    const std::size_t m = sh.columns();
-    const BatchNormArgs a = bn_args(b, n, true);
-    float* dgamma = grads() + params_[b.gamma].offset;
-    float* dbeta = grads() + params_[b.beta].offset;
-    backend_.bn_backward_reduce(s, g_.as<float>(), b.y.as<float>(), b.xhat.as<float>(), a, b.red.as<float>(), dgamma, dbeta);
-    if (sum_) sum_(s, b.red.as<float>(), 2 * static_cast<std::size_t>(b.out));
-    backend_.bn_backward_input(s, g_.as<float>(), b.xhat.as<float>(), b.red.as<float>(), a, dz_.as<float>());
-    if (ready) {
-      ready(b.beta);
-      ready(b.gamma);
-    }
-    Gemm g;  // dW += dz . col^T
-    g.trans_b = true;
-    g.m = b.out;
-    g.n = sh.c * 9;
-    g.k = static_cast<int>(m);
-    g.a = dz_.as<float>();
-    g.lda = static_cast<int>(m);
-    g.b = b.col.as<float>();
-    g.ldb = static_cast<int>(m);
-    g.beta = 1;
-    g.c = grads() + params_[b.conv].offset;
-    g.ldc = sh.c * 9;
-    backend_.gemm(s, g);
-    if (ready) ready(b.conv);
-    if (idx == 0) break;  // no gradient for the images
-    Gemm gc;  // dcol = W^T . dz, into col (read by the dW above already)
-    gc.trans_a = true;
-    gc.m = sh.c * 9;
-    gc.n = static_cast<int>(m);
-    gc.k = b.out;
-    gc.a = weights() + params_[b.conv].offset;
-    gc.lda = sh.c * 9;
-    gc.b = dz_.as<float>();
-    gc.ldb = static_cast<int>(m);
-    gc.c = b.col.as<float>();
-    gc.ldc = static_cast<int>(m);
-    backend_.gemm(s, gc);
-    backend_.col2im(s, b.col.as<float>(), sh, g_.as<float>());  // the gradient at the previous block's y
+}
+
+void Cnn::backward_block(Stream& s, std::size_t idx, int n, const GradReady& ready) {
+  Block& b = blocks_[idx];
+  ConvShape sh = b.shape;
+  sh.n = n;
+  const std::size_t m = sh.columns();
+  const BatchNormArgs a = bn_args(b, n, true);
+  float* dgamma = grads() + params_[b.gamma].offset;
+  float* dbeta = grads() + params_[b.beta].offset;
+  backend_.bn_backward_reduce(s, g_.as<float>(), b.y.as<float>(), b.xhat.as<float>(), a, b.red.as<float>(), dgamma, dbeta);
+  if (sum_) sum_(s, b.red.as<float>(), 2 * static_cast<std::size_t>(b.out));
+  backend_.bn_backward_input(s, g_.as<float>(), b.xhat.as<float>(), b.red.as<float>(), a, dz_.as<float>());
+  if (ready) {
+    ready(b.beta);
+    ready(b.gamma);
   }
+  Gemm g;  // dW += dz . col^T
+  g.trans_b = true;
+  g.m = b.out;
+  g.n = sh.c * 9;
+  g.k = static_cast<int>(m);
+  g.a = dz_.as<float>();
+  g.lda = static_cast<int>(m);
+  g.b = b.col.as<float>();
+  g.ldb = static_cast<int>(m);
+  g.beta = 1;
+  g.c = grads() + params_[b.conv].offset;
+  g.ldc = sh.c * 9;
+  backend_.gemm(s, g);
+  if (ready) ready(b.conv);
+  if (idx == 0) return;  // no gradient for the images
+  Gemm gc;  // dcol = W^T . dz, into col (read by the dW above already)
+  gc.trans_a = true;
+  gc.m = sh.c * 9;
+  gc.n = static_cast<int>(m);
+  gc.k = b.out;
+  gc.a = weights() + params_[b.conv].offset;
+  gc.lda = sh.c * 9;
+  gc.b = dz_.as<float>();
+  gc.ldb = static_cast<int>(m);
+  gc.c = b.col.as<float>();
+  gc.ldc = static_cast<int>(m);
+  backend_.gemm(s, gc);
+  backend_.col2im(s, b.col.as<float>(), sh, g_.as<float>());  // the gradient at the previous block's y
 }
 
 void Cnn::evaluate(Stream& s, const float* images, const std::int32_t* labels, int n, float* stats) {

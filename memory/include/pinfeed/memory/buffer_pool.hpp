@@ -296,6 +296,19 @@ class BufferPool {
   void free_all_slabs() noexcept;
   void maintain(const std::stop_token& stop);
   void run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job);
+  /// Memory mapped for a slab's move (off the lock): pinned first when
+  /// asked, pageable when pinning fails or pageable is asked.
+  struct MappedSlab {
+    std::byte* data = nullptr;
+    HostResource* owner = nullptr;
+    std::string failure;
+    bool pin_refused = false;
+  };
+  MappedSlab map_for_move(SlabMemory to, std::size_t bytes);
+  /// Why a released slab may not come back now (config_.may_grow), or nullopt.
+  std::optional<std::string> growth_refused(std::size_t bytes) const;
+  /// The move's counters, once the slab's memory changed from `from`.
+  void count_move_locked(const Slab& slab, SlabMemory from, std::size_t bytes);
   /// Parks the free slots of slab `i` (true: all of them were free).
   bool park_free_slots_locked(std::size_t i);
   /// Puts the parked slots of slab `i` back in service.

@@ -196,6 +196,10 @@ class Cnn final : public Model {
     DeviceBuffer col, z, xhat, y, invstd, sums, red;
   };
   void forward(Stream& s, const float* images, int n, bool training);
+  /// Backward through the classifier head, into the last block's gradient.
+  void backward_head(Stream& s, int n, const GradReady& ready);
+  /// Backward through block `idx`; its input's gradient too unless it is the first.
+  void backward_block(Stream& s, std::size_t idx, int n, const GradReady& ready);
   [[nodiscard]] BatchNormArgs bn_args(const Block& b, int n, bool training) const;
 
   std::vector<Block> blocks_;
