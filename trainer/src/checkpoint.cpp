@@ -10,12 +10,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <csignal>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <mutex>
-#include <future>
 #include <thread>
 #include <fmt/format.h>
 #include <zlib.h>
@@ -156,6 +156,16 @@ extern "C" void forward_to_signal_thread(int sig) {
   ::_exit(128 + sig);
 }
 
+/// The signal thread: publishes its id, then waits for SIGINT/SIGTERM.
+extern "C" void* signal_thread_main(void* arg) {
+  const auto* set = static_cast<const sigset_t*>(arg);
+  g_signal_thread.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+  int sig = 0;
+  while (::sigwait(set, &sig) != 0) {
+  }
+  end_on_signal(sig);
+}
+
 std::string temporary_prefix(const std::filesystem::path& target) {
   return fmt::format(".{}.tmp.", target.filename().string());
 }
@@ -190,16 +200,28 @@ void install_checkpoint_signal_handlers() {
       throw Error(fmt::format("cannot block SIGINT/SIGTERM: {}", std::strerror(e)));
     }
     // Note [Temporaries and signals]
-    std::promise<pid_t> started;
-    std::future<pid_t> tid = started.get_future();
-    std::thread([set, started = std::move(started)]() mutable {
-      started.set_value(static_cast<pid_t>(::syscall(SYS_gettid)));
-      int sig = 0;
-      while (::sigwait(&set, &sig) != 0) {
-      }
-      end_on_signal(sig);
-    }).detach();
-    g_signal_thread.store(tid.get());
+    // A thread of its own, with a small stack: under a tight RLIMIT_AS
+    // (the launch-plane test's 650 MB) the default 8 MiB reservation was
+    // enough to leave OpenBLAS's later 128 MiB buffer without room.
+    static sigset_t waited;
+    waited = set;
+    pthread_attr_t attr;
+    (void)::pthread_attr_init(&attr);
+    (void)::pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t thread{};
+    // 256 KiB, unless the libraries' static TLS needs more (glibc puts it on
+    // the stack and refuses a stack it does not fit in): then the default.
+    (void)::pthread_attr_setstacksize(&attr, std::max(static_cast<std::size_t>(PTHREAD_STACK_MIN), std::size_t{256} << 10U));
+    int e = ::pthread_create(&thread, &attr, signal_thread_main, &waited);
+    if (e == EINVAL) {
+      (void)::pthread_attr_destroy(&attr);
+      (void)::pthread_attr_init(&attr);
+      (void)::pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      e = ::pthread_create(&thread, &attr, signal_thread_main, &waited);
+    }
+    (void)::pthread_attr_destroy(&attr);
+    if (e != 0) throw Error(fmt::format("cannot start the signal thread: {}", std::strerror(e)));
+    while (g_signal_thread.load() == 0) std::this_thread::yield();
     // Threads that existed before this call (OpenBLAS starts its pool when
     // it is loaded) do not block the signals: there a handler passes the
     // signal on to the signal thread.
