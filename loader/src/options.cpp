@@ -153,6 +153,12 @@ const std::vector<LoaderOption>& loader_options() {
   return options;
 }
 
+void check_transform_options(const TransformConfig& t) {
+  LoaderConfig c;
+  c.transform = t;
+  for (const LoaderOption& o : loader_options()) o.check(c);
+}
+
 const LoaderOption& loader_option(std::string_view name) {
   for (const LoaderOption& o : loader_options()) {
     if (o.name == name) return o;

@@ -1,5 +1,7 @@
 #include "pinfeed/loader/transform.hpp"
 
+#include "pinfeed/loader/options.hpp"
+
 #include <fmt/format.h>
 #include <libyuv/convert_from_argb.h>
 #include <libyuv/planar_functions.h>
@@ -33,27 +35,27 @@ Interpolation parse_interpolation(std::string_view text) { return parse_enum(kIn
 std::string_view to_string(Interpolation i) noexcept { return enum_word(kInterpolationWords, i); }
 
 void TransformConfig::validate() const {
-  if (size < kMinImageSize || size > kMaxImageSize) {
-    throw ConfigError(fmt::format("transform size must be {}..{}, got {}", kMinImageSize, kMaxImageSize, size));
-  }
-  if (height != 0 && (height < kMinImageSize || height > kMaxImageSize)) {
+  // Each field's range is its option row's (options.cpp): the loader, the
+  // tools and a SampleWriter made directly check the same table. What is
+  // left here are the rules the rows cannot state alone.
+  check_transform_options(*this);
+  if (height != 0 && height < kMinImageSize) {  // the row's range includes 0 (= size)
     throw ConfigError(fmt::format("transform height must be 0 (= size) or {}..{}, got {}", kMinImageSize, kMaxImageSize,
                                   height));
   }
   const int longer = std::max(out_width(), out_height());
-  if (crop == CropMode::center && (resize < longer || resize > kMaxResize)) {
+  if (crop == CropMode::center && resize < longer) {
     throw ConfigError(fmt::format("transform resize must be at least the crop's longer side for a center crop: {}..{}, "
                                   "got {}",
                                   longer, kMaxResize, resize));
   }
-  if (!(flip_p >= 0 && flip_p <= 1)) throw ConfigError(fmt::format("transform flip_p must be in [0, 1], got {}", flip_p));
-  if (!(scale_min > 0 && scale_min <= scale_max && scale_max <= 1.0)) {
+  if (!(scale_min <= scale_max)) {
     throw ConfigError(fmt::format("transform scale range [{}, {}] must satisfy 0 < min <= max <= 1", scale_min, scale_max));
   }
-  if (!(ratio_min > 0 && ratio_min <= ratio_max)) {
+  if (!(ratio_min <= ratio_max)) {
     throw ConfigError(fmt::format("transform ratio range [{}, {}] must satisfy 0 < min <= max", ratio_min, ratio_max));
   }
-  for (std::size_t c = 0; c < 3; ++c) {
+  for (std::size_t c = 0; c < 3; ++c) {  // mean and std are not rows
     if (!(std[c] > 0)) throw ConfigError(fmt::format("transform std[{}] must be > 0, got {}", c, std[c]));
   }
 }
