@@ -154,8 +154,12 @@ def test_garbage_in_a_runs_gloo_keys_is_an_error_naming_the_key_and_rank(dataset
             v1_set(s, f"/pinfeed/run/0/gloo/{mesh}/1", b"x" * 68)
         s.sendall(b"\x06")
         s.recv(8)
-    rank1 = start_rank(dataset, 1, port, ["--epochs", "1", "--comm-timeout", "10"])
-    out = [p.communicate(timeout=60) for p in (rank0, rank1)]
+    # Rank 0 reads the garbage as its peer's record and stops. Rank 1 starts
+    # only after that: started at once, it could write its own record before
+    # a loaded rank 0 got to read one (CI saw the run then train).
+    out0 = rank0.communicate(timeout=60)
+    rank1 = start_rank(dataset, 1, port, ["--epochs", "1", "--comm-timeout", "2"])  # finds no store
+    out = [out0, rank1.communicate(timeout=60)]
     assert rank0.returncode != 0 and rank1.returncode != 0, out
     # Whichever mesh rank 0 read first, before rank 1 wrote its own record.
     assert re.search(r"the store key '/pinfeed/run/0/gloo/(collectives|barrier)/1'", out[0][1]), out[0][1]
