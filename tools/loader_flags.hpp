@@ -7,9 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/options.hpp"
@@ -20,7 +22,8 @@ namespace pinfeed::tools {
 /// shown is the value `config` holds when the flags are added (a tool may
 /// have chosen its own, like pinfeed-train's 64-pixel images). "name:--alias"
 /// adds an older spelling of the flag ("batch_size:--batch").
-inline void add_loader_flags(CLI::App& app, loader::LoaderConfig& config, std::initializer_list<std::string_view> names) {
+template <typename Names = std::initializer_list<std::string_view>>
+inline void add_loader_flags(CLI::App& app, loader::LoaderConfig& config, const Names& names) {
   for (const std::string_view entry : names) {
     const auto colon = entry.find(':');
     const loader::LoaderOption& o = loader::loader_option(entry.substr(0, colon));
@@ -52,6 +55,25 @@ inline void add_loader_flags(CLI::App& app, loader::LoaderConfig& config, std::i
         },
         is_choice ? std::string() : o.range_text()));
   }
+}
+
+/// One flag per option of the table except those in `except` (what the tool
+/// sets itself): a new option reaches the tool without an edit here.
+/// `aliases`: "name:--alias" entries, as add_loader_flags takes them.
+inline void add_loader_flags_except(CLI::App& app, loader::LoaderConfig& config,
+                                    std::initializer_list<std::string_view> except,
+                                    std::initializer_list<std::string_view> aliases = {}) {
+  std::vector<std::string> names;
+  for (const loader::LoaderOption& o : loader::loader_options()) {
+    if (std::find(except.begin(), except.end(), o.name) != except.end()) continue;
+    std::string entry(o.name);
+    for (const std::string_view a : aliases) {
+      if (a.substr(0, a.find(':')) == o.name) entry = std::string(a);
+    }
+    names.push_back(std::move(entry));
+  }
+  for (const std::string_view e : except) (void)loader::loader_option(e);  // a misspelt name is an error
+  add_loader_flags(app, config, std::vector<std::string_view>(names.begin(), names.end()));
 }
 
 }  // namespace pinfeed::tools

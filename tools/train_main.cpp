@@ -244,13 +244,13 @@ void add_data_and_schedule_flags(CLI::App& app, TrainFlags& f) {
                "--resume even if the training set changed since the checkpoint (classes, samples, files; refused "
                "otherwise, naming what changed)");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
-  // The loader's own options, from its table (seed also draws the initial
-  // weights; threads are shared by the workers; prefetch is per worker).
-  pinfeed::tools::add_loader_flags(app, config.loader,
-                                   {"seed", "size", "resize", "crop", "scale_min", "scale_max", "ratio_min", "ratio_max",
-                                    "flip", "flip_p", "interpolation", "threads:--loader-threads", "prefetch", "bad_sample",
-                                    "max_replaced_share", "max_classes",
-                                    "pin", "pinned_fraction", "pressure_floor"});
+  // The loader's own options, from its table: every one but what the
+  // trainer sets (the batch is --batch-size over the workers, every step
+  // takes whole batches, the layout follows --host-normalize, the models
+  // take square images of --size). seed also draws the initial weights;
+  // threads are shared by the workers; prefetch is per worker.
+  pinfeed::tools::add_loader_flags_except(app, config.loader, {"batch_size", "drop_last_batch", "layout", "height"},
+                                          {"threads:--loader-threads"});
 }
 
 void add_model_flags(CLI::App& app, TrainFlags& f) {

@@ -189,5 +189,23 @@ TEST(LoaderOptionsTest, ToolFlagsCarryTheTablesDefaultsAndRejectWhatItRejects) {
   }
 }
 
+TEST(LoaderOptionsTest, AToolTakesEveryOptionButWhatItSetsItself) {
+  // "All except": a new row reaches a tool that lists only its exceptions.
+  LoaderConfig config;
+  CLI::App app;
+  tools::add_loader_flags_except(app, config, {"batch_size", "layout"}, {"threads:--loader-threads"});
+  for (const LoaderOption& o : loader_options()) {
+    const bool expected = o.name != "batch_size" && o.name != "layout";
+    const std::string flag = o.type == OptionType::boolean && o.get_bool(config) ? "--no-" + o.flag().substr(2) : o.flag();
+    EXPECT_EQ(app.get_option_no_throw(flag) != nullptr, expected) << flag;
+  }
+  EXPECT_NE(app.get_option_no_throw("--loader-threads"), nullptr);
+  app.parse(std::vector<std::string>{"7", "--loader-threads", "0.3", "--flip-p"});  // reversed argv
+  EXPECT_EQ(config.threads, 7U);
+  EXPECT_DOUBLE_EQ(config.transform.flip_p, 0.3);
+  CLI::App misspelt;
+  EXPECT_THROW(tools::add_loader_flags_except(misspelt, config, {"batch_sise"}), ConfigError);
+}
+
 }  // namespace
 }  // namespace pinfeed::loader
