@@ -3,6 +3,9 @@
 // script as PREFIX.gp, and renders PREFIX.png when gnuplot is installed
 // (scripts/install-deps.sh installs gnuplot-nox). Used by pinfeed-train
 // --compare and pinfeed-bench threads.
+#include <pthread.h>
+
+#include <csignal>
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -42,6 +45,19 @@ inline std::string write_plot(const std::string& prefix, const std::string& csv,
            << with_data(commands, csv_path);
     if (!script) throw DataError(gp, "cannot write");
   }
+  // The child inherits the signal mask: pinfeed-train blocks SIGINT/SIGTERM
+  // in every thread (install_checkpoint_signal_handlers), and gnuplot must
+  // still stop on Ctrl-C. Unblocked here, a signal reaches this thread's
+  // forwarding handler, which passes it to the signal thread.
+  sigset_t stop_signals, before;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  (void)::pthread_sigmask(SIG_UNBLOCK, &stop_signals, &before);
+  struct Restore {
+    sigset_t mask;
+    ~Restore() { (void)::pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{before};
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     fmt::print(stderr, "{}: gnuplot not found: wrote {} and {} only\n", tool, csv_path, gp);
     return "";

@@ -245,12 +245,15 @@ void add_data_and_schedule_flags(CLI::App& app, TrainFlags& f) {
                "otherwise, naming what changed)");
   app.add_option("--max-steps", config.max_steps, "stop after this many steps in all");
   // The loader's own options, from its table: every one but what the
-  // trainer sets (the batch is --batch-size over the workers, every step
-  // takes whole batches, the layout follows --host-normalize, the models
-  // take square images of --size). seed also draws the initial weights;
-  // threads are shared by the workers; prefetch is per worker.
-  pinfeed::tools::add_loader_flags_except(app, config.loader, {"batch_size", "drop_last_batch", "layout", "height"},
-                                          {"threads:--loader-threads"});
+  // trainer sets or keeps fixed (the batch is --batch-size over the workers,
+  // every step takes whole batches, the layout follows --host-normalize, the
+  // models take square images of --size, the backend picks how slots are
+  // pinned, and the order, shuffled and padded as DistributedSampler's, is
+  // what a checkpoint's position means). seed also draws the initial
+  // weights; threads are shared by the workers; prefetch is per worker.
+  pinfeed::tools::add_loader_flags_except(
+      app, config.loader, {"batch_size", "drop_last_batch", "layout", "height", "pin_method", "shuffle", "drop_last"},
+      {"threads:--loader-threads"});
 }
 
 void add_model_flags(CLI::App& app, TrainFlags& f) {

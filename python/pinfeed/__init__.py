@@ -81,7 +81,7 @@ _KEYWORD_FOR = {
     "crop": "transform",
     "drop_last_batch": "drop_last",
     "drop_last": "sampler=DistributedSampler(drop_last=...)",
-    "pin": "pin_memory",
+    "pin": "pin_memory='auto'",
     "require_pinned": "pin_memory='require'",
 }
 # Where a keyword of Loader means something else than the table's option of

@@ -106,12 +106,15 @@ class RegisteredTemp {
     if (!g_terminating.load()) return;
     (void)::unlink(tmp_.c_str());
     release();
-    for (;;) ::pause();  // every signal is blocked here: sleeps until the exit
+    for (;;) ::pause();  // SIGINT/SIGTERM are blocked here: sleeps until the exit
   }
 
  private:
   void release() {
-    if (slot_ != nullptr) slot_->state.store(0);
+    // 2 -> 0; a slot the signal thread took (3) is never reused: its path
+    // may be read by that thread's unlink.
+    int published = 2;
+    if (slot_ != nullptr) (void)slot_->state.compare_exchange_strong(published, 0);
     slot_ = nullptr;
   }
   const std::filesystem::path& tmp_;
@@ -151,7 +154,8 @@ extern "C" void forward_to_signal_thread(int sig) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (TempSlot& s : g_temporaries) {  // saves still stuck past the grace
-    if (s.state.load() == 2) (void)::unlink(s.path.data());
+    int published = 2;
+    if (s.state.compare_exchange_strong(published, 3)) (void)::unlink(s.path.data());
   }
   ::_exit(128 + sig);
 }
@@ -196,7 +200,8 @@ void install_checkpoint_signal_handlers() {
       sigaddset(&set, sig);
     }
     if (sigisemptyset(&set) != 0) return;
-    if (const int e = ::pthread_sigmask(SIG_BLOCK, &set, nullptr); e != 0) {
+    sigset_t before;
+    if (const int e = ::pthread_sigmask(SIG_BLOCK, &set, &before); e != 0) {
       throw Error(fmt::format("cannot block SIGINT/SIGTERM: {}", std::strerror(e)));
     }
     // Note [Temporaries and signals]
@@ -220,7 +225,10 @@ void install_checkpoint_signal_handlers() {
       e = ::pthread_create(&thread, &attr, signal_thread_main, &waited);
     }
     (void)::pthread_attr_destroy(&attr);
-    if (e != 0) throw Error(fmt::format("cannot start the signal thread: {}", std::strerror(e)));
+    if (e != 0) {
+      (void)::pthread_sigmask(SIG_SETMASK, &before, nullptr);  // the caller keeps its signals
+      throw Error(fmt::format("cannot start the signal thread: {}", std::strerror(e)));
+    }
     while (g_signal_thread.load() == 0) std::this_thread::yield();
     // Threads that existed before this call (OpenBLAS starts its pool when
     // it is loaded) do not block the signals: there a handler passes the
