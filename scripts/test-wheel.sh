@@ -33,7 +33,10 @@ trap 'rm -rf "$(dirname "$venv")"' EXIT
 # From a folder outside the checkout, without PYTHONPATH: the installed copy.
 work=$(mktemp -d)
 (cd "$work" && env -u PYTHONPATH PINFEED_EXPECT_INSTALLED="$venv" \
-  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python")
+  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore "$OLDPWD/tests/python/test_two_hosts.py" \
+    "$OLDPWD/tests/python")
+# (The two-host test is the release suite's PythonTest.TwoHosts: network
+# namespaces, not packaging; torchrun from the installed wheel is below.)
 "$venv/bin/pinfeed-diag" --json --sample-ms 0 >/dev/null
 "$venv/bin/pinfeed-train" --help | head -n 1
 "$venv/bin/pinfeed-data" -q make --out "$work/data" --classes 2 --per-class 16 --seed 1
