@@ -53,7 +53,7 @@ void LoaderConfig::validate() const {
   if (world_size == 0 || rank >= world_size) {
     throw ConfigError(fmt::format("loader rank {} is not in 0..world_size-1 (world_size {})", rank, world_size));
   }
-  transform.validate();  // scale and ratio ranges ordered, resize >= size for a center crop, std > 0
+  transform.validate_relations();  // scale and ratio ranges ordered, resize >= size for a center crop, std > 0
   for (std::size_t c = 0; c < 3; ++c) {
     if (!std::isfinite(transform.mean[c]) || !std::isfinite(transform.std[c])) {
       throw ConfigError(fmt::format("loader mean[{}] and std[{}] must be finite", c, c));

@@ -39,6 +39,10 @@ void TransformConfig::validate() const {
   // tools and a SampleWriter made directly check the same table. What is
   // left here are the rules the rows cannot state alone.
   check_transform_options(*this);
+  validate_relations();
+}
+
+void TransformConfig::validate_relations() const {
   if (height != 0 && height < kMinImageSize) {  // the row's range includes 0 (= size)
     throw ConfigError(fmt::format("transform height must be 0 (= size) or {}..{}, got {}", kMinImageSize, kMaxImageSize,
                                   height));

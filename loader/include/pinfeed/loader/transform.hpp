@@ -79,6 +79,10 @@ struct TransformConfig {
   bool dct_scaling = false;                  ///< allow 1/2, 1/4, 1/8 decode: faster on large images, pixels no longer PIL's (opt-in)
   bool roi_decode = true;                    ///< decode only the region (measurable trick)
   void validate() const;                     ///< ConfigError naming the field
+  /// The rules the option rows cannot state alone (validate() is the rows'
+  /// ranges, then these; LoaderConfig::validate, which checks the rows
+  /// itself, calls only these).
+  void validate_relations() const;
 
   [[nodiscard]] int out_width() const noexcept { return size; }
   [[nodiscard]] int out_height() const noexcept { return height != 0 ? height : size; }
