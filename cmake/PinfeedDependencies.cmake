@@ -6,13 +6,25 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(CLI11 REQUIRED)
-pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
-pkg_check_modules(LIBCAP REQUIRED IMPORTED_TARGET libcap)
 find_package(TBB REQUIRED)
-pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)
-pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
-pkg_check_modules(SPNG REQUIRED IMPORTED_TARGET spng)
-pkg_check_modules(LIBWEBP REQUIRED IMPORTED_TARGET libwebp)
+# The pkg-config modules, as PREFIX:module (the imported target is
+# PkgConfig::PREFIX). The image codecs' libraries are a list of their own:
+# the loader links every one of them, and the installed package config
+# (pinfeedConfig.cmake.in) finds the same list, so a new format's library is
+# one word here and its -dev package in scripts/install-deps.sh.
+set(PINFEED_CODEC_MODULES LIBJPEG:libjpeg TURBOJPEG:libturbojpeg SPNG:spng LIBWEBP:libwebp)
+# OPENBLAS: the trainer's CPU matrix products.
+set(PINFEED_PKG_MODULES HWLOC:hwloc LIBCAP:libcap ${PINFEED_CODEC_MODULES} OPENBLAS:openblas)
+set(PINFEED_CODEC_TARGETS)
+foreach(module IN LISTS PINFEED_PKG_MODULES)
+  string(REPLACE ":" ";" pair ${module})
+  list(GET pair 0 prefix)
+  list(GET pair 1 name)
+  pkg_check_modules(${prefix} REQUIRED IMPORTED_TARGET ${name})
+  if(module IN_LIST PINFEED_CODEC_MODULES)
+    list(APPEND PINFEED_CODEC_TARGETS PkgConfig::${prefix})
+  endif()
+endforeach()
 find_package(ZLIB REQUIRED)  # crc32 of checkpoints
 # xxHash, header-only (XXH_INLINE_ALL): datasets' fingerprints.
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
@@ -25,9 +37,6 @@ find_library(LIBYUV_LIBRARY NAMES yuv REQUIRED)
 add_library(pinfeed_libyuv INTERFACE)
 target_include_directories(pinfeed_libyuv SYSTEM INTERFACE ${LIBYUV_INCLUDE_DIR})
 target_link_libraries(pinfeed_libyuv INTERFACE ${LIBYUV_LIBRARY})
-
-# The trainer's CPU matrix products.
-pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 
 # MPI: optional at build time (multi-process launches under mpirun).
 set(PINFEED_HAVE_MPI OFF)

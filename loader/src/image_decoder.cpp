@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 #include <libyuv/convert_argb.h>
 #include <spng.h>
+#include <turbojpeg.h>
 #include <webp/decode.h>
+#include <webp/encode.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -71,7 +74,65 @@ std::string_view extension(ImageFormat f) noexcept {
   return c != nullptr ? c->extensions[0] : "bin";
 }
 
+// The encoders: synthetic data and tests.
+
+std::vector<std::byte> encode_png(const std::uint8_t* rgb, int width, int height, bool interlaced) {
+  spng_ctx* ctx = spng_ctx_new(SPNG_CTX_ENCODER);
+  if (ctx == nullptr) throw Error("libspng: cannot create an encoder");
+  spng_set_option(ctx, SPNG_ENCODE_TO_BUFFER, 1);
+  spng_ihdr ihdr{};
+  ihdr.width = static_cast<std::uint32_t>(width);
+  ihdr.height = static_cast<std::uint32_t>(height);
+  ihdr.bit_depth = 8;
+  ihdr.color_type = SPNG_COLOR_TYPE_TRUECOLOR;
+  ihdr.interlace_method = interlaced ? SPNG_INTERLACE_ADAM7 : SPNG_INTERLACE_NONE;
+  int rc = spng_set_ihdr(ctx, &ihdr);
+  const std::size_t len = static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3;
+  if (rc == 0) rc = spng_encode_image(ctx, rgb, len, SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE);
+  std::size_t size = 0;
+  void* buf = rc == 0 ? spng_get_png_buffer(ctx, &size, &rc) : nullptr;
+  spng_ctx_free(ctx);
+  if (buf == nullptr || rc != 0) {
+    std::free(buf);
+    throw Error(fmt::format("libspng: encoding a {}x{} PNG failed: {}", width, height, spng_strerror(rc)));
+  }
+  std::vector<std::byte> out(static_cast<const std::byte*>(buf), static_cast<const std::byte*>(buf) + size);
+  std::free(buf);
+  return out;
+}
+
+std::vector<std::byte> encode_webp(const std::uint8_t* rgb, int width, int height, bool lossless, int quality) {
+  std::uint8_t* buf = nullptr;
+  const std::size_t size = lossless ? WebPEncodeLosslessRGB(rgb, width, height, width * 3, &buf)
+                                    : WebPEncodeRGB(rgb, width, height, width * 3, static_cast<float>(quality), &buf);
+  if (size == 0 || buf == nullptr) {
+    WebPFree(buf);
+    throw Error(fmt::format("libwebp: encoding a {}x{} WebP failed", width, height));
+  }
+  std::vector<std::byte> out(reinterpret_cast<const std::byte*>(buf), reinterpret_cast<const std::byte*>(buf) + size);
+  WebPFree(buf);
+  return out;
+}
+
 namespace {
+
+std::vector<std::byte> encode_jpeg(const std::uint8_t* rgb, int width, int height, int quality) {
+  tjhandle h = tjInitCompress();
+  if (h == nullptr) throw Error("TurboJPEG: tjInitCompress failed");
+  unsigned char* jpeg = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(h, rgb, width, width * 3, height, TJPF_RGB, &jpeg, &size, TJSAMP_420, quality, TJFLAG_ACCURATEDCT);
+  if (rc != 0) {
+    const std::string why = tjGetErrorStr2(h);
+    tjFree(jpeg);
+    tjDestroy(h);
+    throw Error(fmt::format("TurboJPEG: encoding a {}x{} JPEG failed: {}", width, height, why));
+  }
+  std::vector<std::byte> out(reinterpret_cast<const std::byte*>(jpeg), reinterpret_cast<const std::byte*>(jpeg) + size);
+  tjFree(jpeg);
+  tjDestroy(h);
+  return out;
+}
 
 /// The largest PNG chunk we accept (an ancillary chunk claiming gigabytes
 /// must not be buffered) and the cap on all cached ancillary chunks.
@@ -339,11 +400,16 @@ struct CodecOps {
   ImageHeader (Codecs::*planned)(Bytes, PlanRef, RowSink&, const std::string&);
   void (Codecs::*whole)(Bytes, DecodedImage&, const std::string&);
   ImageHeader (Codecs::*verify)(Bytes, const std::string&);
+  std::vector<std::byte> (*encode)(const std::uint8_t* rgb, int width, int height, int quality);
 };
+std::vector<std::byte> encode_png_rgb(const std::uint8_t* rgb, int w, int h, int /*quality*/) { return encode_png(rgb, w, h); }
+std::vector<std::byte> encode_webp_lossy(const std::uint8_t* rgb, int w, int h, int quality) {
+  return encode_webp(rgb, w, h, false, quality);
+}
 constexpr std::array<CodecOps, kImageCodecs.size()> kCodecOps{{
-    {ImageFormat::jpeg, is_jpeg, &Codecs::jpeg_header, &Codecs::jpeg_planned, &Codecs::jpeg_whole, &Codecs::jpeg_verify},
-    {ImageFormat::png, is_png, &Codecs::png_header, &Codecs::png_planned, &Codecs::png_whole, &Codecs::png_verify},
-    {ImageFormat::webp, is_webp, &Codecs::webp_header, &Codecs::webp_planned, &Codecs::webp_whole, &Codecs::webp_verify},
+    {ImageFormat::jpeg, is_jpeg, &Codecs::jpeg_header, &Codecs::jpeg_planned, &Codecs::jpeg_whole, &Codecs::jpeg_verify, encode_jpeg},
+    {ImageFormat::png, is_png, &Codecs::png_header, &Codecs::png_planned, &Codecs::png_whole, &Codecs::png_verify, encode_png_rgb},
+    {ImageFormat::webp, is_webp, &Codecs::webp_header, &Codecs::webp_planned, &Codecs::webp_whole, &Codecs::webp_verify, encode_webp_lossy},
 }};
 constexpr bool in_registry_order() {
   for (std::size_t i = 0; i < kImageCodecs.size(); ++i) {
@@ -369,6 +435,13 @@ struct ImageDecoder::Impl : Codecs {
 ImageFormat sniff_format(std::span<const std::byte> data) noexcept {
   const CodecOps* o = ops_for(data);
   return o != nullptr ? o->format : ImageFormat::unknown;
+}
+
+std::vector<std::byte> encode_image(ImageFormat f, const std::uint8_t* rgb, int width, int height, int quality) {
+  for (const CodecOps& o : kCodecOps) {
+    if (o.format == f) return o.encode(rgb, width, height, quality);
+  }
+  throw ConfigError(fmt::format("image format '{}' has no encoder", to_string(f)));
 }
 
 ImageDecoder::ImageDecoder(std::uint64_t max_pixels)

@@ -1,9 +1,7 @@
 #include "pinfeed/loader/synthetic.hpp"
 
 #include <fmt/format.h>
-#include <spng.h>
 #include <turbojpeg.h>
-#include <webp/encode.h>
 
 #include <algorithm>
 #include <array>
@@ -168,58 +166,14 @@ std::vector<std::byte> make_synthetic_jpeg(std::uint64_t seed, int klass, std::u
   return out;
 }
 
-std::vector<std::byte> encode_png(const std::uint8_t* rgb, int width, int height, bool interlaced) {
-  spng_ctx* ctx = spng_ctx_new(SPNG_CTX_ENCODER);
-  if (ctx == nullptr) throw Error("libspng: cannot create an encoder");
-  spng_set_option(ctx, SPNG_ENCODE_TO_BUFFER, 1);
-  spng_ihdr ihdr{};
-  ihdr.width = static_cast<std::uint32_t>(width);
-  ihdr.height = static_cast<std::uint32_t>(height);
-  ihdr.bit_depth = 8;
-  ihdr.color_type = SPNG_COLOR_TYPE_TRUECOLOR;
-  ihdr.interlace_method = interlaced ? SPNG_INTERLACE_ADAM7 : SPNG_INTERLACE_NONE;
-  int rc = spng_set_ihdr(ctx, &ihdr);
-  const std::size_t len = static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3;
-  if (rc == 0) rc = spng_encode_image(ctx, rgb, len, SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE);
-  std::size_t size = 0;
-  void* buf = rc == 0 ? spng_get_png_buffer(ctx, &size, &rc) : nullptr;
-  spng_ctx_free(ctx);
-  if (buf == nullptr || rc != 0) {
-    std::free(buf);
-    throw Error(fmt::format("libspng: encoding a {}x{} PNG failed: {}", width, height, spng_strerror(rc)));
-  }
-  std::vector<std::byte> out(static_cast<const std::byte*>(buf), static_cast<const std::byte*>(buf) + size);
-  std::free(buf);
-  return out;
-}
-
-std::vector<std::byte> encode_webp(const std::uint8_t* rgb, int width, int height, bool lossless, int quality) {
-  std::uint8_t* buf = nullptr;
-  const std::size_t size = lossless ? WebPEncodeLosslessRGB(rgb, width, height, width * 3, &buf)
-                                    : WebPEncodeRGB(rgb, width, height, width * 3, static_cast<float>(quality), &buf);
-  if (size == 0 || buf == nullptr) {
-    WebPFree(buf);
-    throw Error(fmt::format("libwebp: encoding a {}x{} WebP failed", width, height));
-  }
-  std::vector<std::byte> out(reinterpret_cast<const std::byte*>(buf), reinterpret_cast<const std::byte*>(buf) + size);
-  WebPFree(buf);
-  return out;
-}
-
 std::vector<std::byte> make_synthetic_image(std::uint64_t seed, int klass, std::uint64_t index,
                                             const SyntheticImageSpec& spec, const std::string& format) {
-  // One case per codec registry row: a new format without an encoder is a
-  // compile error here (-Wswitch), not a dataset that cannot be made.
+  // JPEG keeps its kinds and subsampling; every other row of the codec
+  // registry encodes through its own encoder (encode_image).
   const ImageFormat f = parse_image_format(format, "image format");
   if (f == ImageFormat::jpeg) return make_synthetic_jpeg(seed, klass, index, spec);
   const std::vector<std::uint8_t> rgb = render_synthetic_rgb(seed, klass, index, spec.width, spec.height, spec.style);
-  switch (f) {
-    case ImageFormat::png: return encode_png(rgb.data(), spec.width, spec.height);
-    case ImageFormat::webp: return encode_webp(rgb.data(), spec.width, spec.height, false, spec.quality);
-    case ImageFormat::jpeg:
-    case ImageFormat::unknown: break;
-  }
-  throw ConfigError(fmt::format("image format '{}' has no encoder", format));
+  return encode_image(f, rgb.data(), spec.width, spec.height, spec.quality);
 }
 
 }  // namespace pinfeed::loader

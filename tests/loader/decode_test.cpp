@@ -1,6 +1,7 @@
 // JPEG decode and transforms: ROI + scaled decode against full decode then
 // crop/resize; the colour spaces and encodings ImageNet holds.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <malloc.h>
@@ -298,6 +299,10 @@ TEST(ImageDecoderTest, EveryCodecRowSniffsDecodesAndNamesItsFormat) {
     words.emplace_back(c.word);
     const auto data = make_synthetic_image(1, 2, 3, spec, std::string(c.word));
     EXPECT_EQ(sniff_format(data), c.format);
+    const auto rgb = render_synthetic_rgb(1, 2, 3, 32, 24);
+    const auto encoded = encode_image(c.format, rgb.data(), 32, 24, 90);
+    EXPECT_EQ(sniff_format(encoded), c.format);
+    EXPECT_EQ(d.header(encoded, "e").width, 32);
     EXPECT_EQ(find_codec(c.format), &c);
     EXPECT_EQ(to_string(c.format), c.word);
     EXPECT_EQ(parse_image_format(c.word, "format"), c.format);
@@ -329,17 +334,26 @@ TEST(ImageDecoderTest, EveryCodecRowSniffsDecodesAndNamesItsFormat) {
     }
   }
   EXPECT_EQ(codec_word_list(), words);
-  EXPECT_EQ(codec_names(), "JPEG, PNG or WebP");
-  EXPECT_EQ(codec_words("and"), "jpeg, png and webp");
-  EXPECT_EQ(codec_extensions(), ".jpg, .jpeg, .png, .webp");
+  // The lists read the rows (join_list's own form: enum_words_test).
+  std::vector<std::string> displays, extensions;
+  for (const ImageCodec& c : kImageCodecs) {
+    displays.emplace_back(c.display);
+    for (std::string_view e : c.extensions) {
+      if (!e.empty()) extensions.push_back(fmt::format(".{}", e));
+    }
+  }
+  EXPECT_EQ(codec_names(), join_list(displays, "or"));
+  EXPECT_EQ(codec_words("and"), join_list(words, "and"));
+  EXPECT_EQ(fmt::format("{}", fmt::join(extensions, ", ")), codec_extensions());
   EXPECT_EQ(format_for_extension("gif"), ImageFormat::unknown);
   EXPECT_EQ(extension(ImageFormat::unknown), "bin");
   EXPECT_THROW((void)parse_image_format("gif", "format"), ConfigError);
+  EXPECT_THROW((void)encode_image(ImageFormat::unknown, nullptr, 1, 1, 90), ConfigError);
   try {
     ImageDecoder().decode_full(std::vector<std::byte>(16, std::byte{'G'}), *std::make_unique<DecodedImage>(), "x.gif");
     ADD_FAILURE() << "an unknown format decoded";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("not a JPEG, PNG or WebP image"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fmt::format("not a {} image", codec_names())), std::string::npos) << e.what();
   }
 }
 
@@ -374,7 +388,7 @@ TEST(ImageDecoderTest, BadPngAndWebPAreDataErrorsNamingTheFile) {
   const std::uint8_t dims[8] = {0, 0, 0x4e, 0x20, 0, 0, 0x4e, 0x20};
   std::memcpy(big.data() + 16, dims, 8);  // IHDR width, height
   expect_error(big, "big.png", "exceeds the limit");
-  expect_error(std::vector<std::byte>(300, std::byte{'x'}), "noise.jpg", "not a JPEG, PNG or WebP");
+  expect_error(std::vector<std::byte>(300, std::byte{'x'}), "noise.jpg", fmt::format("not a {}", codec_names()).c_str());
   expect_error({}, "empty.png", "empty");
   // The decoder is still usable afterwards.
   d.decode_full(encode_png(rgb.data(), w, h), img, "good.png");

@@ -35,5 +35,12 @@ TEST(EnumWordsTest, EveryWordParsesBackAndAWrongOneListsTheWords) {
   }
 }
 
+TEST(EnumWordsTest, JoinListPutsTheConjunctionBeforeTheLastItem) {
+  EXPECT_EQ(join_list({}, "or"), "");
+  EXPECT_EQ(join_list({"a"}, "or"), "a");
+  EXPECT_EQ(join_list({"a", "b"}, "and"), "a and b");
+  EXPECT_EQ(join_list({"JPEG", "PNG", "WebP"}, "or"), "JPEG, PNG or WebP");
+}
+
 }  // namespace
 }  // namespace pinfeed

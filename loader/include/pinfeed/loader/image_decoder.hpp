@@ -28,8 +28,9 @@ enum class ImageFormat { jpeg, png, webp, unknown };
 /// outside the decoder that names formats reads it: the extensions a
 /// dataset takes as images, the words of --format, messages ("JPEG, PNG or
 /// WebP"), the names pack and make write. A new format is a row here, a row
-/// of decode functions in image_decoder.cpp (a static_assert keeps the two
-/// in step) and an encoder in synthetic.cpp (a switch the compiler checks).
+/// of decode and encode functions in image_decoder.cpp (a static_assert
+/// keeps the two in step), and its library in the build's codec list
+/// (cmake/PinfeedDependencies.cmake) and scripts/install-deps.sh.
 struct ImageCodec {
   ImageFormat format;
   std::string_view word;                       ///< "jpeg": flags, JSON, to_string()
@@ -56,6 +57,16 @@ std::string codec_words(std::string_view conjunction = "or");
 std::vector<std::string> codec_word_list();
 /// ".jpg, .jpeg, .png, .webp": every extension a dataset decodes.
 std::string codec_extensions();
+
+/// The registry's encode side, for synthetic data (pinfeed-data make, tests,
+/// benchmarks): RGB pixels (width * height * 3) in format `f`, lossy formats
+/// at `quality` (JPEG 4:2:0; PNG ignores it). ConfigError for unknown, Error
+/// when the library fails.
+std::vector<std::byte> encode_image(ImageFormat f, const std::uint8_t* rgb, int width, int height, int quality);
+/// RGB pixels as a PNG (libspng; 8-bit RGB, Adam7-interlaced when asked).
+std::vector<std::byte> encode_png(const std::uint8_t* rgb, int width, int height, bool interlaced = false);
+/// RGB pixels as a WebP (libwebp): lossless, or lossy at `quality`.
+std::vector<std::byte> encode_webp(const std::uint8_t* rgb, int width, int height, bool lossless, int quality = 90);
 
 /// From the first bytes: FF D8 (JPEG), the PNG signature, RIFF....WEBP.
 ImageFormat sniff_format(std::span<const std::byte> data) noexcept;

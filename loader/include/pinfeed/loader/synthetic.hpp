@@ -43,14 +43,9 @@ SyntheticImageSpec synthetic_size(std::uint64_t seed, int klass, std::uint64_t i
 std::vector<std::byte> make_synthetic_jpeg(std::uint64_t seed, int klass, std::uint64_t index,
                                            const SyntheticImageSpec& spec);
 
-/// Encodes RGB pixels (width * height * 3) as a PNG (libspng; 8-bit RGB,
-/// Adam7-interlaced when asked). Throws Error on failure.
-std::vector<std::byte> encode_png(const std::uint8_t* rgb, int width, int height, bool interlaced = false);
-/// Encodes RGB pixels as a WebP (libwebp): lossless, or lossy at `quality`.
-std::vector<std::byte> encode_webp(const std::uint8_t* rgb, int width, int height, bool lossless, int quality = 90);
-
 /// Synthetic image `index` of `klass` in a format: "jpeg" (the spec's
-/// quality and kind), "png", "webp" (lossy at the spec's quality).
+/// quality and kind), or any other codec registry word through its encoder
+/// (encode_image: "png", "webp" lossy at the spec's quality).
 std::vector<std::byte> make_synthetic_image(std::uint64_t seed, int klass, std::uint64_t index,
                                             const SyntheticImageSpec& spec, const std::string& format);
 
