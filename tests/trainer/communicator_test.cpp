@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <thread>
 
+#include "launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
 
@@ -181,6 +183,20 @@ struct KindNames {
 };
 using Kinds = ::testing::Types<SoloKind, ThreadsKind, GlooKind, MpiKind>;
 TYPED_TEST_SUITE(CommunicatorContract, Kinds, KindNames);
+
+template <class... Kind>
+std::set<std::string> kind_names(::testing::Types<Kind...>* /*list*/) {
+  return {Kind::kName...};
+}
+
+// The list of kinds above is written by hand: a launch bootstrap whose CPU
+// communicator is not in it would never be held to the contract.
+TEST(CommunicatorContractCoverage, EveryLaunchBootstrapsCommunicatorIsAKind) {
+  const std::set<std::string> kinds = kind_names(static_cast<Kinds*>(nullptr));
+  for (const LaunchBootstrap& b : launch_bootstraps()) {
+    EXPECT_TRUE(kinds.contains(std::string(b.cpu_communicator))) << b.name << "'s " << b.cpu_communicator;
+  }
+}
 
 TYPED_TEST(CommunicatorContract, EveryRankKnowsItsPlaceAndTheWorld) {
   Ranks& g = this->ranks_;
@@ -423,6 +439,67 @@ TEST(SoloCommunicatorTest, AWorldOfOneIsTheIdentityAndAbortFailsLaterCalls) {
     EXPECT_NE(std::string(e.what()).find("aborted: rank 0 failed"), std::string::npos) << e.what();
   }
   EXPECT_THROW(comm->barrier(), CommError);
+}
+
+// The launch channels NCCL bootstraps through: rank 0's bytes reach every
+// rank. The store's, as three torchrun-style ranks (threads) on loopback.
+TEST(LaunchChannelTest, TheStoreSharesRank0sBytesWithEveryRank) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  constexpr int kWorld = 3;
+  std::vector<std::vector<char>> got(kWorld);
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::unique_ptr<LaunchChannel>> channels(kWorld);  // outlive every get (rank 0 serves)
+  {
+    std::vector<std::jthread> t;
+    for (int k = 0; k < kWorld; ++k) {
+      t.emplace_back([&, k] {
+        LaunchEnv env;
+        env.rank = k;
+        env.world_size = kWorld;
+        env.local_rank = k;
+        env.local_size = kWorld;
+        env.launcher = "torchrun";
+        const auto i = static_cast<std::size_t>(k);
+        try {
+          channels[i] = open_store_channel(env, std::chrono::seconds(30));
+          EXPECT_EQ(channels[i]->rank(), k);
+          EXPECT_EQ(channels[i]->size(), kWorld);
+          got[i] = channels[i]->share_from_rank0("test/id", k == 0 ? std::vector<char>{'i', 'd', '\0', 'x'}
+                                                                     : std::vector<char>{'n', 'o'});
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    }
+  }
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+  for (int k = 0; k < kWorld; ++k) {
+    EXPECT_EQ(errors[static_cast<std::size_t>(k)], "") << "rank " << k;
+    EXPECT_EQ(got[static_cast<std::size_t>(k)], (std::vector<char>{'i', 'd', '\0', 'x'})) << "rank " << k;
+  }
+}
+
+// MPI_COMM_WORLD's, one rank per process (ctest's
+// CommunicatorContract.UnderMpirun runs it); without MPI, the row says so.
+TEST(LaunchChannelTest, MpiSharesRank0sBytesWithEveryRank) {
+  const LaunchEnv env = read_launch_env();
+  if (!mpi_compiled()) {
+    LaunchEnv two;
+    two.world_size = 2;
+    two.launcher = "mpi";
+    EXPECT_THROW((void)open_mpi_channel(two, std::chrono::seconds(1)), ConfigError);
+    return;
+  }
+  if (env.launcher != "mpi") GTEST_SKIP() << "run under mpirun (ctest's CommunicatorContract.UnderMpirun does)";
+  const auto channel = launch_bootstrap(env).open_channel(env, std::chrono::seconds(30));
+  EXPECT_EQ(channel->rank(), env.rank);
+  EXPECT_EQ(channel->size(), env.world_size);
+  const std::vector<char> mine(static_cast<std::size_t>(100 + channel->rank()), static_cast<char>('a' + channel->rank()));
+  EXPECT_EQ(channel->share_from_rank0("test/id", mine), std::vector<char>(100, 'a'));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 
 namespace pinfeed::trainer {
@@ -45,9 +46,9 @@ std::unique_ptr<Communicator> make_gloo_launched(DeviceBackend& backend, CommCon
 
 constexpr std::array<LaunchBootstrap, 2> kBootstraps{{
     {Bootstrap::mpi, "mpi", "mpi", "MPI_COMM_WORLD (mpirun, or srun of a build with MPI)", &mpi_compiled, &mpi_serves,
-     &make_mpi_launched},
+     &make_mpi_launched, &open_mpi_channel},
     {Bootstrap::store, "store", "gloo", "the rendezvous store at MASTER_ADDR:MASTER_PORT (torchrun)", &gloo_compiled,
-     &store_serves, &make_gloo_launched},
+     &store_serves, &make_gloo_launched, &open_store_channel},
 }};
 
 }  // namespace

@@ -1,3 +1,6 @@
+#include <fmt/format.h>
+
+#include "launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 
 namespace pinfeed::trainer {
@@ -6,6 +9,12 @@ bool mpi_compiled() noexcept { return false; }
 
 std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& /*backend*/, CommConfig /*config*/) {
   throw ConfigError("this pinfeed was built without MPI (install libopenmpi-dev and rebuild)");
+}
+
+std::unique_ptr<LaunchChannel> open_mpi_channel(const LaunchEnv& env, std::chrono::milliseconds /*timeout*/) {
+  throw ConfigError(fmt::format("{} launched {} processes, but this pinfeed was built without MPI (launch with "
+                                "torchrun, or rebuild with libopenmpi-dev)",
+                                env.launcher, env.world_size));
 }
 
 }  // namespace pinfeed::trainer

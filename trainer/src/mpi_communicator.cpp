@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "launch_channel.hpp"
 #include "mpi_init.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
@@ -142,7 +143,35 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm barriers_ = MPI_COMM_NULL;  // not freed: the process may be past MPI_Finalize when this goes
 };
 
+/// MPI_COMM_WORLD as a launch channel (Note in launch_channel.hpp).
+class MpiChannel final : public LaunchChannel {
+ public:
+  MpiChannel() {
+    detail::mpi_init();
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  [[nodiscard]] int rank() const noexcept override { return rank_; }
+  [[nodiscard]] int size() const noexcept override { return size_; }
+  std::vector<char> share_from_rank0(const std::string& key, const std::vector<char>& bytes) override {
+    std::uint64_t n = rank_ == 0 ? bytes.size() : 0;
+    check(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD), rank_, "MPI_Bcast(size of shared bytes)", sizeof n);
+    std::vector<char> out = rank_ == 0 ? bytes : std::vector<char>(n);
+    const std::string op = fmt::format("MPI_Bcast({})", key);
+    check(MPI_Bcast(out.data(), static_cast<int>(n), MPI_BYTE, 0, MPI_COMM_WORLD), rank_, op.c_str(), n);
+    return out;
+  }
+  [[noreturn]] void end_launch(const std::string& why) noexcept override { detail::mpi_abort(rank_, why); }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
 }  // namespace
+
+std::unique_ptr<LaunchChannel> open_mpi_channel(const LaunchEnv& /*env*/, std::chrono::milliseconds /*timeout*/) {
+  return std::make_unique<MpiChannel>();
+}
 
 bool mpi_compiled() noexcept { return true; }
 

@@ -18,16 +18,10 @@
 
 #include "cuda_backend_impl.hpp"
 #include "dynamic_library.hpp"
-#include "tcp_store.hpp"
+#include "launch_channel.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
-#ifdef PINFEED_HAVE_MPI
-#include <mpi.h>
-
-#include "mpi_init.hpp"
-#endif
-
 namespace pinfeed::trainer {
 namespace {
 
@@ -79,19 +73,15 @@ const Nccl& nccl() {
 /// Set at exit: destructors then make no NCCL calls (the library may be gone).
 std::atomic<bool> g_exiting{false};
 
-/// How the process's ranks were started: one process (no launch), mpirun
-/// or srun (MPI), torchrun (its store).
-enum class Launch { none, mpi, store };
-
 class NcclCommunicator final : public Communicator {
  public:
-  /// `launch`: one rank per process under mpirun (or torchrun); abort() then ends
-  /// every process with MPI_Abort (ncclCommAbort reaches this process only).
-  /// `store`: torchrun's rendezvous store, kept while the communicator
-  /// lives: on rank 0 it is the server the other ranks may still be reading.
-  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config, Launch launch,
-                   std::unique_ptr<detail::TcpStore> store = nullptr)
-      : comm_(comm), rank_(rank), size_(size), launch_(launch), store_(std::move(store)), backend_(backend), config_(config),
+  /// `channel`: the launch's (one rank per process under mpirun, srun or
+  /// torchrun), kept while the communicator lives; abort() then ends every
+  /// process through it (ncclCommAbort reaches this process only). Null for
+  /// a group of ranks in one process.
+  NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config,
+                   std::unique_ptr<LaunchChannel> channel = nullptr)
+      : comm_(comm), rank_(rank), size_(size), channel_(std::move(channel)), backend_(backend), config_(config),
         barrier_stream_(backend.create_stream()), barrier_value_(backend.allocate(sizeof(float))),
         watchdog_([this](const std::stop_token& st) { watch(st); }) {
     static std::once_flag once;
@@ -155,17 +145,9 @@ class NcclCommunicator final : public Communicator {
       }
     }
     // The other processes' ranks sit in collectives that only their own
-    // watchdogs would end, after the timeout: the launcher ends them now
+    // watchdogs would end, after the timeout: the launch ends them now
     // (MPI_Abort; under torchrun this process ends, and torchrun ends the rest).
-#ifdef PINFEED_HAVE_MPI
-    if (launch_ == Launch::mpi && size_ > 1) detail::mpi_abort(rank_, why);
-#endif
-    if (launch_ == Launch::store && size_ > 1) {
-      pinfeed::detail::log().error("nccl rank {}: ending this process so that every rank stops", rank_);
-      pinfeed::detail::log().flush();
-      std::fflush(nullptr);
-      std::_Exit(1);
-    }
+    if (channel_ != nullptr && size_ > 1) channel_->end_launch(why);
   }
 
  private:
@@ -282,8 +264,7 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_;  // guarded by mutex_ once the watchdog runs
   int rank_, size_;
-  Launch launch_;
-  std::unique_ptr<detail::TcpStore> store_;
+  std::unique_ptr<LaunchChannel> channel_;  // null in a one-process group
   DeviceBackend& backend_;
   CommConfig config_;
   std::mutex enqueue_mutex_;  // held across an NCCL enqueue; taken before mutex_, or only tried
@@ -317,7 +298,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Dev
   std::vector<std::unique_ptr<Communicator>> out;
   for (std::size_t i = 0; i < comms.size(); ++i) {
     out.push_back(std::make_unique<NcclCommunicator>(comms[i], static_cast<int>(i), static_cast<int>(comms.size()),
-                                                     *backends[i], config, Launch::none));
+                                                     *backends[i], config));
   }
   return out;
 }
@@ -326,53 +307,34 @@ std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& bac
                                                               const LaunchEnv& env) {
   const Nccl& n = nccl();
   if (backend.cuda_device() < 0) throw ConfigError(fmt::format("nccl: {} is not a CUDA device", backend.name()));
-  int rank = env.rank, size = env.world_size;
+  // Rank 0's unique id reaches every rank through the launch's own channel
+  // (MPI_COMM_WORLD, torchrun's store: the bootstrap table's row).
+  std::unique_ptr<LaunchChannel> channel = launch_bootstrap(env).open_channel(env, config.timeout);
+  const int rank = channel->rank(), size = channel->size();
   ncclUniqueId id{};
-  std::unique_ptr<detail::TcpStore> store;
-  if (launch_bootstrap(env).kind == Bootstrap::mpi) {
-#ifdef PINFEED_HAVE_MPI
-    detail::mpi_init();
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (rank == 0) {
-      const ncclResult_t r = n.get_unique_id(&id);
-      if (r != ncclSuccess) throw CommError(rank, "ncclGetUniqueId", 0, n.error_string(r));
-    }
-    if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
-      throw CommError(rank, "MPI_Bcast(nccl id)", sizeof id, "MPI broadcast of the NCCL unique id failed");
-    }
-#else
-    throw ConfigError(fmt::format("{} launched {} processes, but this pinfeed was built without MPI (launch with "
-                                  "torchrun, or rebuild with libopenmpi-dev)",
-                                  env.launcher, env.world_size));
-#endif
-  } else {
-    // torchrun: rank 0's id through the rendezvous store.
-    store = detail::connect_launch_store(env, config.timeout);
-    if (rank == 0) {
-      const ncclResult_t r = n.get_unique_id(&id);
-      if (r != ncclSuccess) throw CommError(rank, "ncclGetUniqueId", 0, n.error_string(r));
-      store->set("nccl/id", std::vector<char>(id.internal, id.internal + sizeof id.internal));
-    } else {
-      const std::vector<char> bytes = store->get("nccl/id");
-      if (bytes.size() != sizeof id.internal) {
-        throw CommError(rank, "rendezvous get(nccl id)", bytes.size(),
-                        fmt::format("the NCCL unique id rank 0 set under the store's key 'nccl/id' is {} bytes, not "
-                                    "{}: another program wrote it, or another pinfeed version",
-                                    bytes.size(), sizeof id.internal));
-      }
-      std::copy(bytes.begin(), bytes.end(), id.internal);
-    }
+  std::vector<char> mine;
+  if (rank == 0) {
+    const ncclResult_t r = n.get_unique_id(&id);
+    if (r != ncclSuccess) throw CommError(rank, "ncclGetUniqueId", 0, n.error_string(r));
+    mine.assign(id.internal, id.internal + sizeof id.internal);
   }
+  const std::vector<char> bytes = channel->share_from_rank0("nccl/id", mine);
+  if (bytes.size() != sizeof id.internal) {
+    throw CommError(rank, "share(nccl id)", bytes.size(),
+                    fmt::format("the NCCL unique id rank 0 shared under 'nccl/id' is {} bytes, not {}: another "
+                                "program wrote it, or another pinfeed version",
+                                bytes.size(), sizeof id.internal));
+  }
+  std::copy(bytes.begin(), bytes.end(), id.internal);
   backend.make_current();
   ncclComm_t comm = nullptr;
   const ncclResult_t r = n.init_rank(&comm, size, id, rank);
   if (r != ncclSuccess) throw CommError(rank, "ncclCommInitRank", 0, fmt::format("{} ranks: {}", size, n.error_string(r)));
   // ncclCommInitRank returns once every rank has joined, so every rank has
-  // read the id; the store stays with the communicator all the same (rank
-  // 0's server must outlive the others' last request).
-  return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config,
-                                            store ? Launch::store : Launch::mpi, std::move(store));
+  // read the id; the channel stays with the communicator all the same (rank
+  // 0's store server must outlive the others' last request, and abort()
+  // ends the launch through it).
+  return std::make_unique<NcclCommunicator>(comm, rank, size, backend, config, std::move(channel));
 }
 
 }  // namespace pinfeed::trainer

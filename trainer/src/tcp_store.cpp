@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -56,6 +57,7 @@
 #include <utility>
 
 #include "pinfeed/error.hpp"
+#include "launch_channel.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "tcp_store_protocol.hpp"
@@ -566,3 +568,43 @@ std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono
 }
 
 }  // namespace pinfeed::trainer::detail
+
+namespace pinfeed::trainer {
+namespace {
+
+/// torchrun's rendezvous store as a launch channel (launch_channel.hpp). It
+/// is kept while the communicator lives: on rank 0 it is the server the
+/// other ranks may still be reading.
+class StoreChannel final : public LaunchChannel {
+ public:
+  StoreChannel(const LaunchEnv& env, std::chrono::milliseconds timeout)
+      : rank_(env.rank), size_(env.world_size), store_(detail::connect_launch_store(env, timeout)) {}
+  [[nodiscard]] int rank() const noexcept override { return rank_; }
+  [[nodiscard]] int size() const noexcept override { return size_; }
+  std::vector<char> share_from_rank0(const std::string& key, const std::vector<char>& bytes) override {
+    if (rank_ == 0) {
+      store_->set(key, bytes);
+      return bytes;
+    }
+    return store_->get(key);
+  }
+  [[noreturn]] void end_launch(const std::string& why) noexcept override {
+    pinfeed::detail::log().error("rank {}: ending this process so that every rank stops (torchrun ends the rest): {}",
+                                 rank_, why);
+    pinfeed::detail::log().flush();
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+
+ private:
+  int rank_, size_;
+  std::unique_ptr<detail::TcpStore> store_;
+};
+
+}  // namespace
+
+std::unique_ptr<LaunchChannel> open_store_channel(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  return std::make_unique<StoreChannel>(env, timeout);
+}
+
+}  // namespace pinfeed::trainer

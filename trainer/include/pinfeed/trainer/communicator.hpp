@@ -122,6 +122,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& backend, Comm
 
 /// How the ranks of a multi-process launch find each other.
 enum class Bootstrap { mpi, store };
+class LaunchChannel;
 
 /// One row per bootstrap, tried in order: the first that serves a launch
 /// is the one its ranks use (every rank reads the same environment, so all
@@ -135,6 +136,9 @@ struct LaunchBootstrap {
   bool (*serves)(const LaunchEnv& env);
   /// The CPU rank's communicator (throws ConfigError when not compiled).
   std::unique_ptr<Communicator> (*make_cpu)(DeviceBackend& backend, CommConfig config, const LaunchEnv& env);
+  /// The launch's channel, for a communicator with its own transport (NCCL
+  /// shares its unique id through it): trainer/src/launch_channel.hpp.
+  std::unique_ptr<LaunchChannel> (*open_channel)(const LaunchEnv& env, std::chrono::milliseconds timeout);
 };
 std::span<const LaunchBootstrap> launch_bootstraps() noexcept;
 /// The row `env`'s launch uses.

@@ -121,9 +121,12 @@ class Model {
   /// Forward only, in evaluation mode (running statistics): adds summed
   /// loss and correct count to stats.
   virtual void evaluate(Stream& s, const float* images, const std::int32_t* labels, int n, float* stats) = 0;
-  /// SyncBN: statistics summed over `world` workers through `sum` (the
-  /// cnn with config().sync_bn; others ignore it).
-  virtual void set_sync(int /*world*/, AllReduceSum /*sum*/) {}
+  /// SyncBN: statistics summed over `world` workers through `sum` (called
+  /// when config().sync_bn). Every model says what it does with it: a model
+  /// without BatchNorm (its ModelType's uses_batch_norm false, so --sync-bn
+  /// is refused before this) does nothing; a new BatchNorm model cannot
+  /// silently ignore --sync-bn by inheriting a no-op.
+  virtual void set_sync(int world, AllReduceSum sum) = 0;
   /// Called on the compute stream's timeline once forward and loss are
   /// enqueued in train_step (profiling marks).
   void set_forward_hook(std::function<void(Stream&)> hook) { forward_hook_ = std::move(hook); }
@@ -161,6 +164,7 @@ class Mlp final : public Model {
   void train_step(Stream& s, const float* images, const std::int32_t* labels, int n, float loss_scale, float* stats,
                   const GradReady& ready) override;
   void evaluate(Stream& s, const float* images, const std::int32_t* labels, int n, float* stats) override;
+  void set_sync(int /*world*/, AllReduceSum /*sum*/) override {}  ///< no BatchNorm
 
  private:
   void forward(Stream& s, const float* images, int n);
