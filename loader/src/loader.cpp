@@ -636,7 +636,23 @@ std::size_t Loader::batches_per_epoch() const noexcept {
   return config_.drop_last_batch ? n / b : (n + b - 1) / b;
 }
 
-void Loader::begin_epoch(std::uint64_t epoch) { start(epoch, 0); }
+void Loader::begin_epoch(std::uint64_t epoch) { start(epoch, sampler_.indices(epoch), 0); }
+
+void Loader::begin_epoch(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position) {
+  const std::size_t n = dataset_->size();
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    if (order[k] >= n) {
+      throw ConfigError(fmt::format("loader: the epoch's order gives index {} at place {}, outside the dataset's {} "
+                                    "samples (0..{})",
+                                    order[k], k, n, n - 1));
+    }
+  }
+  if (position > order.size()) {
+    throw ConfigError(fmt::format("loader: position {} is past the end of the epoch's order ({} samples)", position,
+                                  order.size()));
+  }
+  start(epoch, std::move(order), position);
+}
 
 void Loader::restore(const LoaderState& s) {
   if (s.seed != config_.seed || s.world_size != config_.world_size || s.rank != config_.rank) {
@@ -647,10 +663,10 @@ void Loader::restore(const LoaderState& s) {
     throw ConfigError(fmt::format("loader restore: position {} is past the epoch's {} samples", s.position,
                                   sampler_.num_samples()));
   }
-  start(s.epoch, s.position);
+  start(s.epoch, sampler_.indices(s.epoch), s.position);
 }
 
-void Loader::start(std::uint64_t epoch, std::size_t position) {
+void Loader::start(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position) {
   stop();
   auto run = std::make_shared<detail::EpochRun>(*dataset_, config_);
   run->pool = pool_.get();
@@ -660,7 +676,7 @@ void Loader::start(std::uint64_t epoch, std::size_t position) {
   run->class_total = &class_total_;
   for (std::size_t c = 0; c < std::max<std::size_t>(1, dataset_->num_classes()); ++c) class_good_[c].store(0);
   run->epoch = epoch;
-  run->order = sampler_.indices(epoch);
+  run->order = std::move(order);
   run->start = position;
   const std::size_t left = run->order.size() - position, b = config_.batch_size;
   run->num_batches = config_.drop_last_batch ? left / b : (left + b - 1) / b;

@@ -23,7 +23,9 @@ the rank and world size come from the launch: see pinfeed.launch_env().
 
 import contextlib
 import json
+import math
 import numbers
+import operator
 import os
 import threading
 import warnings
@@ -190,7 +192,9 @@ class DistributedSampler:
     torch's own DistributedSampler is accepted by Loader too (its options are
     read from it, its dataset is not used, and its epoch is read at every
     iter(): set_epoch on it works as with DataLoader, and without it every
-    epoch repeats epoch 0, as with DataLoader).
+    epoch repeats epoch 0, as with DataLoader). Any other sampler (a
+    subclass that overrides __iter__, RandomSampler, SubsetRandomSampler, your
+    own) is iterated: the loader takes its indices.
     """
 
     def __init__(self, dataset=None, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
@@ -266,30 +270,85 @@ def _dataloader_alias(alias, value, mine):
     return converted
 
 
-def _reconcile_sampler(sampler, shuffle, seed, rank, world_size):
-    """(shuffle, seed, the sampler's trim, rank, world_size): pinfeed's
-    sampler, or torch's DistributedSampler read for its options, against
-    Loader's own arguments."""
-    trim = _default("drop_last")
+_ORDERS = ("pinfeed", "torch")
+
+
+def _iterated(sampler, order):
+    """True when the loader takes the sampler's own indices (its __iter__):
+    any sampler but pinfeed's DistributedSampler and torch's own class (whose
+    options are read instead, unless order="torch"). A subclass that
+    overrides __iter__ is never ignored."""
+    if isinstance(sampler, DistributedSampler) and not hasattr(type(sampler), "__iter__"):
+        return False
+    torch_ds = getattr(getattr(torch.utils.data, "distributed", None), "DistributedSampler", None)
+    if torch_ds is not None and type(sampler) is torch_ds:  # pylint: disable=unidiomatic-typecheck
+        return order == "torch"
+    if not hasattr(sampler, "__iter__"):
+        raise TypeError(f"sampler must be an iterable of dataset indices (a torch Sampler) or a "
+                        f"pinfeed.DistributedSampler, not {type(sampler).__name__}")
+    return True
+
+
+def _reconcile_sampler(sampler, shuffle, seed, rank, world_size, order):
+    """(shuffle, seed, the sampler's trim, rank, world_size, iterated):
+    pinfeed's sampler, torch's DistributedSampler read for its options, or
+    any other sampler whose indices the loader takes, against Loader's own
+    arguments."""
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {_ORDERS} (pinfeed's permutation, or torch's DistributedSampler's "
+                         f"randperm), got {order!r}")
+    trim, iterated = _default("drop_last"), False
     if sampler is not None:
-        missing = [a for a in ("num_replicas", "rank", "shuffle", "seed", "drop_last") if not hasattr(sampler, a)]
-        if missing:
-            raise TypeError(f"sampler must be a pinfeed.DistributedSampler (or torch's), not "
-                            f"{type(sampler).__name__}: it lacks {', '.join(missing)}")
+        iterated = _iterated(sampler, order)
         if shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle=True (as in DataLoader): "
                              "pass shuffle to the sampler")
-        if seed is not None and seed != sampler.seed:
-            raise ValueError(f"seed={seed} disagrees with the sampler's seed={sampler.seed}")
-        shuffle, seed, trim = sampler.shuffle, sampler.seed, sampler.drop_last
-        for name, mine, theirs in (("rank", rank, sampler.rank), ("world_size", world_size, sampler.num_replicas)):
+        theirs = getattr(sampler, "seed", None)
+        if seed is not None and theirs is not None and seed != theirs:
+            raise ValueError(f"seed={seed} disagrees with the sampler's seed={theirs}")
+        shuffle = bool(getattr(sampler, "shuffle", False))
+        seed = theirs if seed is None else seed
+        trim = bool(getattr(sampler, "drop_last", trim))
+        for name, mine, attr in (("rank", rank, "rank"), ("world_size", world_size, "num_replicas")):
+            theirs = getattr(sampler, attr, None)
             if mine is not None and theirs is not None and mine != theirs:
                 raise ValueError(f"{name}={mine} disagrees with the sampler's {theirs}")
-        rank = sampler.rank if rank is None else rank
-        world_size = sampler.num_replicas if world_size is None else world_size
+        rank = getattr(sampler, "rank", None) if rank is None else rank
+        world_size = getattr(sampler, "num_replicas", None) if world_size is None else world_size
     shuffle = False if shuffle is None else shuffle
     seed = _default("seed") if seed is None else seed
-    return shuffle, seed, trim, rank, world_size
+    return shuffle, seed, trim, rank, world_size, iterated
+
+
+def _pad_or_trim(indices, world, trim):
+    """An epoch's list over `world` ranks, as torch's DistributedSampler makes
+    it (and pinfeed's): padded with its first indices (repeated as often as
+    needed) to a multiple of world, or trimmed to one (trim=True); rank r
+    takes every world-th from r."""
+    n = len(indices)
+    if n == 0:
+        return []
+    if trim and n % world != 0:
+        total = max(0, math.ceil((n - world) / world)) * world
+    else:
+        total = math.ceil(n / world) * world
+    if total <= n:
+        return list(indices[:total])
+    return (list(indices) * math.ceil(total / n))[:total]
+
+
+def _remaining(indices, segments, trim):
+    """What is left of an epoch's list once each of `segments` ((world,
+    position): ranks that ran in lockstep to that position) has run over what
+    the one before left: the samples not yet delivered to any rank, each
+    once (the padding of a segment is not carried into the next)."""
+    for world, position in segments:
+        spread = _pad_or_trim(indices, world, trim)
+        if position * world > len(spread):
+            raise ValueError(f"state_dict's position {position} is outside the epoch: each of its {world} ranks had "
+                             f"{len(spread) // world} samples")
+        indices = spread[position * world:min(len(spread), len(indices))]
+    return indices
 
 
 def _fold_transform_arguments(options, scale, ratio, size, flip, interpolation):
@@ -453,14 +512,15 @@ class Loader:
                  seed=None, threads=None, prefetch=None, bad_sample=_default("bad_sample"), copy=False,
                  return_indices=False, return_paths=False, list_root=None, local_rank=None, classes=None,
                  max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
-                 device=None, stream=None, labels_device=True, dtype=None, memory_format=None, _copy_delay_us=0,
-                 **options):
+                 device=None, stream=None, labels_device=True, dtype=None, memory_format=None, order="pinfeed",
+                 _copy_delay_us=0, **options):
         _check_arguments(data, pin_memory, transform, persistent_workers, options)
         threads = _dataloader_alias("num_workers", num_workers, threads)
         prefetch = _dataloader_alias("prefetch_factor", prefetch_factor, prefetch)
         threads = _default("threads") if threads is None else threads
         prefetch = _default("prefetch") if prefetch is None else prefetch
-        shuffle, seed, sampler_trim, rank, world_size = _reconcile_sampler(sampler, shuffle, seed, rank, world_size)
+        shuffle, seed, sampler_trim, rank, world_size, iterated = _reconcile_sampler(sampler, shuffle, seed, rank,
+                                                                                     world_size, order)
         size, flip = _fold_transform_arguments(options, scale, ratio, size, flip, interpolation)
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
@@ -501,6 +561,14 @@ class Loader:
         # A sampler whose epoch the loader follows: torch's always (as
         # DataLoader does), pinfeed's once its set_epoch() was called.
         self._sampler = sampler
+        # Where epochs' indices come from (_order_for): the sampler's own
+        # (iterated), torch's permutation (order="torch"), the remainder of an
+        # epoch resumed with another world size (_segments: (epoch, [(world,
+        # position), ...])), else pinfeed's sampler in C++.
+        self._iter_sampler = sampler if iterated else None
+        self._order, self._trim = order, sampler_trim
+        self._segments = None
+        self._running = None  # (epoch, samples) of the latest iteration's order
         self._resume = None
         self._active = None  # the running iteration's token
         # Threads: one batch is taken at a time (next() and iter() of any
@@ -598,7 +666,9 @@ class Loader:
         sampler = self._sampler
         if sampler is None or (isinstance(sampler, DistributedSampler) and not sampler._epoch_set):
             return None
-        epoch = getattr(sampler, "epoch", None)
+        if not hasattr(sampler, "epoch"):
+            return None  # RandomSampler and the like: the loader's own epochs
+        epoch = sampler.epoch
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"the sampler's epoch must be a non-negative integer, got {epoch!r}")
         return int(epoch)
@@ -631,7 +701,62 @@ class Loader:
         return [os.fsdecode(path) for path in self._impl.describe([int(i) for i in indices])]
 
     def __len__(self):
-        return self._impl.batches_per_epoch()
+        n = self._samples_in_epoch()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _samples_in_epoch(self):
+        """This rank's samples in the epoch the loader runs or runs next."""
+        if self._segments is not None:
+            if self._running is not None and self._running[0] == self._segments[0]:
+                return self._running[1]
+            return len(self._order_for(self._segments[0]))
+        if self._iter_sampler is not None:
+            try:
+                return len(self._iter_sampler)
+            except TypeError:
+                if self._running is not None:
+                    return self._running[1]
+                raise TypeError(f"len(loader): the sampler ({type(self._iter_sampler).__name__}) has no len(), "
+                                "and no epoch has run yet") from None
+        return self._impl.samples_per_epoch()
+
+    def _perm(self, epoch):
+        """The epoch's order of the whole dataset, before padding and sharding:
+        pinfeed's permutation, or torch's DistributedSampler's (randperm with
+        a generator seeded seed + epoch)."""
+        n = self._impl.dataset_size()
+        if self._order == "torch":
+            if not self.shuffle:
+                return list(range(n))
+            g = torch.Generator()
+            g.manual_seed(self.seed + epoch)
+            return torch.randperm(n, generator=g).tolist()
+        return list(_pinfeed.sampler_indices(n, 0, 1, self.shuffle, self.seed, False, epoch))
+
+    def _drawn(self):
+        """The iterated sampler's indices for this epoch."""
+        out = []
+        for i in self._iter_sampler:
+            try:
+                index = operator.index(i)
+            except TypeError:
+                raise TypeError(f"the sampler ({type(self._iter_sampler).__name__}) yielded {i!r}, not a dataset index "
+                                "(a batch sampler? pinfeed batches itself: pass its sampler and batch_size=)") from None
+            if index < 0:
+                raise ValueError(f"the sampler ({type(self._iter_sampler).__name__}) yielded index {index}")
+            out.append(index)
+        return out
+
+    def _order_for(self, epoch):
+        """This rank's indices for `epoch`, or None for pinfeed's own sampler's."""
+        if self._segments is not None and self._segments[0] == epoch:
+            left = _remaining(self._perm(epoch), self._segments[1], self._trim)
+            return _pad_or_trim(left, self.world_size, self._trim)[self.rank::self.world_size]
+        if self._iter_sampler is not None:
+            return self._drawn()
+        if self._order == "torch":
+            return _pad_or_trim(self._perm(epoch), self.world_size, self._trim)[self.rank::self.world_size]
+        return None
 
     @property
     def num_classes(self):
@@ -658,11 +783,10 @@ class Loader:
             self._active = token
         return self._batches(token, delivered)
 
-    def _epoch_end(self):
+    def _epoch_end(self, samples=None):
         """The position (samples of this rank) at the end of an epoch."""
-        if self.drop_last:
-            return len(self) * self.batch_size
-        return self._impl.samples_per_epoch()
+        n = self._samples_in_epoch() if samples is None else samples
+        return (n // self.batch_size) * self.batch_size if self.drop_last else n
 
     def _start(self):
         """Starts the iteration's epoch; returns the batches already delivered
@@ -671,21 +795,30 @@ class Loader:
         pinned = self._sampler_epoch()
         if pinned is not None:
             self._epoch, self._pinned_epoch = pinned, True
+        epoch, position, resumed = self._epoch, 0, False
         if self._resume is not None:
             s, self._resume = self._resume, None
-            epoch, position = int(s["epoch"]), int(s["position"])
-            if pinned is not None and pinned != epoch:
-                pass  # the sampler's set_epoch after load_state_dict wins: its epoch from the start
-            elif position >= self._epoch_end():
-                # A state taken at the very end of an epoch: that epoch is done.
-                self._epoch = pinned if pinned is not None else epoch + 1
-            else:
-                self._impl.restore(s["seed"], epoch, position, s["world_size"], s["rank"])
-                self._epoch = self._current = epoch
-                return position // self.batch_size
-        self._impl.begin_epoch(self._epoch)
-        self._current = self._epoch
-        return 0
+            # The sampler's set_epoch after load_state_dict wins: its epoch from the start.
+            if pinned is None or pinned == int(s["epoch"]):
+                epoch, position, resumed = int(s["epoch"]), int(s["position"]), True
+        for _ in range(2):
+            if self._segments is not None and self._segments[0] != epoch:
+                self._segments = None  # the resharded epoch is over, or another one was pinned
+            order = self._order_for(epoch)
+            size = self._impl.samples_per_epoch() if order is None else len(order)
+            if not (resumed and position >= self._epoch_end(size)):
+                break
+            # A state taken at the very end of an epoch: that epoch is done.
+            epoch, position, resumed = (pinned if pinned is not None else epoch + 1), 0, False
+        self._running = (epoch, size)
+        if order is not None:
+            self._impl.begin_order(epoch, order, position)
+        elif position > 0:
+            self._impl.restore(self.seed, epoch, position, self.world_size, self.rank)
+        else:
+            self._impl.begin_epoch(epoch)
+        self._epoch = self._current = epoch
+        return position // self.batch_size
 
     def _finished(self):
         """The epoch's last batch was delivered: unless pinned, the next
@@ -693,6 +826,8 @@ class Loader:
         if self._completed:
             return
         self._completed = True
+        if self._segments is not None and self._segments[0] == self._current:
+            self._segments = None  # the next epoch is a whole one over this world
         if not self._pinned_epoch:
             self._epoch = self._current + 1
 
@@ -765,6 +900,9 @@ class Loader:
             state["epoch"], state["position"] = (self._epoch if pinned is None else pinned), 0
         elif self._completed:
             state["epoch"], state["position"] = self._current + 1, 0
+        elif self._segments is not None and self._segments[0] == self._current:
+            # An epoch resumed with another world size: what ran before it.
+            state["resharded_from"] = [list(segment) for segment in self._segments[1]]
         return state
 
     def _fingerprint(self):
@@ -782,36 +920,74 @@ class Loader:
         files replaced) is refused with what changed, as is a position past
         the epoch's end: index i would no longer be the same sample. strict=False
         takes a changed dataset anyway (the position then points into the new
-        order), as torch's load_state_dict(strict=False) takes a changed model."""
+        order), as torch's load_state_dict(strict=False) takes a changed model;
+        a state of another seed is refused the same way.
+
+        Ranks run in lockstep, so any rank's state resumes every rank (a
+        checkpoint saved by rank 0 alone). Elastic: a state saved by N ranks
+        loads into a loader of M ranks. The epoch it was taken in then
+        finishes with the samples no rank was given yet, each once,
+        resharded over the M ranks (padded or trimmed as the sampler says);
+        the epochs after it are whole ones over M ranks. Its state_dict()
+        says "resharded_from" meanwhile, so it can be resumed again. A
+        sampler that orders each rank itself (iterated) cannot be resharded:
+        that is refused."""
         missing = {"seed", "epoch", "position", "world_size", "rank"} - set(state)
         if missing:
             raise ValueError(f"state_dict lacks {sorted(missing)}")
-        if state["world_size"] != self.world_size or state["rank"] != self.rank:
-            raise ValueError(f"state_dict is for rank {state['rank']} of {state['world_size']}, "
-                             f"this loader is rank {self.rank} of {self.world_size}")
-        was = state.get("dataset")
-        if was is None:
-            warnings.warn("pinfeed: this state_dict carries no dataset fingerprint (saved by a pinfeed before "
-                          "2026-12-03): whether it was taken on this dataset cannot be checked", RuntimeWarning,
+        if state["seed"] != self.seed:
+            message = (f"state_dict was taken with seed={state['seed']}, this loader has seed={self.seed}: the "
+                       "position would point into another order (other samples, other augmentation)")
+            if strict:
+                raise ValueError(message + "; pass the same seed, or load_state_dict(state, strict=False) to "
+                                 "continue at that position of this loader's order")
+            warnings.warn(f"pinfeed: {message}; continuing with seed={self.seed} (strict=False)", RuntimeWarning,
                           stacklevel=2)
-        else:
-            classes = was.get("classes")
-            change = self._impl.dataset_change({
-                "samples": was["samples"], "num_classes": was["num_classes"], "hash": was["hash"],
-                "classes": None if classes is None else [os.fsencode(name) for name in classes]})
-            if change and strict:
-                raise ValueError(f"state_dict was taken on another dataset: {change}. Resuming would give other "
-                                 "samples and labels at the same positions; load_state_dict(state, strict=False) "
-                                 "resumes anyway")
-            if change:
-                warnings.warn(f"pinfeed: resuming on a changed dataset (strict=False): {change}", RuntimeWarning,
-                              stacklevel=2)
-        position, end = int(state["position"]), self._epoch_end()
+        self._check_dataset(state.get("dataset"), strict)
+        epoch, position = int(state["epoch"]), int(state["position"])
+        segments = [(int(w), int(p)) for w, p in state.get("resharded_from", [])]
+        if state["world_size"] != self.world_size:
+            if self._iter_sampler is not None:
+                raise ValueError(f"state_dict is for {state['world_size']} ranks, this loader has {self.world_size}, "
+                                 f"and its sampler ({type(self._iter_sampler).__name__}) orders every rank itself: "
+                                 "the epoch's remaining samples cannot be resharded. Finish the epoch with the old "
+                                 "world size, or use pinfeed's or torch's DistributedSampler order")
+            segments.append((int(state["world_size"]), position))
+            position = 0
+        if any(w < 1 or p < 0 for w, p in segments):
+            raise ValueError(f"state_dict's resharded_from is not a list of (world_size, position): {segments!r}")
+        self._segments = (epoch, segments) if segments else None
+        end = self._epoch_end(len(self._order_for(epoch))) if segments else self._epoch_end()
         if position < 0 or position > end:
             raise ValueError(f"state_dict's position {position} is outside the epoch: this rank has {end} samples "
                              "per epoch")
-        self._resume = dict(state)
-        self._epoch = int(state["epoch"])
+        # Another rank's state of the same world is taken as this rank's:
+        # ranks run in lockstep (every rank saves the same position), so a
+        # checkpoint saved by rank 0 alone resumes every rank.
+        self._resume = dict(state, seed=self.seed, world_size=self.world_size, rank=self.rank, position=position)
+        self._resume.pop("resharded_from", None)
+        if segments:
+            self._resume["resharded_from"] = [list(segment) for segment in segments]
+        self._epoch = epoch
+
+    def _check_dataset(self, was, strict):
+        """A state's dataset fingerprint against this dataset."""
+        if was is None:
+            warnings.warn("pinfeed: this state_dict carries no dataset fingerprint (saved by a pinfeed before "
+                          "2026-12-03): whether it was taken on this dataset cannot be checked", RuntimeWarning,
+                          stacklevel=3)
+            return
+        classes = was.get("classes")
+        change = self._impl.dataset_change({
+            "samples": was["samples"], "num_classes": was["num_classes"], "hash": was["hash"],
+            "classes": None if classes is None else [os.fsencode(name) for name in classes]})
+        if change and strict:
+            raise ValueError(f"state_dict was taken on another dataset: {change}. Resuming would give other "
+                             "samples and labels at the same positions; load_state_dict(state, strict=False) "
+                             "resumes anyway")
+        if change:
+            warnings.warn(f"pinfeed: resuming on a changed dataset (strict=False): {change}", RuntimeWarning,
+                          stacklevel=3)
 
     def _consumer(self):
         """The stream the batch is handed to (Note [Consumer streams]): the

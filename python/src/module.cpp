@@ -330,6 +330,12 @@ class PyLoader {
     ahead_.reset();
     loader_->begin_epoch(epoch);
   }
+  void begin_order(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position) {
+    check_process();
+    py::gil_scoped_release release;
+    ahead_.reset();
+    loader_->begin_epoch(epoch, std::move(order), position);
+  }
   void restore(std::uint64_t seed, std::uint64_t epoch, std::size_t position, unsigned world_size, unsigned rank) {
     check_process();
     py::gil_scoped_release release;
@@ -428,6 +434,7 @@ class PyLoader {
   [[nodiscard]] std::size_t batches_per_epoch() const { return loader_->batches_per_epoch(); }
   [[nodiscard]] std::size_t samples_per_epoch() const { return loader_->samples_per_epoch(); }
   [[nodiscard]] std::size_t num_classes() const { return loader_->dataset().num_classes(); }
+  [[nodiscard]] std::size_t dataset_size() const { return loader_->dataset().size(); }
   [[nodiscard]] long live_batches() const { return live_->load(); }
   [[nodiscard]] unsigned threads() const { return loader_->threads(); }
   // Paths and class names cross into Python as bytes, decoded there with
@@ -649,11 +656,13 @@ void bind_loader(py::module_& m) {
       .def("feed_stats", &PyLoader::feed_stats)
       .def("begin_epoch", &PyLoader::begin_epoch)
       .def("restore", &PyLoader::restore)
+      .def("begin_order", &PyLoader::begin_order, py::arg("epoch"), py::arg("order"), py::arg("position") = 0)
       .def("next", &PyLoader::next, py::arg("consumer") = py::none())
       .def("state", &PyLoader::state)
       .def("batches_per_epoch", &PyLoader::batches_per_epoch)
       .def("samples_per_epoch", &PyLoader::samples_per_epoch)
       .def("num_classes", &PyLoader::num_classes)
+      .def("dataset_size", &PyLoader::dataset_size)
       .def("live_batches", &PyLoader::live_batches)
       .def("threads", &PyLoader::threads)
       .def("classes", &PyLoader::classes)
@@ -700,6 +709,16 @@ std::string diag_json(const std::string& root, unsigned gpus, const std::string&
 void bind_functions(py::module_& m) {
   m.def("launch_env", &launch_env_dict, py::arg("group") = py::none(),
         "where this process sits in a launch (pinfeed/launch_env.hpp); group: torch.distributed's (rank, world_size)");
+  m.def(
+      "sampler_indices",
+      [](std::size_t dataset_size, unsigned rank, unsigned world_size, bool shuffle, std::uint64_t seed, bool drop_last,
+         std::uint64_t epoch) {
+        pl::SamplerConfig c{dataset_size, rank, world_size, shuffle, drop_last, seed};
+        c.validate();
+        return pl::DistributedSampler(c).indices(epoch);
+      },
+      py::arg("dataset_size"), py::arg("rank"), py::arg("world_size"), py::arg("shuffle"), py::arg("seed"),
+      py::arg("drop_last"), py::arg("epoch"), "pinfeed's DistributedSampler: rank's indices of an epoch");
   m.def("loader_options", &loader_options, "the loader's option table: name, type, default, range, help");
   m.def("default_normalization", [] {
     const pl::TransformConfig t;

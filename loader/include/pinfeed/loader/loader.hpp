@@ -215,6 +215,12 @@ class Loader {
   void begin_epoch(std::uint64_t epoch);
   /// Continues from a saved state: its epoch, at its position.
   void restore(const LoaderState& state);
+  /// Starts epoch `epoch` over `order` (this rank's dataset indices, in
+  /// order) from `position`, instead of the sampler's order: a Python
+  /// sampler's own indices, torch's order, an elastic restart's remainder.
+  /// Augmentation still draws from (seed, epoch, index). ConfigError naming
+  /// the first index outside the dataset, or a position past the order.
+  void begin_epoch(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position = 0);
   /// The next batch of the epoch, in order; nullopt at the end. Throws the
   /// epoch's error (DataError naming the file under the fail policy).
   std::optional<Batch> next();
@@ -259,7 +265,7 @@ class Loader {
   std::default_sentinel_t end() { return {}; }
 
  private:
-  void start(std::uint64_t epoch, std::size_t position);
+  void start(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position);
   void stop() noexcept;
 
   LoaderConfig config_;
