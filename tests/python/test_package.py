@@ -47,3 +47,15 @@ def test_a_missing_tool_is_a_clear_error(tmp_path, monkeypatch):
         assert "pinfeed-train" in str(e.code) and "missing" in str(e.code)
     else:
         raise AssertionError("no error for a missing tool")
+
+
+def test_the_tools_start_without_importing_torch():
+    # The console scripts import pinfeed._tools: the package must not pull
+    # torch in (an operator's pinfeed-diag on a host without a training stack).
+    code = ("import sys, pinfeed, pinfeed._tools; assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert pinfeed.__version__; assert issubclass(pinfeed.ConfigError, ValueError) and pinfeed.Error; "
+            "assert 'torch' not in sys.modules, 'the error classes imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+    # The loader's names load torch on first use.
+    code = "import sys, pinfeed; pinfeed.Loader; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))

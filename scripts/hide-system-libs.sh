@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs a command with the system's copies of some shared libraries made
+# unloadable (each file bound over by /dev/null in a private mount
+# namespace), so that it proves it does not need them: the repaired wheel's
+# check that it loads its own copies (scripts/test-wheel.sh).
+#   scripts/hide-system-libs.sh libspng libturbojpeg ... -- command args...
+# A name matches <libdir>/<name>.so* and <libdir>/<name>-*.so* (libopenblasp-r0);
+# an absolute path is that file.
+set -euo pipefail
+names=()
+while [[ $# -gt 0 && $1 != -- ]]; do names+=("$1"); shift; done
+[[ ${1:-} == -- ]] || { echo "usage: $0 LIBNAME... -- COMMAND..." >&2; exit 2; }
+shift
+files=()
+for name in "${names[@]}"; do
+  if [[ $name == /* ]]; then
+    [[ -f $name ]] && files+=("$(readlink -f "$name")")
+    continue
+  fi
+  for dir in /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib /usr/local/lib; do
+    for f in "$dir/$name".so* "$dir/$name"-*.so*; do
+      [[ -f $f && ! -L $f ]] && files+=("$(readlink -f "$f")")
+    done
+  done
+done
+[[ ${#files[@]} -gt 0 ]] || { echo "$0: none of ${names[*]} is installed: nothing to hide" >&2; exit 2; }
+mapfile -t files < <(printf '%s\n' "${files[@]}" | sort -u)
+echo "hiding ${#files[@]} system libraries: ${files[*]##*/}" >&2
+exec unshare --mount --map-root-user -- bash -c '
+  for f in "${@:2:$1}"; do mount --bind /dev/null "$f"; done
+  shift $(( $1 + 1 )); exec "$@"' _ "${#files[@]}" "${files[@]}" "$@"
