@@ -4,8 +4,8 @@
 # namespace), so that it proves it does not need them: the repaired wheel's
 # check that it loads its own copies (scripts/test-wheel.sh).
 #   scripts/hide-system-libs.sh libspng libturbojpeg ... -- command args...
-# A name matches <libdir>/<name>.so* and <libdir>/<name>-*.so* (libopenblasp-r0);
-# an absolute path is that file.
+# A name matches <libdir>/<name>.so* (libcap: libcap.so.2.66, not
+# libcap-ng.so.0); an absolute path is that file.
 set -euo pipefail
 names=()
 while [[ $# -gt 0 && $1 != -- ]]; do names+=("$1"); shift; done
@@ -18,7 +18,7 @@ for name in "${names[@]}"; do
     continue
   fi
   for dir in /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib /usr/local/lib; do
-    for f in "$dir/$name".so* "$dir/$name"-*.so*; do
+    for f in "$dir/$name".so*; do
       [[ -f $f && ! -L $f ]] && files+=("$(readlink -f "$f")")
     done
   done

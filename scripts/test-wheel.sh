@@ -18,11 +18,13 @@ echo "== wheel: $wheel"
 # Debian's torch loads itself (a process that imports torch needs them).
 carried=$("$python" - "$wheel" <<'PY'
 import glob, os, re, sys, zipfile
-names = {re.sub(r"-[0-9a-f]{8}(\.so.*|\..*)$", "", os.path.basename(n))
-         for n in zipfile.ZipFile(sys.argv[1]).namelist() if "pinfeed.libs/" in n and n.endswith(tuple("0123456789so"))}
-for name in sorted(names):
-    for f in glob.glob(f"/usr/lib/x86_64-linux-gnu/{name}.so*") + glob.glob(f"/usr/lib/x86_64-linux-gnu/{name}-*.so*"):
-        print(os.path.realpath(f))
+# pinfeed.libs/libspng-fe0e9562.so.0.7.3 is the system's libspng.so.0.7.3.
+for n in zipfile.ZipFile(sys.argv[1]).namelist():
+    if "pinfeed.libs/" in n and not n.endswith("/"):
+        name = re.sub(r"-[0-9a-f]{8}(?=\.)", "", os.path.basename(n), count=1)
+        for f in glob.glob(f"/usr/lib/x86_64-linux-gnu/{name}") + glob.glob(f"/usr/lib/x86_64-linux-gnu/*/{name}"):
+            if os.path.isfile(f):
+                print(os.path.realpath(f))
 PY
 )
 carried=$(sort -u <<<"$carried")
