@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 cmake --preset release >/dev/null
-cmake --build --preset release
+# Only what the demo runs (the tools and the loader benchmark): the tests and
+# the other benchmarks are scripts/test.sh's to build.
+cmake --build --preset release --target pinfeed-data pinfeed-diag pinfeed-train pinfeed-bench
 
 data=${PINFEED_DEMO_DATA:-build/demo-data}
 if [[ ! -d $data/train ]]; then
