@@ -137,15 +137,34 @@ Region clamp_region(const Region& region, int width, int height) noexcept {
   return c;
 }
 
-Taps axis_taps(const ResampleAxis& a, int k, bool nearest) noexcept {
+namespace {
+
+/// The filter's half-width at scale 1 (PIL's filter->support).
+double filter_support(Interpolation f) noexcept { return f == Interpolation::bicubic ? 2.0 : 1.0; }
+
+/// PIL's filter functions of the distance in source pixels at scale 1.
+double filter_weight(Interpolation f, double x) noexcept {
+  x = std::abs(x);
+  if (f == Interpolation::bicubic) {  // PIL's bicubic_filter, a = -0.5
+    constexpr double a = -0.5;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+    return 0.0;
+  }
+  return std::max(0.0, 1.0 - x);  // bilinear: the triangle
+}
+
+}  // namespace
+
+Taps axis_taps(const ResampleAxis& a, int k, Interpolation filter) noexcept {
   // PIL's precompute_coeffs, in the frame of `origin` (the cropped image).
   const double center = (a.offset + k + 0.5) * a.scale;
   const int lo = a.lo - a.origin, hi = a.hi - a.origin;
-  if (nearest) {  // PIL's NEAREST: the pixel under the centre
+  if (filter == Interpolation::nearest) {  // PIL's NEAREST: the pixel under the centre
     const int x = std::clamp(static_cast<int>(center), lo, hi - 1);
     return Taps{a.origin + x, a.origin + x + 1};
   }
-  const double support = std::max(a.scale, 1.0);
+  const double support = filter_support(filter) * std::max(a.scale, 1.0);
   const int first = std::max(static_cast<int>(center - support + 0.5), lo);
   const int last = std::clamp(static_cast<int>(center + support + 0.5), first + 1, hi);
   return Taps{a.origin + first, a.origin + last};
@@ -178,9 +197,9 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRn
   }
   // Decode what the resize reads: from the first output pixel's first tap to
   // the last one's last.
-  const bool nearest = c.interpolation == Interpolation::nearest;
-  const Taps x0 = axis_taps(p.x, 0, nearest), x1 = axis_taps(p.x, ow - 1, nearest);
-  const Taps y0 = axis_taps(p.y, 0, nearest), y1 = axis_taps(p.y, oh - 1, nearest);
+  const Interpolation f = c.interpolation;
+  const Taps x0 = axis_taps(p.x, 0, f), x1 = axis_taps(p.x, ow - 1, f);
+  const Taps y0 = axis_taps(p.y, 0, f), y1 = axis_taps(p.y, oh - 1, f);
   p.region = Region{x0.first, y0.first, x1.last - x0.first, y1.last - y0.first};
   if (c.dct_scaling && header.scalable) {
     // Only the scales libjpeg-turbo accelerates, and only while the scaled
@@ -301,15 +320,20 @@ constexpr int kOne = 1 << kWeightBits;
 /// PIL's resample kernel for one axis, in the coordinates of the delivered
 /// rows: `axis` is in full-resolution source coordinates, the rows are
 /// decoded at 1/dct size and start at source pixel `origin` of that scale,
-/// `size` of them. Weights: PIL's triangle, normalized, in 14-bit fixed
+/// `size` of them. Weights: PIL's filter (the triangle, or the cubic with
+/// its negative lobes: the sums saturate to 0..255 as PIL clips), normalized, in 14-bit fixed
 /// point with the rounding remainder on the largest tap, so each pixel's
 /// weights sum to exactly 1 << 14; taps padded to a multiple of `multiple`
 /// (zero weights on the side that stays inside the row) for SIMD. Memory:
 /// n x stride weights, stride about twice the shrink (capped, kMaxShrink).
-void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size, bool nearest, int multiple,
+void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size, Interpolation filter, int multiple,
                  SampleWriter::Kernel& k) {
-  const double support = nearest ? 0.5 : std::max(axis.scale / dct, 1.0);
-  if (support > kMaxShrink) {
+  const bool nearest = filter == Interpolation::nearest;
+  // PIL: the filter is stretched by the shrink (`scale`, antialiasing), and
+  // reaches filter_support(filter) of those stretched pixels each side.
+  const double scale = nearest ? 0.5 : std::max(axis.scale / dct, 1.0);
+  const double support = nearest ? 0.5 : filter_support(filter) * scale;
+  if (scale > kMaxShrink) {
     throw DataError("", fmt::format("the resize would shrink {} pixels to {}, over {} times: shrink such images first "
                                     "(pinfeed-data pack --max-side N)",
                                     size, n, kMaxShrink));
@@ -325,7 +349,7 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
     int base = 0;
     if (dct == 1) {
       // PIL's arithmetic exactly: in the crop's frame.
-      const Taps t = axis_taps(axis, i, nearest);
+      const Taps t = axis_taps(axis, i, filter);
       first = t.first - origin;
       last = t.last - origin;
       center = (axis.offset + i + 0.5) * axis.scale;
@@ -350,8 +374,8 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
     int count = last - first;
     double total = 0;
     for (int t = 0; t < count; ++t) {
-      const double d = nearest ? 0.0 : std::abs((first + t - base + 0.5 - center) / support);
-      w[static_cast<std::size_t>(t)] = nearest ? 1.0 : std::max(0.0, 1.0 - d);
+      w[static_cast<std::size_t>(t)] =
+          nearest ? 1.0 : filter_weight(filter, (first + t - base + 0.5 - center) / scale);
       total += w[static_cast<std::size_t>(t)];
     }
     if (total <= 0) {  // a window clamped away from the centre: the nearest pixel
@@ -588,16 +612,16 @@ void SampleWriter::begin(int width, int height) {
   if (out_.empty()) throw Error("sample writer: rows arrived before prepare()");
   if (width <= 0 || height <= 0) throw Error(fmt::format("sample writer: empty region {}x{}", width, height));
   const int nw = config_.out_width(), nh = config_.out_height();
-  const bool nearest = config_.interpolation == Interpolation::nearest;
+  const Interpolation filter = config_.interpolation;
   src_w_ = width;
   src_h_ = height;
   if (planned_) {
     const int dct = plan_.scale;
-    make_kernel(plan_.x, nw, dct, plan_.region.x / dct, width, nearest, 2, kx_);
-    make_kernel(plan_.y, nh, dct, plan_.region.y / dct, height, nearest, 1, ky_);
+    make_kernel(plan_.x, nw, dct, plan_.region.x / dct, width, filter, 2, kx_);
+    make_kernel(plan_.y, nh, dct, plan_.region.y / dct, height, filter, 1, ky_);
   } else {
-    make_kernel(crop_axis(0, width, nw), nw, 1, 0, width, nearest, 2, kx_);
-    make_kernel(crop_axis(0, height, nh), nh, 1, 0, height, nearest, 1, ky_);
+    make_kernel(crop_axis(0, width, nw), nw, 1, 0, width, filter, 2, kx_);
+    make_kernel(crop_axis(0, height, nh), nh, 1, 0, height, filter, 1, ky_);
   }
   ring_rows_ = *std::max_element(ky_.count.begin(), ky_.count.end());
   ensure(ring_, static_cast<std::size_t>(ring_rows_) * un_bytes(nw));

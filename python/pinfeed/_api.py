@@ -494,8 +494,9 @@ class Loader:
         whole image resized). size: an int or (height, width); scale=(0.08,
         1.0) and ratio=(3/4, 4/3) as RandomResizedCrop's; flip: True (p=0.5),
         False, or the flip's probability; interpolation: "bilinear"
-        (antialiased, the default) or "nearest", or torchvision's
-        InterpolationMode.BILINEAR / NEAREST / NEAREST_EXACT.
+        (antialiased, the default), "bicubic" (PIL's, antialiased) or
+        "nearest", or torchvision's InterpolationMode.BILINEAR / BICUBIC /
+        NEAREST / NEAREST_EXACT.
     layout: "nchw-f32" (normalized with mean/std, float32) or "nhwc-u8" (uint8,
         to normalize on the GPU).
     rank, world_size: the shard; default from the sampler or the launch

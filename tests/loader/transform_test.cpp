@@ -63,7 +63,7 @@ TEST(TransformTest, CenterCropIsTorchvisionsResizeThenCenterCrop) {
   // The decoded region is what the taps read: output column 0's centre is
   // at 58.5 * 512/341 = 87.8 with a half-width of 1.5 source pixels.
   EXPECT_EQ(p.region.x, 86);
-  EXPECT_EQ(p.region.x + p.region.width, axis_taps(p.x, 223, false).last);
+  EXPECT_EQ(p.region.x + p.region.width, axis_taps(p.x, 223, Interpolation::bilinear).last);
   EXPECT_FALSE(p.flip);
   h.width = 513;  // 342 - 224 = 118: 59, no tie
   EXPECT_EQ(plan_crop(h, c, rng).x.offset, 59);
@@ -182,59 +182,85 @@ TEST(TransformTest, AConstantImageStaysExactlyConstantAtEveryScale) {
       img.pixels[i + 2] = rgb[0];
       img.pixels[i + 3] = 255;
     }
-    for (const bool flip : {false, true}) {
-      std::vector<std::byte> out(c.sample_bytes());
-      SampleWriter(c).write(img, Region{}, flip, out);
-      for (std::size_t i = 0; i < out.size(); ++i) {
-        ASSERT_EQ(static_cast<int>(out[i]), rgb[i % 3]) << w << "x" << h << " -> 56x56, byte " << i;
+    for (const Interpolation f : {Interpolation::bilinear, Interpolation::bicubic}) {
+      c.interpolation = f;
+      for (const bool flip : {false, true}) {
+        std::vector<std::byte> out(c.sample_bytes());
+        SampleWriter(c).write(img, Region{}, flip, out);
+        for (std::size_t i = 0; i < out.size(); ++i) {
+          ASSERT_EQ(static_cast<int>(out[i]), rgb[i % 3])
+              << w << "x" << h << " -> 56x56, byte " << i << ", " << to_string(f);
+        }
       }
     }
   }
 }
 
-TEST(TransformTest, ColumnsFollowPilsTriangleFilter) {
-  // Only the columns scale (100 -> 56, rows 56 -> 56): each output pixel is
-  // PIL's BILINEAR resample, the source pixels within max(scale, 1) of its
-  // centre (x + 0.5) * 100/56 weighted by a triangle, computed here in
-  // double precision. The writer's 14-bit weights may round a value the
-  // other way, never further, and never all one way.
-  TransformConfig c;
-  c.size = 56;
-  c.layout = Layout::nhwc_u8;
-  DecodedImage img;
-  img.width = 100;
-  img.height = 56;
-  img.pixels.resize(static_cast<std::size_t>(img.width * img.height * 4));
-  SampleRng rng(4, 5, 6);
-  for (auto& p : img.pixels) p = static_cast<std::uint8_t>(rng.below(256));
-  std::vector<std::byte> out(c.sample_bytes());
-  SampleWriter(c).write(img, Region{}, false, out);
-  const double scale = 100.0 / 56, support = scale;
-  double signed_sum = 0;
-  int off_by_one = 0;
-  for (int y = 0; y < 56; ++y) {
-    for (int x = 0; x < 56; ++x) {
-      const double center = (x + 0.5) * scale;
-      const int first = std::max(static_cast<int>(center - support + 0.5), 0);
-      const int last = std::min(static_cast<int>(center + support + 0.5), 100);
-      for (int ch = 0; ch < 3; ++ch) {
-        const int bgra = 2 - ch;  // RGB out of BGRA
-        double acc = 0, total = 0;
-        for (int i = first; i < last; ++i) {
-          const double w = std::max(0.0, 1.0 - std::abs((i + 0.5 - center) / support));
-          acc += w * img.pixels[static_cast<std::size_t>((y * 100 + i) * 4 + bgra)];
-          total += w;
+/// PIL's filters in double precision: the triangle (BILINEAR) and Keys'
+/// cubic with a = -0.5 (BICUBIC), support 1 and 2 at scale 1.
+double pil_filter(Interpolation f, double x) {
+  x = std::abs(x);
+  if (f == Interpolation::bicubic) {
+    constexpr double a = -0.5;
+    if (x < 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+    if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0;
+  }
+  return std::max(0.0, 1.0 - x);
+}
+
+TEST(TransformTest, ColumnsFollowPilsFilters) {
+  // Only the columns scale (W -> 56, rows 56 -> 56): each output pixel is
+  // PIL's resample, the source pixels within support * max(scale, 1) of its
+  // centre (x + 0.5) * W/56 weighted by the filter of the distance over
+  // max(scale, 1), computed here in double precision and clipped to 0..255
+  // (the cubic's negative lobes overshoot). The writer's 14-bit weights may
+  // round a value the other way, never further, and never all one way.
+  // Shrinking (100 -> 56, antialiased) and enlarging (40 -> 56).
+  for (const Interpolation f : {Interpolation::bilinear, Interpolation::bicubic}) {
+    for (const int width : {100, 40}) {
+      SCOPED_TRACE(std::string(to_string(f)) + " from " + std::to_string(width));
+      TransformConfig c;
+      c.size = 56;
+      c.layout = Layout::nhwc_u8;
+      c.interpolation = f;
+      DecodedImage img;
+      img.width = width;
+      img.height = 56;
+      img.pixels.resize(static_cast<std::size_t>(img.width * img.height * 4));
+      SampleRng rng(4, 5, 6);
+      for (auto& p : img.pixels) p = static_cast<std::uint8_t>(rng.below(256));
+      std::vector<std::byte> out(c.sample_bytes());
+      SampleWriter(c).write(img, Region{}, false, out);
+      const double scale = width / 56.0, filterscale = std::max(scale, 1.0);
+      const double support = (f == Interpolation::bicubic ? 2.0 : 1.0) * filterscale;
+      double signed_sum = 0;
+      int off_by_one = 0;
+      for (int y = 0; y < 56; ++y) {
+        for (int x = 0; x < 56; ++x) {
+          const double center = (x + 0.5) * scale;
+          const int first = std::max(static_cast<int>(center - support + 0.5), 0);
+          const int last = std::min(static_cast<int>(center + support + 0.5), width);
+          for (int ch = 0; ch < 3; ++ch) {
+            const int bgra = 2 - ch;  // RGB out of BGRA
+            double acc = 0, total = 0;
+            for (int i = first; i < last; ++i) {
+              const double w = pil_filter(f, (i + 0.5 - center) / filterscale);
+              acc += w * img.pixels[static_cast<std::size_t>((y * width + i) * 4 + bgra)];
+              total += w;
+            }
+            const double want = std::clamp(acc / total, 0.0, 255.0);
+            const int got = static_cast<int>(out[static_cast<std::size_t>((y * 56 + x) * 3 + ch)]);
+            ASSERT_LE(std::abs(got - want), 1.0) << "pixel " << x << "," << y << " channel " << ch;
+            signed_sum += got - want;
+            off_by_one += std::abs(got - std::lround(want)) > 0 ? 1 : 0;
+          }
         }
-        const double want = acc / total;
-        const int got = static_cast<int>(out[static_cast<std::size_t>((y * 56 + x) * 3 + ch)]);
-        ASSERT_LE(std::abs(got - want), 1.0) << "pixel " << x << "," << y << " channel " << ch;
-        signed_sum += got - want;
-        off_by_one += std::abs(got - std::lround(want)) > 0 ? 1 : 0;
       }
+      EXPECT_LT(std::abs(signed_sum / (56 * 56 * 3)), 0.02) << "a bias, not rounding";
+      EXPECT_LT(off_by_one, 56 * 56 * 3 / 50) << "rounded the other way more than 2% of the time";
     }
   }
-  EXPECT_LT(std::abs(signed_sum / (56 * 56 * 3)), 0.02) << "a bias, not rounding";
-  EXPECT_LT(off_by_one, 56 * 56 * 3 / 50) << "rounded the other way more than 2% of the time";
 }
 
 TEST(TransformTest, WritesNormalizedPlanarFloatAndInterleavedBytes) {
@@ -407,7 +433,7 @@ TEST(TransformTest, NearestTakesThePixelUnderEachCentre) {
   std::vector<std::byte> smooth(c.sample_bytes());
   SampleWriter(c).write(img, Region{}, false, smooth);
   EXPECT_NE(std::memcmp(out.data(), smooth.data(), out.size()), 0);
-  EXPECT_THROW((void)parse_interpolation("bicubic"), ConfigError);
+  EXPECT_THROW((void)parse_interpolation("lanczos"), ConfigError);
 }
 
 }  // namespace

@@ -93,9 +93,16 @@ CENTER = transforms.Compose([transforms.Resize(RESIZE), transforms.CenterCrop(SI
 FULL = transforms.Resize((SIZE, SIZE))
 
 
-@pytest.mark.parametrize("transform,tv,dct", [("center", CENTER, False), ("full", FULL, False), ("center", CENTER, True)])
-def test_pixels_match_torchvision_in_mean_and_constants_exactly(pictures, transform, tv, dct):
-    found = diffs(pictures, transform, tv, dct_scaling=dct)
+BICUBIC = transforms.InterpolationMode.BICUBIC
+CENTER_BICUBIC = transforms.Compose([transforms.Resize(RESIZE, interpolation=BICUBIC), transforms.CenterCrop(SIZE)])
+FULL_BICUBIC = transforms.Resize((SIZE, SIZE), interpolation=BICUBIC)
+
+
+@pytest.mark.parametrize("transform,tv,dct,interpolation", [
+    ("center", CENTER, False, "bilinear"), ("full", FULL, False, "bilinear"), ("center", CENTER, True, "bilinear"),
+    ("center", CENTER_BICUBIC, False, BICUBIC), ("full", FULL_BICUBIC, False, "bicubic")])
+def test_pixels_match_torchvision_in_mean_and_constants_exactly(pictures, transform, tv, dct, interpolation):
+    found = diffs(pictures, transform, tv, dct_scaling=dct, interpolation=interpolation)
     assert len(found) == 13
     for name, colour in (("solid.png", (200, 100, 50)), ("white.png", (255, 255, 255)), ("solid_q95.jpg", None)):
         img = found[name][2]

@@ -53,10 +53,13 @@ inline constexpr std::array<EnumWord<Layout>, 2> kLayoutWords{{{Layout::nchw_f32
 /// box averages while the shrink exceeds 2x, as PIL's and torchvision's
 /// antialiased BILINEAR), or nearest (each output pixel takes the source
 /// pixel under its centre: PIL's NEAREST, torchvision's NEAREST_EXACT).
-enum class Interpolation { bilinear, nearest };
-inline constexpr std::array<EnumWord<Interpolation>, 2> kInterpolationWords{
-    {{Interpolation::bilinear, "bilinear"}, {Interpolation::nearest, "nearest"}}};
-Interpolation parse_interpolation(std::string_view text);  ///< "bilinear", "nearest"; ConfigError otherwise
+/// PIL's filters, antialiased when shrinking (the support grows with the
+/// shrink): bilinear (a triangle of support 1), bicubic (Keys' cubic with
+/// a = -0.5, support 2, PIL's BICUBIC), nearest.
+enum class Interpolation { bilinear, nearest, bicubic };
+inline constexpr std::array<EnumWord<Interpolation>, 3> kInterpolationWords{
+    {{Interpolation::bilinear, "bilinear"}, {Interpolation::nearest, "nearest"}, {Interpolation::bicubic, "bicubic"}}};
+Interpolation parse_interpolation(std::string_view text);  ///< "bilinear", "nearest", "bicubic"; ConfigError otherwise
 std::string_view to_string(Interpolation i) noexcept;
 CropMode parse_crop_mode(std::string_view text);  ///< "random", "center", "full"; ConfigError otherwise
 Layout parse_layout(std::string_view text);       ///< "nhwc-u8", "nchw-f32"; ConfigError otherwise
@@ -109,7 +112,7 @@ struct ResampleAxis {
 struct Taps {
   int first = 0, last = 0;
 };
-Taps axis_taps(const ResampleAxis& axis, int k, bool nearest) noexcept;
+Taps axis_taps(const ResampleAxis& axis, int k, Interpolation filter) noexcept;
 
 struct CropPlan {
   Region region;   ///< what to decode, in full-resolution pixels: every source pixel the resize reads
