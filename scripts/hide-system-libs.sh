@@ -17,15 +17,21 @@ for name in "${names[@]}"; do
     [[ -f $name ]] && files+=("$(readlink -f "$name")")
     continue
   fi
+  found=0
   for dir in /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib /usr/local/lib; do
     for f in "$dir/$name".so*; do
-      [[ -f $f && ! -L $f ]] && files+=("$(readlink -f "$f")")
+      if [[ -f $f && ! -L $f ]]; then files+=("$(readlink -f "$f")"); found=1; fi
     done
   done
+  [[ $found == 1 ]] || { echo "$0: $name is not installed: nothing to hide" >&2; exit 2; }
 done
 [[ ${#files[@]} -gt 0 ]] || { echo "$0: none of ${names[*]} is installed: nothing to hide" >&2; exit 2; }
 mapfile -t files < <(printf '%s\n' "${files[@]}" | sort -u)
 echo "hiding ${#files[@]} system libraries: ${files[*]##*/}" >&2
 exec unshare --mount --map-root-user -- bash -c '
-  for f in "${@:2:$1}"; do mount --bind /dev/null "$f"; done
+  set -e
+  for f in "${@:2:$1}"; do
+    mount --bind /dev/null "$f"
+    [[ ! -s $f ]] || { echo "hide-system-libs: $f is still readable" >&2; exit 2; }
+  done
   shift $(( $1 + 1 )); exec "$@"' _ "${#files[@]}" "${files[@]}" "$@"

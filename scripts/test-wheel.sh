@@ -30,7 +30,7 @@ PY
 carried=$(sort -u <<<"$carried")
 torch_dir=$("$python" -c "import os, torch; print(os.path.dirname(torch.__file__))")
 torch_needs=$(for f in "$torch_dir"/_C*.so "$torch_dir"/lib/*.so* /usr/lib/x86_64-linux-gnu/libtorch*.so*; do
-  [[ -f $f ]] && ldd "$f" | awk '$3 ~ /^\// {print $3}'; done | xargs -r readlink -f | sort -u)
+  [[ -f $f ]] || continue; ldd "$f" | awk '$3 ~ /^\// {print $3}' || true; done | xargs -r readlink -f | sort -u)
 only_ours=$(comm -23 <(echo "$carried") <(echo "$torch_needs"))
 echo "== the wheel carries $(wc -l <<<"$carried") system libraries; hidden while its suite runs: $(xargs -n1 basename <<<"$only_ours" | xargs)"
 
@@ -39,6 +39,35 @@ venv=$(mktemp -d)/venv
 trap 'rm -rf "$(dirname "$venv")"' EXIT
 "$python" -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install -q "$wheel"
+
+# Every ELF file of the installed package finds each library it needs in the
+# wheel (pinfeed.libs) or in the manylinux policy's set (glibc, libstdc++,
+# libgcc_s), never elsewhere on this host: a library auditwheel did not
+# graft would load from here and fail on another host.
+site=$("$venv/bin/python" -c "import os, pinfeed; print(os.path.dirname(os.path.dirname(pinfeed.__file__)))")
+outside=$("$python" - "$site" <<'PY'
+import os, re, subprocess, sys
+site = sys.argv[1]
+allowed = re.compile(r"/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libutil|libresolv)\.so")
+for top in ("pinfeed", "pinfeed.libs"):
+    for folder, _, names in os.walk(os.path.join(site, top)):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                if f.read(4) != b"\x7fELF":
+                    continue
+            for line in subprocess.run(["ldd", path], capture_output=True, text=True).stdout.splitlines():
+                m = re.search(r"=> (/\S+)", line)
+                if m and not m.group(1).startswith(os.path.join(site, "pinfeed.libs") + "/") and not allowed.search(m.group(1)):
+                    print(f"{path}: {line.strip()}")
+PY
+)
+if [[ -n $outside ]]; then
+  echo "== the installed wheel loads libraries from this host, not from itself:" >&2
+  echo "$outside" >&2
+  exit 1
+fi
+echo "== every ELF file of the installed wheel loads its libraries from the wheel or glibc/libstdc++"
 
 # From a folder outside the checkout, without PYTHONPATH: the installed copy.
 work=$(mktemp -d)
@@ -64,7 +93,7 @@ bare=$(dirname "$venv")/bare
 # shellcheck disable=SC2086
 bash scripts/hide-system-libs.sh $carried -- bash -c '
   set -euo pipefail
-  "$1/bin/pinfeed-diag" --sample-ms 0 | head -n 3
+  "$1/bin/pinfeed-diag" --sample-ms 0 | sed -n 1,3p
   "$1/bin/pinfeed-data" -q make --out "$2/bare-data" --classes 2 --per-class 4 --seed 1 --format png
   "$1/bin/pinfeed-train" --data "$2/bare-data/train" --devices cpu:1 --epochs 1 --batch-size 4 --size 16 --json >/dev/null
   "$1/bin/python" -c "import sys, pinfeed; assert \"torch\" not in sys.modules; print(\"pinfeed\", pinfeed.__version__, \"without torch\")"

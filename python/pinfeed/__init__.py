@@ -23,8 +23,9 @@ the rank and world size come from the launch: see pinfeed.launch_env().
 
 # The package itself imports nothing heavy: the command-line tools (console
 # scripts in pinfeed._tools) run on hosts without torch and start in
-# milliseconds. Everything else (Loader, DistributedSampler, diag, ...) lives
-# in pinfeed._api, which imports torch, and is loaded on first use (PEP 562).
+# milliseconds. Loader, DistributedSampler and launch_env live in
+# pinfeed._api, which imports torch; diag and set_log_level in pinfeed._base,
+# which does not. Each is loaded on first use (PEP 562).
 __version__ = "0.1.0"
 __all__ = ["Loader", "DistributedSampler", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError"]
 
@@ -34,18 +35,19 @@ def _submodule(name):
     return importlib.import_module(f".{name}", __name__)
 
 
+# Where each public name lives: the C++ module's errors and the torch-free
+# helpers load without torch; the loader's names load pinfeed._api (torch).
+_HOME = {"Error": "_pinfeed", "ConfigError": "_pinfeed", "DataError": "_pinfeed", "diag": "_base",
+         "set_log_level": "_base", "Loader": "_api", "DistributedSampler": "_api", "launch_env": "_api"}
+
+
 def __getattr__(name):
     # Submodules by importlib: `from . import x` would ask this hook first.
-    if name in ("_api", "_pinfeed", "_tools"):
+    if name in ("_api", "_base", "_pinfeed", "_tools"):
         return _submodule(name)
-    if name.startswith("__"):
+    if name not in _HOME:  # a typo or a probe must not import torch
         raise AttributeError(f"module 'pinfeed' has no attribute {name!r}")
-    if name in ("Error", "ConfigError", "DataError"):  # the C++ module's: no torch needed
-        return getattr(_submodule("_pinfeed"), name)
-    try:
-        return getattr(_submodule("_api"), name)
-    except AttributeError:
-        raise AttributeError(f"module 'pinfeed' has no attribute {name!r}") from None
+    return getattr(_submodule(_HOME[name]), name)
 
 
 def __dir__():

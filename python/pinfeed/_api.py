@@ -2,7 +2,9 @@
 torch, on first use of any of them through the package (pinfeed/__init__.py),
 so that the command-line tools start without torch."""
 
+import array
 import contextlib
+import hashlib
 import json
 import math
 import numbers
@@ -21,6 +23,7 @@ except ImportError as e:  # an operator's host: the tools work, the loader needs
                       "(pinfeed-diag, pinfeed-data, pinfeed-train, pinfeed-bench) do not need it") from e
 
 from . import _pinfeed
+from ._base import diag, set_log_level  # noqa: F401  (pinfeed.diag, pinfeed.set_log_level)
 from ._pinfeed import ConfigError, DataError, Error
 
 
@@ -132,6 +135,8 @@ def _triple(name, value):
     tensor or one number for all three (as torchvision's Normalize takes
     them), or ValueError/TypeError naming the argument."""
     if hasattr(value, "tolist"):  # torch.Tensor, numpy.ndarray (0-d: a number)
+        if getattr(value, "ndim", 0) > 1 and (value.size if isinstance(value.size, int) else value.numel()) == 3:
+            value = value.reshape(-1)  # (3, 1, 1), (1, 3, 1, 1): the broadcasting shapes
         value = value.tolist()
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         value = [value] * 3
@@ -238,7 +243,10 @@ def _pair(name, value, parts):
     return float(lo), float(hi)
 
 
-# DataLoader's arguments Loader does not take, and what to use instead.
+# DataLoader's arguments Loader does not take, and what to use instead; at
+# DataLoader's default value (forwarded **loader_kwargs) they are accepted.
+_DATALOADER_DEFAULTS = {"collate_fn": None, "batch_sampler": None, "worker_init_fn": None, "generator": None,
+                        "timeout": 0, "multiprocessing_context": None, "pin_memory_device": "", "in_order": True}
 _INSTEAD = {
     "collate_fn": "samples are written straight into their batch in C++; post-process each batch with "
                   "batch_fn=callable(images, labels[, indices][, paths]) -> anything, or batch_transform= for the "
@@ -279,12 +287,17 @@ def _check_arguments(data, pin_memory, transform, persistent_workers, options):
             raise TypeError("drop_last_batch is now drop_last (DataLoader's meaning: drop the last incomplete "
                             "batch); the sampler's trim is DistributedSampler(drop_last=True)")
         if name in _INSTEAD:
+            value, default = options[name], _DATALOADER_DEFAULTS[name]
+            if value is default or (not callable(value) and value == default):
+                continue
             raise TypeError(f"Loader() does not take DataLoader's {name}=: {_INSTEAD[name]}")
         if name in _KEYWORD_FOR:
             raise TypeError(f"Loader() got an unexpected keyword argument {name!r}: Loader takes it as "
                             f"{_KEYWORD_FOR[name]}")
         if name not in _OPTIONS:
             raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+    for name in _INSTEAD:
+        options.pop(name, None)  # accepted at DataLoader's default: nothing to do
     if not isinstance(persistent_workers, bool):
         raise TypeError(f"persistent_workers must be True or False, not {persistent_workers!r}")
 
@@ -311,16 +324,20 @@ def _dataloader_alias(alias, value, mine):
 _ORDERS = ("pinfeed", "torch")
 
 
-def _iterated(sampler, order):
+def _is_torchs_distributed_sampler(sampler):
+    torch_ds = getattr(getattr(torch.utils.data, "distributed", None), "DistributedSampler", None)
+    return torch_ds is not None and type(sampler) is torch_ds  # pylint: disable=unidiomatic-typecheck
+
+
+def _iterated(sampler):
     """True when the loader takes the sampler's own indices (its __iter__):
-    any sampler but pinfeed's DistributedSampler and torch's own class (whose
-    options are read instead, unless order="torch"). A subclass that
-    overrides __iter__ is never ignored."""
+    any sampler but pinfeed's DistributedSampler and torch's own class, whose
+    options are read instead (their orders are reproduced: order="pinfeed"
+    or "torch"). A subclass that overrides __iter__ is never ignored."""
     if isinstance(sampler, DistributedSampler) and not hasattr(type(sampler), "__iter__"):
         return False
-    torch_ds = getattr(getattr(torch.utils.data, "distributed", None), "DistributedSampler", None)
-    if torch_ds is not None and type(sampler) is torch_ds:  # pylint: disable=unidiomatic-typecheck
-        return order == "torch"
+    if _is_torchs_distributed_sampler(sampler):
+        return False
     if not hasattr(sampler, "__iter__"):
         raise TypeError(f"sampler must be an iterable of dataset indices (a torch Sampler) or a "
                         f"pinfeed.DistributedSampler, not {type(sampler).__name__}")
@@ -328,16 +345,18 @@ def _iterated(sampler, order):
 
 
 def _reconcile_sampler(sampler, shuffle, seed, rank, world_size, order):
-    """(shuffle, seed, the sampler's trim, rank, world_size, iterated):
-    pinfeed's sampler, torch's DistributedSampler read for its options, or
-    any other sampler whose indices the loader takes, against Loader's own
-    arguments."""
+    """(shuffle, seed, the sampler's trim, rank, world_size, iterated, order):
+    pinfeed's sampler, torch's DistributedSampler read for its options (its
+    order then torch's unless order= says otherwise), or any other sampler
+    whose indices the loader takes, against Loader's own arguments."""
+    if order is None:
+        order = "torch" if _is_torchs_distributed_sampler(sampler) else "pinfeed"
     if order not in _ORDERS:
         raise ValueError(f"order must be one of {_ORDERS} (pinfeed's permutation, or torch's DistributedSampler's "
                          f"randperm), got {order!r}")
     trim, iterated = _default("drop_last"), False
     if sampler is not None:
-        iterated = _iterated(sampler, order)
+        iterated = _iterated(sampler)
         if shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle=True (as in DataLoader): "
                              "pass shuffle to the sampler")
@@ -355,7 +374,12 @@ def _reconcile_sampler(sampler, shuffle, seed, rank, world_size, order):
         world_size = getattr(sampler, "num_replicas", None) if world_size is None else world_size
     shuffle = False if shuffle is None else shuffle
     seed = _default("seed") if seed is None else seed
-    return shuffle, seed, trim, rank, world_size, iterated
+    return shuffle, seed, trim, rank, world_size, iterated, order
+
+
+def _digest(order):
+    """A short hash of an epoch's order (a state's check of a sampler's)."""
+    return hashlib.blake2b(array.array("q", order).tobytes(), digest_size=8).hexdigest()
 
 
 def _pad_or_trim(indices, world, trim):
@@ -541,17 +565,19 @@ class Loader:
         (images, labels, paths).
     order: "pinfeed" (its own permutation of seed + epoch) or "torch" (torch's
         DistributedSampler's randperm, sample for sample: two pipelines can
-        be compared index by index).
+        be compared index by index). Default: "torch" with torch's
+        DistributedSampler as sampler=, else "pinfeed".
     batch_transform: a callable applied to each batch's images tensor before
         it is yielded (on the device with device=, on torch's current stream
         or stream=): torchvision.transforms.v2 or kornia ops on whole batches.
     batch_fn: a callable given (images, labels[, indices][, paths]) whose
         result is yielded instead (DataLoader's collate_fn comes too early
         here: samples are written into their batch in C++).
-    Not taken, with what to use instead in the error: collate_fn,
-        batch_sampler, worker_init_fn, generator, timeout,
-        multiprocessing_context, pin_memory_device; a Python transform= (use
-        batch_transform=); a Dataset object as data (pass its folder).
+    Accepted at DataLoader's defaults only, otherwise refused with what to
+        use instead: collate_fn, batch_sampler, worker_init_fn, generator,
+        timeout, multiprocessing_context, pin_memory_device, in_order. Not
+        taken: a Python transform= (use batch_transform=); a Dataset object
+        as data (pass its folder).
     classes, class_to_idx, samples: as torchvision's ImageFolder (for file
         lists and shards the classes are the labels' numbers).
     classes=: the class names this dataset must have, as a list, or a
@@ -577,15 +603,15 @@ class Loader:
                  seed=None, threads=None, prefetch=None, bad_sample=_default("bad_sample"), copy=False,
                  return_indices=False, return_paths=False, list_root=None, local_rank=None, classes=None,
                  max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
-                 device=None, stream=None, labels_device=True, dtype=None, memory_format=None, order="pinfeed",
+                 device=None, stream=None, labels_device=True, dtype=None, memory_format=None, order=None,
                  batch_transform=None, batch_fn=None, _copy_delay_us=0, **options):
         _check_arguments(data, pin_memory, transform, persistent_workers, options)
         threads = _dataloader_alias("num_workers", num_workers, threads)
         prefetch = _dataloader_alias("prefetch_factor", prefetch_factor, prefetch)
         threads = _default("threads") if threads is None else threads
         prefetch = _default("prefetch") if prefetch is None else prefetch
-        shuffle, seed, sampler_trim, rank, world_size, iterated = _reconcile_sampler(sampler, shuffle, seed, rank,
-                                                                                     world_size, order)
+        shuffle, seed, sampler_trim, rank, world_size, iterated, order = _reconcile_sampler(
+            sampler, shuffle, seed, rank, world_size, order)
         size, flip = _fold_transform_arguments(options, scale, ratio, size, flip, interpolation)
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
@@ -637,8 +663,11 @@ class Loader:
         # position), ...])), else pinfeed's sampler in C++.
         self._iter_sampler = sampler if iterated else None
         self._order, self._trim = order, sampler_trim
+        self._check_samplers_dataset(sampler)
         self._segments = None
         self._running = None  # (epoch, samples) of the latest iteration's order
+        self._digest = None  # the iterated sampler's order this epoch, as _digest() gives it
+        self._pending_order = None  # drawn by load_state_dict for the resumed epoch
         self._resume = None
         self._active = None  # the running iteration's token
         # Threads: one batch is taken at a time (next() and iter() of any
@@ -694,6 +723,15 @@ class Loader:
             return torch.cuda.current_device()
         return self.local_rank
 
+    def _check_samplers_dataset(self, sampler):
+        """torch's DistributedSampler is read for its options: a dataset of
+        another length than the loader's (a Subset) would be ignored."""
+        dataset = getattr(sampler, "dataset", None) if _is_torchs_distributed_sampler(sampler) else None
+        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != self._impl.dataset_size():
+            raise ValueError(f"the sampler's dataset has {len(dataset)} samples, the loader's data "
+                             f"{self._impl.dataset_size()}: torch's DistributedSampler is read for its options (the "
+                             "loader shards its own data); for a subset, pass a sampler that yields its indices")
+
     def _check_classes(self, expected):
         if isinstance(expected, Loader):
             if not expected._impl.named_classes():
@@ -730,6 +768,8 @@ class Loader:
         # state's wins: that epoch runs from its start.
         if self._resume is not None and self._resume["epoch"] != self._epoch:
             self._resume = None
+        if self._segments is not None and self._segments[0] != self._epoch:
+            self._segments = None  # the resharded epoch will not run: len() is a whole epoch's again
 
     def _sampler_epoch(self):
         """The epoch the sampler pins, or None."""
@@ -779,7 +819,7 @@ class Loader:
 
     def _samples_in_epoch(self):
         """This rank's samples in the epoch the loader runs or runs next."""
-        if self._segments is not None:
+        if self._segments is not None and self._segments[0] == self._epoch:
             if self._running is not None and self._running[0] == self._segments[0]:
                 return self._running[1]
             return len(self._order_for(self._segments[0]))
@@ -807,7 +847,11 @@ class Loader:
         return list(_pinfeed.sampler_indices(n, 0, 1, self.shuffle, self.seed, False, epoch))
 
     def _drawn(self):
-        """The iterated sampler's indices for this epoch."""
+        """The iterated sampler's indices for this epoch (the ones drawn by
+        load_state_dict to check a resumed order, if it drew them)."""
+        if self._pending_order is not None:
+            out, self._pending_order = self._pending_order, None
+            return out
         out = []
         for i in self._iter_sampler:
             try:
@@ -886,6 +930,7 @@ class Loader:
             # A state taken at the very end of an epoch: that epoch is done.
             epoch, position, resumed = (pinned if pinned is not None else epoch + 1), 0, False
         self._running = (epoch, size)
+        self._digest = _digest(order) if self._iter_sampler is not None else None
         if order is not None:
             self._impl.begin_order(epoch, order, position)
         elif position > 0:
@@ -976,18 +1021,32 @@ class Loader:
         if self._resume is not None:
             # Taken as this dataset's (strict=False accepted a change): the
             # next load checks against this dataset, not the old one.
-            return dict(self._resume, dataset=self._fingerprint())
-        state = dict(self._impl.state())
+            pinned = self._sampler_epoch()
+            if pinned is None or pinned == self._resume["epoch"]:
+                return dict(self._resume, dataset=self._fingerprint())
+            state = dict(self._resume, epoch=pinned, position=0)  # the sampler's set_epoch won
+            for key in ("resharded_from", "order_digest"):
+                state.pop(key, None)
+            return dict(state, dataset=self._fingerprint())
+        state = dict(self._impl.state(), **self._order_keys())
         state["dataset"] = self._fingerprint()
         if self._current is None:
             pinned = self._sampler_epoch()
             state["epoch"], state["position"] = (self._epoch if pinned is None else pinned), 0
         elif self._completed:
             state["epoch"], state["position"] = self._current + 1, 0
-        elif self._segments is not None and self._segments[0] == self._current:
-            # An epoch resumed with another world size: what ran before it.
-            state["resharded_from"] = [list(segment) for segment in self._segments[1]]
+        else:
+            if self._segments is not None and self._segments[0] == self._current:
+                # An epoch resumed with another world size: what ran before it.
+                state["resharded_from"] = [list(segment) for segment in self._segments[1]]
+            if self._digest is not None:
+                state["order_digest"] = self._digest  # the sampler's order, checked on resume
         return state
+
+    def _order_keys(self):
+        """What decides the order besides the seed, as a state records it."""
+        return {"order": "sampler" if self._iter_sampler is not None else self._order, "shuffle": bool(self.shuffle),
+                "sampler_drop_last": bool(self._trim)}
 
     def _fingerprint(self):
         """The dataset's fingerprint as state_dict() carries it (computed once:
@@ -1019,40 +1078,84 @@ class Loader:
         missing = {"seed", "epoch", "position", "world_size", "rank"} - set(state)
         if missing:
             raise ValueError(f"state_dict lacks {sorted(missing)}")
-        if state["seed"] != self.seed:
-            message = (f"state_dict was taken with seed={state['seed']}, this loader has seed={self.seed}: the "
-                       "position would point into another order (other samples, other augmentation)")
-            if strict:
-                raise ValueError(message + "; pass the same seed, or load_state_dict(state, strict=False) to "
-                                 "continue at that position of this loader's order")
-            warnings.warn(f"pinfeed: {message}; continuing with seed={self.seed} (strict=False)", RuntimeWarning,
-                          stacklevel=2)
+        self._check_order_keys(state, strict)
         self._check_dataset(state.get("dataset"), strict)
         epoch, position = int(state["epoch"]), int(state["position"])
         segments = [(int(w), int(p)) for w, p in state.get("resharded_from", [])]
+        if self._iter_sampler is not None and (state["world_size"] != self.world_size or state["rank"] != self.rank):
+            raise ValueError(f"state_dict is for rank {state['rank']} of {state['world_size']}, this loader is rank "
+                             f"{self.rank} of {self.world_size}, and its sampler "
+                             f"({type(self._iter_sampler).__name__}) orders each rank itself: another rank's "
+                             "position, or the remaining samples resharded, cannot be known. Resume each rank from "
+                             "its own state with the same world size, or use pinfeed's or torch's "
+                             "DistributedSampler")
         if state["world_size"] != self.world_size:
-            if self._iter_sampler is not None:
-                raise ValueError(f"state_dict is for {state['world_size']} ranks, this loader has {self.world_size}, "
-                                 f"and its sampler ({type(self._iter_sampler).__name__}) orders every rank itself: "
-                                 "the epoch's remaining samples cannot be resharded. Finish the epoch with the old "
-                                 "world size, or use pinfeed's or torch's DistributedSampler order")
             segments.append((int(state["world_size"]), position))
             position = 0
         if any(w < 1 or p < 0 for w, p in segments):
             raise ValueError(f"state_dict's resharded_from is not a list of (world_size, position): {segments!r}")
+        # A sampler the loader reads the epoch of pins the loaded one (a fresh
+        # torch sampler says 0); pinfeed's, until its set_epoch is used, does not.
+        sampler = self._sampler
+        if callable(getattr(sampler, "set_epoch", None)) and not (
+                isinstance(sampler, DistributedSampler) and not sampler._epoch_set):
+            sampler.set_epoch(epoch)
         self._segments = (epoch, segments) if segments else None
-        end = self._epoch_end(len(self._order_for(epoch))) if segments else self._epoch_end()
-        if position < 0 or position > end:
-            raise ValueError(f"state_dict's position {position} is outside the epoch: this rank has {end} samples "
-                             "per epoch")
+        self._epoch, self._running, self._pending_order = epoch, None, None
+        self._check_position(state, position, strict)
         # Another rank's state of the same world is taken as this rank's:
         # ranks run in lockstep (every rank saves the same position), so a
         # checkpoint saved by rank 0 alone resumes every rank.
-        self._resume = dict(state, seed=self.seed, world_size=self.world_size, rank=self.rank, position=position)
+        self._resume = dict(state, seed=self.seed, world_size=self.world_size, rank=self.rank, position=position,
+                            **self._order_keys())
         self._resume.pop("resharded_from", None)
         if segments:
             self._resume["resharded_from"] = [list(segment) for segment in segments]
-        self._epoch = epoch
+
+    def _check_order_keys(self, state, strict):
+        """The seed, the order, shuffle and the sampler's trim of a state
+        against this loader's: another one would point the position into
+        another order."""
+        mine = dict(self._order_keys(), seed=self.seed)
+        for key in ("seed", "order", "shuffle", "sampler_drop_last"):
+            if key not in state or state[key] == mine[key]:
+                continue  # (states before 2026-12-05 carry only the seed)
+            message = (f"state_dict was taken with {key}={state[key]!r}, this loader has {key}={mine[key]!r}: the "
+                       "position would point into another order (other samples, other augmentation)")
+            if strict:
+                raise ValueError(message + f"; pass the same {key}, or load_state_dict(state, strict=False) to "
+                                 "continue at that position of this loader's order")
+            warnings.warn(f"pinfeed: {message}; continuing with this loader's (strict=False)", RuntimeWarning,
+                          stacklevel=3)
+
+    def _check_position(self, state, position, strict):
+        """The position against the epoch it resumes; for a sampler the
+        loader iterates, the order it gives now against the saved one."""
+        epoch = self._epoch
+        if self._iter_sampler is not None and position > 0:
+            self._pending_order = self._drawn()  # _start takes these: a random sampler is drawn once
+            if "order_digest" in state and state["order_digest"] != _digest(self._pending_order):
+                message = (f"the sampler ({type(self._iter_sampler).__name__}) gives another order for epoch "
+                           f"{epoch} than when the state was saved (a random sampler whose generator is not "
+                           "restored, or another sampler): resuming at its position would repeat some samples and "
+                           "skip others")
+                if strict:
+                    self._pending_order = None
+                    raise ValueError(message + "; give the sampler the same order again (a seeded generator, "
+                                     "set_epoch), or load_state_dict(state, strict=False) to resume anyway")
+                warnings.warn(f"pinfeed: {message} (strict=False: resuming anyway)", RuntimeWarning, stacklevel=3)
+            size = len(self._pending_order)
+        elif self._segments is not None:
+            size = len(self._order_for(epoch))
+        else:
+            try:
+                size = self._samples_in_epoch()
+            except TypeError:
+                return  # a sampler without len(): the C++ loader checks the position against the order it gets
+        end = self._epoch_end(size)
+        if position < 0 or position > end:
+            raise ValueError(f"state_dict's position {position} is outside the epoch: this rank has {end} samples "
+                             "per epoch")
 
     def _check_dataset(self, was, strict):
         """A state's dataset fingerprint against this dataset."""
@@ -1126,26 +1229,8 @@ class Loader:
 
 
 
+# The public classes are pinfeed's (pickles, reprs, help): not pinfeed._api's.
+Loader.__module__ = DistributedSampler.__module__ = "pinfeed"
+
 if Loader.__doc__ is not None:  # None under python -OO
     Loader.__doc__ += "\n    The loader's options (name=default: what; range), from its table:\n\n" + _options_doc() + "\n"
-
-def set_log_level(level):
-    """pinfeed's own log on stderr: "trace", "debug", "info", "warning" (the default), "error", "off"."""
-    _pinfeed.set_log_level({"warning": "warn"}.get(level, level))
-
-
-set_log_level("warning")
-
-
-def diag(root="/", gpus=1, batch=None, prefetch=2, sample_ms=100, loader=None):
-    """The memory diagnostics report of `pinfeed-diag --json`, as a dict. With
-    batch="256x3x224x224:u8" it includes the pinned pool plan and its verdict.
-    With loader= (a Loader with a device) it includes "copy_stream": that
-    loader's copy figures so far (bytes, copy seconds and GB/s, the waits for
-    the decoders, for the copies and for consumers), as loader.stats()["device"]."""
-    if loader is not None and not isinstance(loader, Loader):
-        raise TypeError(f"loader must be a pinfeed.Loader, not {type(loader).__name__}")
-    report = json.loads(_pinfeed.diag_json(os.fsencode(root), gpus, batch or "", prefetch, sample_ms))
-    if loader is not None:
-        report["copy_stream"] = loader.stats().get("device", {"device": None, "note": "this loader has no device="})
-    return report

@@ -63,13 +63,20 @@ def test_return_indices_yields_an_int64_tensor(dataset):
     assert isinstance(idx, torch.Tensor) and idx.dtype == torch.int64 and idx.tolist() == list(range(8))
 
 
-@pytest.mark.parametrize("name,needle", [("collate_fn", "batch_fn="), ("batch_sampler", "sampler="),
-                                         ("worker_init_fn", "seed="), ("generator", "seed="),
-                                         ("timeout", "bad_sample="), ("multiprocessing_context", "worker processes"),
-                                         ("pin_memory_device", "device=")])
-def test_dataloader_arguments_that_do_not_apply_say_what_to_use(dataset, name, needle):
+@pytest.mark.parametrize("name,value,needle", [
+    ("collate_fn", lambda batch: batch, "batch_fn="), ("batch_sampler", [[0, 1]], "sampler="),
+    ("worker_init_fn", print, "seed="), ("generator", torch.Generator(), "seed="), ("timeout", 5, "bad_sample="),
+    ("multiprocessing_context", "spawn", "worker processes"), ("pin_memory_device", "cuda", "device=")])
+def test_dataloader_arguments_that_do_not_apply_say_what_to_use(dataset, name, value, needle):
     with pytest.raises(TypeError, match=f"does not take DataLoader's {name}=: .*{needle}"):
-        loader(dataset, **{name: None})
+        loader(dataset, **{name: value})
+
+
+def test_dataloader_arguments_at_their_defaults_are_accepted(dataset):
+    kw = dict(collate_fn=None, batch_sampler=None, worker_init_fn=None, generator=None, timeout=0,
+              multiprocessing_context=None, pin_memory_device="", in_order=True)
+    images, _ = next(iter(loader(dataset, **kw)))
+    assert images.shape == (8, 3, 16, 16)
 
 
 def test_python_transforms_and_datasets_are_refused_with_the_way_that_works(dataset):
@@ -87,6 +94,7 @@ def test_mean_and_std_take_torchvisions_forms(dataset):
     listed = first(mean=[0.5, 0.4, 0.3], std=[0.2, 0.2, 0.2])
     assert torch.equal(listed, first(mean=torch.tensor([0.5, 0.4, 0.3]), std=0.2))
     assert torch.equal(first(mean=0.5, std=torch.tensor(0.25)), first(mean=[0.5] * 3, std=[0.25] * 3))
+    assert torch.equal(listed, first(mean=torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1), std=0.2))
     np = pytest.importorskip("numpy")
     assert torch.equal(listed, first(mean=np.array([0.5, 0.4, 0.3]), std=np.float64(0.2)))
     with pytest.warns(UserWarning, match="0-255 pixels"):

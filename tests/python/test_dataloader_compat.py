@@ -46,7 +46,11 @@ def test_a_torch_distributedsampler_gives_its_shard_order_and_seed(dataset):
     l = loader(dataset, sampler=ds, return_indices=True)
     assert (l.rank, l.world_size, l.seed, l.shuffle) == (1, 2, 7, True)
     mine = pinfeed.DistributedSampler(None, num_replicas=2, rank=1, shuffle=True, seed=7)
-    assert order(l) == order(loader(dataset, sampler=mine, return_indices=True))
+    # torch's sampler gives torch's order (order="torch"); pinfeed's, pinfeed's.
+    ds.set_epoch(0)
+    assert order(l) == list(ds) == order(loader(dataset, sampler=mine, order="torch", return_indices=True))
+    assert order(loader(dataset, sampler=ds, order="pinfeed", return_indices=True)) == order(
+        loader(dataset, sampler=mine, return_indices=True))
     with pytest.raises(ValueError, match="mutually exclusive with shuffle"):
         loader(dataset, sampler=mine, shuffle=True)
     # shuffle=False beside a sampler is fine, as in DataLoader: the sampler decides.
@@ -101,7 +105,7 @@ def test_a_peek_at_the_first_batch_does_not_advance_the_epoch(dataset):
 
 
 def test_set_epoch_on_the_sampler_is_followed_as_dataloader_does(dataset):
-    pinned = loader(dataset, shuffle=True, seed=2, return_indices=True)
+    pinned = loader(dataset, shuffle=True, seed=2, return_indices=True, order="torch")
     pinned.set_epoch(3)
     e3 = order(pinned)
     # torch's sampler: its epoch is read at every iter(), as DataLoader reads it.
@@ -113,7 +117,7 @@ def test_set_epoch_on_the_sampler_is_followed_as_dataloader_does(dataset):
     assert order(l) == e3 and l.epoch == 3
     # pinfeed's sampler: set_epoch pins; before it, completed epochs advance.
     mine = pinfeed.DistributedSampler(num_replicas=1, rank=0, shuffle=True, seed=2)
-    m = loader(dataset, sampler=mine, return_indices=True)
+    m = loader(dataset, sampler=mine, return_indices=True, order="torch")
     assert order(m) == e0 and m.epoch == 0
     assert order(m) != e0 and m.epoch == 1
     mine.set_epoch(3)
@@ -244,8 +248,10 @@ def test_interpolation_as_a_string_or_torchvisions_mode(dataset):
     if hasattr(modes, "NEAREST_EXACT"):  # torchvision >= 0.15
         assert torch.equal(first(interpolation=modes.NEAREST_EXACT), nearest)
     assert torch.equal(first(interpolation=transforms.InterpolationMode.BILINEAR), bilinear)
+    assert not torch.equal(first(interpolation=modes.BICUBIC), bilinear)
+    assert torch.equal(first(interpolation=modes.BICUBIC), first(interpolation="bicubic"))
     with pytest.raises(ValueError, match="interpolation"):
-        loader(dataset, interpolation="bicubic")
+        loader(dataset, interpolation="lanczos")
 
 
 def test_a_checkpoint_at_an_epochs_end_resumes_at_the_epoch_the_sampler_names(dataset):
@@ -275,7 +281,7 @@ def test_a_checkpoint_at_an_epochs_end_resumes_at_the_epoch_the_sampler_names(da
     old.load_state_dict(dict(state, epoch=2, position=40))
     ds4.set_epoch(2)
     assert len(order(old)) == 40 and old.epoch == 2  # the sampler said 2: it runs
-    plain = loader(dataset, shuffle=True, seed=6, return_indices=True)
+    plain = loader(dataset, shuffle=True, seed=6, return_indices=True, order="torch")
     plain.load_state_dict(dict(state, epoch=2, position=40))
     assert order(plain) == e3 and plain.epoch == 3  # nobody pinned: the next epoch
 
@@ -285,7 +291,7 @@ def test_loader_set_epoch_reaches_a_torch_sampler(dataset):
     l = loader(dataset, sampler=ds, return_indices=True)
     l.set_epoch(3)
     assert ds.epoch == 3
-    pinned = loader(dataset, shuffle=True, seed=2, return_indices=True)
+    pinned = loader(dataset, shuffle=True, seed=2, return_indices=True, order="torch")
     pinned.set_epoch(3)
     assert order(l) == order(pinned) and l.epoch == 3
 

@@ -16,7 +16,7 @@ from test_loader import _Config
 OPTIONS = {o["name"]: o for o in _pinfeed.loader_options()}
 # Table name -> Loader's keyword, where Loader takes another word (the
 # module's own table: the checks and the docstring read it too).
-KEYWORD_FOR = pinfeed._KEYWORD_FOR
+KEYWORD_FOR = pinfeed._api._KEYWORD_FOR
 # Python keyword -> table name, where Python keeps the torchvision-like word.
 PY_NAMES = {"transform": "crop"}
 

@@ -54,7 +54,10 @@ def test_the_tools_start_without_importing_torch():
     # torch in (an operator's pinfeed-diag on a host without a training stack).
     code = ("import sys, pinfeed, pinfeed._tools; assert 'torch' not in sys.modules, 'torch imported'; "
             "assert pinfeed.__version__; assert issubclass(pinfeed.ConfigError, ValueError) and pinfeed.Error; "
-            "assert 'torch' not in sys.modules, 'the error classes imported torch'")
+            "assert 'torch' not in sys.modules, 'the error classes imported torch'; "
+            "pinfeed.set_log_level('error'); assert pinfeed.diag(sample_ms=0)['memory']; "
+            "assert not hasattr(pinfeed, 'Lodaer') and not hasattr(pinfeed, 'torch'); "
+            "assert 'torch' not in sys.modules, 'diag, set_log_level or a typo imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
     # The loader's names load torch on first use.
     code = "import sys, pinfeed; pinfeed.Loader; assert 'torch' in sys.modules"

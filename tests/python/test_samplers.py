@@ -174,9 +174,78 @@ def test_an_iterated_sampler_cannot_be_resharded(dataset):
     l = loader(dataset, sampler=s)
     order(l, 1)
     state = l.state_dict()
-    with pytest.raises(ValueError, match="cannot be resharded"):
+    with pytest.raises(ValueError, match="orders each rank itself"):
         loader(dataset, sampler=SkipFirst(0, num_replicas=1, rank=0, shuffle=False)).load_state_dict(state)
     # The same world size resumes it where it stopped.
     again = loader(dataset, sampler=SkipFirst(0, num_replicas=2, rank=0, shuffle=False))
     again.load_state_dict(state)
     assert order(again) == list(s)[4:]
+
+
+def test_a_random_samplers_resumed_order_is_checked(dataset):
+    def sampler(seed):
+        return torch.utils.data.RandomSampler(range(N), generator=torch.Generator().manual_seed(seed))
+    l = loader(dataset, sampler=sampler(1))
+    seen = order(l, 2)
+    state = l.state_dict()
+    assert state["order"] == "sampler" and "order_digest" in state
+    # The same generator state gives the same order: the rest of the epoch, once.
+    again = loader(dataset, sampler=sampler(1))
+    again.load_state_dict(state)
+    assert sorted(seen + order(again)) == list(range(N))
+    # Another draw is refused (it would repeat and skip samples) unless strict=False.
+    other = loader(dataset, sampler=sampler(2))
+    with pytest.raises(ValueError, match="gives another order for epoch 0"):
+        other.load_state_dict(state)
+    with pytest.warns(RuntimeWarning, match="another order"):
+        other.load_state_dict(state, strict=False)
+    assert len(order(other)) == N - 8
+
+
+def test_a_fresh_torch_sampler_follows_the_loaded_epoch(dataset):
+    def ranks():
+        return torch.utils.data.DistributedSampler(range(N), num_replicas=1, rank=0, shuffle=True, seed=6)
+    s = ranks()
+    l = loader(dataset, sampler=s)
+    s.set_epoch(3)
+    seen = order(l, 2)
+    state = l.state_dict()
+    assert state["epoch"] == 3 and state["order"] == "torch"
+    fresh = loader(dataset, sampler=ranks())   # its epoch is 0 until told
+    fresh.load_state_dict(state)
+    rest = order(fresh)
+    assert fresh.epoch == 3 and seen + rest == list(ranks_epoch(3))
+
+
+def ranks_epoch(epoch):
+    s = torch.utils.data.DistributedSampler(range(N), num_replicas=1, rank=0, shuffle=True, seed=6)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+def test_a_state_of_another_order_or_trim_is_refused(dataset):
+    l = loader(dataset, shuffle=True, seed=3)
+    order(l, 1)
+    state = l.state_dict()
+    with pytest.raises(ValueError, match="order='pinfeed', this loader has order='torch'"):
+        loader(dataset, shuffle=True, seed=3, order="torch").load_state_dict(state)
+    with pytest.raises(ValueError, match="shuffle=True, this loader has shuffle=False"):
+        loader(dataset, seed=3).load_state_dict(state)
+    trimmed = pinfeed.DistributedSampler(num_replicas=1, rank=0, shuffle=True, seed=3, drop_last=True)
+    with pytest.raises(ValueError, match="sampler_drop_last"):
+        loader(dataset, sampler=trimmed).load_state_dict(dict(state, sampler_drop_last=False))
+
+
+def test_torchs_sampler_of_another_dataset_is_refused(dataset):
+    with pytest.raises(ValueError, match="the sampler's dataset has 30 samples, the loader's data 40"):
+        loader(dataset, sampler=torch.utils.data.DistributedSampler(range(30), num_replicas=1, rank=0))
+
+
+def test_len_follows_the_epoch_that_runs_next(dataset):
+    two = [loader(dataset, rank=r, world_size=2, shuffle=True, seed=8) for r in range(2)]
+    _, states = seen_by(two, 2)
+    one = loader(dataset, shuffle=True, seed=8)
+    one.load_state_dict(states[0])
+    assert len(one) == 24 // 4          # the resharded remainder runs next
+    one.set_epoch(1)
+    assert len(one) == N // 4           # another epoch was pinned: a whole one
