@@ -41,14 +41,17 @@ trap 'rm -rf "$(dirname "$venv")"' EXIT
 "$venv/bin/pip" install -q "$wheel"
 
 # Every ELF file of the installed package finds each library it needs in the
-# wheel (pinfeed.libs) or in the manylinux policy's set (glibc, libstdc++,
-# libgcc_s), never elsewhere on this host: a library auditwheel did not
+# wheel (pinfeed.libs) or in its manylinux tag's policy list (auditwheel's:
+# glibc, libstdc++, libgcc_s, libz, ...), never elsewhere on this host: a library auditwheel did not
 # graft would load from here and fail on another host.
 site=$("$venv/bin/python" -c "import os, pinfeed; print(os.path.dirname(os.path.dirname(pinfeed.__file__)))")
-outside=$("$python" - "$site" <<'PY'
-import os, re, subprocess, sys
-site = sys.argv[1]
-allowed = re.compile(r"/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libutil|libresolv)\.so")
+policy=$(ls "$PWD"/build/wheel-tools/lib/python3*/site-packages/auditwheel/policy/manylinux-policy.json)
+tag=$(basename "$wheel" .whl | sed 's/.*-\(manylinux_[0-9]*_[0-9]*\)_.*/\1/')
+outside=$("$python" - "$site" "$policy" "$tag" <<'PY'
+import json, os, re, subprocess, sys
+site, policy, tag = sys.argv[1:4]
+libs = os.path.realpath(os.path.join(site, "pinfeed.libs")) + "/"
+allowed = next(set(p["lib_whitelist"]) for p in json.load(open(policy)) if p["name"] == tag)
 for top in ("pinfeed", "pinfeed.libs"):
     for folder, _, names in os.walk(os.path.join(site, top)):
         for name in names:
@@ -57,8 +60,9 @@ for top in ("pinfeed", "pinfeed.libs"):
                 if f.read(4) != b"\x7fELF":
                     continue
             for line in subprocess.run(["ldd", path], capture_output=True, text=True).stdout.splitlines():
-                m = re.search(r"=> (/\S+)", line)
-                if m and not m.group(1).startswith(os.path.join(site, "pinfeed.libs") + "/") and not allowed.search(m.group(1)):
+                soname, _, where = line.strip().partition(" => ")
+                target = os.path.realpath(where.split(" (")[0]) if where.startswith("/") else ""
+                if where and soname not in allowed and not target.startswith(libs):
                     print(f"{path}: {line.strip()}")
 PY
 )
@@ -67,7 +71,7 @@ if [[ -n $outside ]]; then
   echo "$outside" >&2
   exit 1
 fi
-echo "== every ELF file of the installed wheel loads its libraries from the wheel or glibc/libstdc++"
+echo "== every ELF file of the installed wheel loads its libraries from the wheel or $tag's policy list"
 
 # From a folder outside the checkout, without PYTHONPATH: the installed copy.
 work=$(mktemp -d)
