@@ -30,6 +30,7 @@ batch (Goyal et al.), so 1 and N processes train with the same rate.
 """
 import argparse
 import csv
+import gc
 import os
 import socket
 import subprocess
@@ -95,6 +96,19 @@ def make_loader(a, per_rank, rank, world):
 def train(a):
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        run(a, cuda)
+    finally:
+        # Teardown order: the loader (its decode threads) goes first, then the
+        # process group, explicitly, on every exit path. A process group left
+        # to the interpreter's exit can hang there in torch's own destructors
+        # (~ProcessGroupGloo joining a thread that waits for the GIL: pytorch
+        # issues 56297, 109478); bench/teardown_loop.py measures both orders.
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def run(a, cuda):
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -157,7 +171,7 @@ def train(a):
             if new:
                 w.writeheader()
             w.writerows(rows)
-    dist.destroy_process_group()
+    del loader  # its decode threads end here, before the process group (train's finally)
 
 
 def free_port():

@@ -326,6 +326,34 @@ constexpr int kOne = 1 << kWeightBits;
 /// weights sum to exactly 1 << 14; taps padded to a multiple of `multiple`
 /// (zero weights on the side that stays inside the row) for SIMD. Memory:
 /// n x stride weights, stride about twice the shrink (capped, kMaxShrink).
+/// One output pixel's `count` weights `w` (summing to `total`) as 14-bit
+/// fixed point in `out`, the rounding remainder on the largest, padded with
+/// zeros to a multiple of `multiple` inside the row (after the taps where
+/// they fit, else before: `first` moves back). Returns the padded count.
+int store_taps(const std::vector<double>& w, double total, int count, int size, int multiple, int& first,
+               std::int16_t* out) {
+  int sum = 0, largest = 0;
+  for (int t = 0; t < count; ++t) {
+    out[t] = static_cast<std::int16_t>(std::lround(w[static_cast<std::size_t>(t)] / total * kOne));
+    sum += out[t];
+    if (out[t] > out[largest]) largest = t;
+  }
+  out[largest] = static_cast<std::int16_t>(out[largest] + (kOne - sum));
+  if (size >= multiple) {
+    while (count % multiple != 0) {
+      if (first + count < size) {
+        out[count] = 0;
+      } else {
+        std::copy_backward(out, out + count, out + count + 1);
+        out[0] = 0;
+        --first;
+      }
+      ++count;
+    }
+  }
+  return count;
+}
+
 void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size, Interpolation filter, int multiple,
                  SampleWriter::Kernel& k) {
   const bool nearest = filter == Interpolation::nearest;
@@ -383,26 +411,8 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
       w[static_cast<std::size_t>(std::clamp(static_cast<int>(center) - (first - base), 0, count - 1))] = 1.0;
       total = 1.0;
     }
-    std::int16_t* out = k.weights.data() + static_cast<std::ptrdiff_t>(i) * k.stride;
-    int sum = 0, largest = 0;
-    for (int t = 0; t < count; ++t) {
-      out[t] = static_cast<std::int16_t>(std::lround(w[static_cast<std::size_t>(t)] / total * kOne));
-      sum += out[t];
-      if (out[t] > out[largest]) largest = t;
-    }
-    out[largest] = static_cast<std::int16_t>(out[largest] + (kOne - sum));
-    if (size >= multiple) {  // pad inside the row: zeros after the taps where they fit, else before
-      while (count % multiple != 0) {
-        if (first + count < size) {
-          out[count] = 0;
-        } else {
-          std::copy_backward(out, out + count, out + count + 1);
-          out[0] = 0;
-          --first;
-        }
-        ++count;
-      }
-    }
+    count = store_taps(w, total, count, size, multiple, first,
+                       k.weights.data() + static_cast<std::ptrdiff_t>(i) * k.stride);
     k.first[static_cast<std::size_t>(i)] = first;
     k.count[static_cast<std::size_t>(i)] = count;
   }

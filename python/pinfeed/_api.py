@@ -23,8 +23,6 @@ except ImportError as e:  # an operator's host: the tools work, the loader needs
                       "(pinfeed-diag, pinfeed-data, pinfeed-train, pinfeed-bench) do not need it") from e
 
 from . import _pinfeed
-from ._base import diag, set_log_level  # noqa: F401  (pinfeed.diag, pinfeed.set_log_level)
-from ._pinfeed import ConfigError, DataError, Error
 
 
 # The loader's options, declared once in C++ (loader/include/pinfeed/loader/
@@ -451,13 +449,29 @@ def _check_device_arguments(dtype, memory_format, copy_delay_us):
         raise ValueError(f"_copy_delay_us must be a non-negative integer, got {copy_delay_us!r}")
 
 
+def _normalization(mean, std):
+    """mean= and std= as two lists of three floats, checked (std > 0, a warning for 0-255 statistics)."""
+    mean, std = _triple("mean", mean), _triple("std", std)
+    if any(v <= 0 for v in std):
+        raise ValueError(f"std must be positive, got {std!r}")
+    _warn_if_0_255(mean, std)
+    return mean, std
+
+
+def _hooks(batch_transform, batch_fn):
+    for name, hook in (("batch_transform", batch_transform), ("batch_fn", batch_fn)):
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable, not {type(hook).__name__}")
+    return batch_transform, batch_fn
+
+
 def _warn_if_0_255(mean, std):
     """Statistics on the 0-255 scale normalize [0, 1] pixels to nonsense (a
     batch mean near -2, a std near 0.01): say so."""
     if max(mean) > 1.5 or max(std) > 1.5:
         warnings.warn(f"pinfeed: mean={mean} and std={std} look like statistics of 0-255 pixels, but pinfeed "
                       "normalizes pixels scaled to [0, 1] (as torchvision's ToTensor then Normalize): divide them "
-                      "by 255 (ImageNet's are the default)", UserWarning, stacklevel=3)
+                      "by 255 (ImageNet's are the default)", UserWarning, stacklevel=4)
 
 
 def _place_in_launch(rank, world_size, local_rank, options):
@@ -616,14 +630,8 @@ class Loader:
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
         _check_device_arguments(dtype, memory_format, _copy_delay_us)
-        mean, std = _triple("mean", mean), _triple("std", std)
-        if any(v <= 0 for v in std):
-            raise ValueError(f"std must be positive, got {std!r}")
-        _warn_if_0_255(mean, std)
-        for name, hook in (("batch_transform", batch_transform), ("batch_fn", batch_fn)):
-            if hook is not None and not callable(hook):
-                raise TypeError(f"{name} must be callable, not {type(hook).__name__}")
-        self.batch_transform, self.batch_fn = batch_transform, batch_fn
+        mean, std = _normalization(mean, std)
+        self.batch_transform, self.batch_fn = _hooks(batch_transform, batch_fn)
         rank, world_size, self.local_rank = _place_in_launch(rank, world_size, local_rank, options)
         # device=: the batches go to a device through the loader's own copy
         # stream; uint8 from the decoders, normalized there.
@@ -650,25 +658,7 @@ class Loader:
         self.num_workers, self.prefetch = self._impl.threads(), prefetch
         self.copy, self.return_indices, self.return_paths = copy, return_indices, return_paths
         self.pin_memory = pin_memory
-        self._epoch = 0          # the epoch the next iteration runs
-        self._pinned_epoch = False  # set_epoch() was called: no advancing
-        self._current = None     # the epoch of the latest iteration
-        self._completed = False  # the latest iteration ran to its end
-        # A sampler whose epoch the loader follows: torch's always (as
-        # DataLoader does), pinfeed's once its set_epoch() was called.
-        self._sampler = sampler
-        # Where epochs' indices come from (_order_for): the sampler's own
-        # (iterated), torch's permutation (order="torch"), the remainder of an
-        # epoch resumed with another world size (_segments: (epoch, [(world,
-        # position), ...])), else pinfeed's sampler in C++.
-        self._iter_sampler = sampler if iterated else None
-        self._order, self._trim = order, sampler_trim
-        self._check_samplers_dataset(sampler)
-        self._segments = None
-        self._running = None  # (epoch, samples) of the latest iteration's order
-        self._digest = None  # the iterated sampler's order this epoch, as _digest() gives it
-        self._pending_order = None  # drawn by load_state_dict for the resumed epoch
-        self._resume = None
+        self._init_epochs(sampler, iterated, order, sampler_trim)
         self._active = None  # the running iteration's token
         # Threads: one batch is taken at a time (next() and iter() of any
         # thread hold it); processes: only this one has the decode threads.
@@ -682,6 +672,28 @@ class Loader:
             if report["pinned_slots"] < report["slots"]:
                 warnings.warn(f"pinfeed: pin_memory=True, but {report['reason']}; the other slots are pageable "
                               "(pin_memory='require' makes this an error)", RuntimeWarning, stacklevel=2)
+
+    def _init_epochs(self, sampler, iterated, order, trim):
+        """The state of epochs and orders a new loader starts with."""
+        self._epoch = 0          # the epoch the next iteration runs
+        self._pinned_epoch = False  # set_epoch() was called: no advancing
+        self._current = None     # the epoch of the latest iteration
+        self._completed = False  # the latest iteration ran to its end
+        # A sampler whose epoch the loader follows: torch's always (as
+        # DataLoader does), pinfeed's once its set_epoch() was called.
+        self._sampler = sampler
+        # Where epochs' indices come from (_order_for): the sampler's own
+        # (iterated), torch's permutation (order="torch"), the remainder of an
+        # epoch resumed with another world size (_segments: (epoch, [(world,
+        # position), ...])), else pinfeed's sampler in C++.
+        self._iter_sampler = sampler if iterated else None
+        self._order, self._trim = order, trim
+        self._check_samplers_dataset(sampler)
+        self._segments = None
+        self._running = None  # (epoch, samples) of the latest iteration's order
+        self._digest = None  # the iterated sampler's order this epoch, as _digest() gives it
+        self._pending_order = None  # drawn by load_state_dict for the resumed epoch
+        self._resume = None
 
     def _device_feed(self, layout, copy, dtype, memory_format, labels_device, stream, copy_delay_us):
         """(layout, feed): what the C++ loader is asked for with device= (uint8
