@@ -118,3 +118,13 @@ def test_the_help_shows_the_defaults_as_written():
     for name in ("load_state_dict", "__len__", "state_dict", "set_epoch"):
         assert getattr(pinfeed.Loader, name).__doc__, name
     assert pinfeed.Loader.num_classes.__doc__
+
+
+def test_batch_transform_runs_on_device_batches(dataset):
+    # device="cpu": the device path on pinfeed's CPU backend (the same code
+    # as "cuda", where the hook runs on the consumer stream).
+    plain = [x.clone() for x, _ in loader(dataset, device="cpu", seed=2, shuffle=True)]
+    doubled = [x.clone() for x, _ in loader(dataset, device="cpu", seed=2, shuffle=True,
+                                            batch_transform=lambda images: images * 2)]
+    assert len(plain) == len(doubled) == 5
+    assert all(torch.equal(a * 2, b) for a, b in zip(plain, doubled))
