@@ -25,6 +25,9 @@ foreach(module IN LISTS PINFEED_PKG_MODULES)
     list(APPEND PINFEED_CODEC_TARGETS PkgConfig::${prefix})
   endif()
 endforeach()
+unset(pair)
+unset(prefix)
+unset(name)
 find_package(ZLIB REQUIRED)  # crc32 of checkpoints
 # xxHash, header-only (XXH_INLINE_ALL): datasets' fingerprints.
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)

@@ -418,6 +418,16 @@ constexpr bool in_registry_order() {
   return true;
 }
 static_assert(in_registry_order(), "kCodecOps has one row per kImageCodecs row, in its order");
+constexpr bool every_row_complete() {
+  for (const CodecOps& o : kCodecOps) {
+    if (o.sniff == nullptr || o.header == nullptr || o.planned == nullptr || o.whole == nullptr || o.verify == nullptr ||
+        o.encode == nullptr) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(every_row_complete(), "every kCodecOps row sniffs, reads, decodes, verifies and encodes");
 
 const CodecOps* ops_for(Bytes data) noexcept {
   for (const CodecOps& o : kCodecOps) {

@@ -188,7 +188,7 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& c, SampleRn
       break;
   }
   // The filter reads about twice the shrink in source pixels per output
-  // pixel, and the writer keeps that many rows: an absurd shrink (a
+  // pixel (bicubic: four times), and the writer keeps that many rows: an absurd shrink (a
   // 1 x 100,000,000 strip) would take gigabytes per thread.
   if (p.x.scale > kMaxShrink || p.y.scale > kMaxShrink) {
     throw DataError("", fmt::format("the resize would shrink this {}x{} image {:.0f} times along one side, over the "
@@ -317,15 +317,6 @@ namespace {
 constexpr int kWeightBits = 14;
 constexpr int kOne = 1 << kWeightBits;
 
-/// PIL's resample kernel for one axis, in the coordinates of the delivered
-/// rows: `axis` is in full-resolution source coordinates, the rows are
-/// decoded at 1/dct size and start at source pixel `origin` of that scale,
-/// `size` of them. Weights: PIL's filter (the triangle, or the cubic with
-/// its negative lobes: the sums saturate to 0..255 as PIL clips), normalized, in 14-bit fixed
-/// point with the rounding remainder on the largest tap, so each pixel's
-/// weights sum to exactly 1 << 14; taps padded to a multiple of `multiple`
-/// (zero weights on the side that stays inside the row) for SIMD. Memory:
-/// n x stride weights, stride about twice the shrink (capped, kMaxShrink).
 /// One output pixel's `count` weights `w` (summing to `total`) as 14-bit
 /// fixed point in `out`, the rounding remainder on the largest, padded with
 /// zeros to a multiple of `multiple` inside the row (after the taps where
@@ -339,8 +330,10 @@ int store_taps(const std::vector<double>& w, double total, int count, int size, 
     if (out[t] > out[largest]) largest = t;
   }
   out[largest] = static_cast<std::int16_t>(out[largest] + (kOne - sum));
+  // A window that is the whole row (a source 3 pixels wide, bicubic) stays
+  // odd: there is no room inside the row, and the scalar path takes it.
   if (size >= multiple) {
-    while (count % multiple != 0) {
+    while (count % multiple != 0 && count < size) {
       if (first + count < size) {
         out[count] = 0;
       } else {
@@ -354,6 +347,17 @@ int store_taps(const std::vector<double>& w, double total, int count, int size, 
   return count;
 }
 
+/// PIL's resample kernel for one axis, in the coordinates of the delivered
+/// rows: `axis` is in full-resolution source coordinates, the rows are
+/// decoded at 1/dct size and start at source pixel `origin` of that scale,
+/// `size` of them. Weights: PIL's filter (the triangle, or the cubic with
+/// its negative lobes: the sums saturate to 0..255 as PIL clips),
+/// normalized, in 14-bit fixed point with the rounding remainder on the
+/// largest tap, so each pixel's
+/// weights sum to exactly 1 << 14; taps padded to a multiple of `multiple`
+/// (zero weights on the side that stays inside the row) for SIMD. Memory:
+/// n x stride weights, stride about twice the filter's reach: 2x the shrink bilinear, 4x
+/// bicubic (the shrink capped at kMaxShrink).
 void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size, Interpolation filter, int multiple,
                  SampleWriter::Kernel& k) {
   const bool nearest = filter == Interpolation::nearest;

@@ -216,9 +216,11 @@ TEST(TransformTest, ColumnsFollowPilsFilters) {
   // max(scale, 1), computed here in double precision and clipped to 0..255
   // (the cubic's negative lobes overshoot). The writer's 14-bit weights may
   // round a value the other way, never further, and never all one way.
-  // Shrinking (100 -> 56, antialiased) and enlarging (40 -> 56).
+  // Shrinking (100 -> 56, antialiased) and enlarging (40 -> 56), and a
+  // source 3 pixels wide: every bicubic window is the whole row, which must
+  // not be padded past its start (ASan reads the 4 bytes before it).
   for (const Interpolation f : {Interpolation::bilinear, Interpolation::bicubic}) {
-    for (const int width : {100, 40}) {
+    for (const int width : {100, 40, 3}) {
       SCOPED_TRACE(std::string(to_string(f)) + " from " + std::to_string(width));
       TransformConfig c;
       c.size = 56;

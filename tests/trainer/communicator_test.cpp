@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "launch_channel.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <utility>
 
-#include "launch_channel.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 
 namespace pinfeed::trainer {

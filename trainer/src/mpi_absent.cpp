@@ -1,6 +1,6 @@
 #include <fmt/format.h>
 
-#include "launch_channel.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 
 namespace pinfeed::trainer {

@@ -15,12 +15,14 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 
-#include "launch_channel.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "mpi_init.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
@@ -156,6 +158,9 @@ class MpiChannel final : public LaunchChannel {
   std::vector<char> share_from_rank0(const std::string& key, const std::vector<char>& bytes) override {
     std::uint64_t n = rank_ == 0 ? bytes.size() : 0;
     check(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD), rank_, "MPI_Bcast(size of shared bytes)", sizeof n);
+    if (n > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
+      throw CommError(rank_, fmt::format("MPI_Bcast({})", key), n, "more bytes than one MPI_Bcast carries (INT_MAX)");
+    }
     std::vector<char> out = rank_ == 0 ? bytes : std::vector<char>(n);
     const std::string op = fmt::format("MPI_Bcast({})", key);
     check(MPI_Bcast(out.data(), static_cast<int>(n), MPI_BYTE, 0, MPI_COMM_WORLD), rank_, op.c_str(), n);

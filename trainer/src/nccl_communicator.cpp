@@ -18,7 +18,7 @@
 
 #include "cuda_backend_impl.hpp"
 #include "dynamic_library.hpp"
-#include "launch_channel.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"

@@ -57,7 +57,7 @@
 #include <utility>
 
 #include "pinfeed/error.hpp"
-#include "launch_channel.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "tcp_store_protocol.hpp"

@@ -220,6 +220,11 @@ class Loader {
   /// sampler's own indices, torch's order, an elastic restart's remainder.
   /// Augmentation still draws from (seed, epoch, index). ConfigError naming
   /// the first index outside the dataset, or a position past the order.
+  /// state() then gives the position in this order; restore() replays the
+  /// sampler's order, so resume such an epoch by passing the same order and
+  /// that position here again (what the Python Loader does), and count its
+  /// batches from the order: batches_per_epoch() and samples_per_epoch()
+  /// are the sampler's.
   void begin_epoch(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position = 0);
   /// The next batch of the epoch, in order; nullopt at the end. Throws the
   /// epoch's error (DataError naming the file under the fail policy).

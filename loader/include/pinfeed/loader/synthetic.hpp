@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "pinfeed/loader/image_decoder.hpp"  // encode_png, encode_webp, encode_image (declared here before)
+
 namespace pinfeed::loader {
 
 enum class JpegKind { baseline, progressive, grayscale, cmyk };

@@ -13,7 +13,7 @@
 //
 // SampleWriter takes the decoded rows as the decoder produces them and
 // resamples them as PIL's resize does (what torchvision's transforms call on
-// PIL images): a separable triangle filter widened to the shrink factor
+// PIL images): a separable triangle (or cubic) filter widened to the shrink factor
 // (antialiased), pixel centres aligned, horizontal pass first; bilinear
 // weights in 14-bit fixed point summing exactly to one, so a constant image
 // stays exactly constant and the mean over a picture is PIL's. Then it flips
@@ -96,8 +96,8 @@ struct TransformConfig {
 
 /// One axis of a resize, as PIL's resample sees it: output pixel k has its
 /// centre at origin + (offset + k + 0.5) * scale in source pixels, and reads
-/// the source pixels under a triangle of half-width max(scale, 1) there (one
-/// pixel for nearest), clamped to [lo, hi). RandomResizedCrop crops, then
+/// the source pixels under the filter stretched to max(scale, 1) there
+/// (half-width 1 x that for bilinear, 2 x bicubic, one pixel for nearest), clamped to [lo, hi). RandomResizedCrop crops, then
 /// resizes: its taps stop at the crop. Resize + CenterCrop resizes the whole
 /// image: taps reach past the crop window into the rest of the image, and
 /// `offset` is the window's first column (row) in the resized image.

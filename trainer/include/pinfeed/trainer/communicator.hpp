@@ -137,7 +137,7 @@ struct LaunchBootstrap {
   /// The CPU rank's communicator (throws ConfigError when not compiled).
   std::unique_ptr<Communicator> (*make_cpu)(DeviceBackend& backend, CommConfig config, const LaunchEnv& env);
   /// The launch's channel, for a communicator with its own transport (NCCL
-  /// shares its unique id through it): trainer/src/launch_channel.hpp.
+  /// shares its unique id through it): include/pinfeed/trainer/launch_channel.hpp.
   std::unique_ptr<LaunchChannel> (*open_channel)(const LaunchEnv& env, std::chrono::milliseconds timeout);
 };
 std::span<const LaunchBootstrap> launch_bootstraps() noexcept;
