@@ -109,6 +109,39 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+/// fn(env) on one thread per rank of a torchrun-style launch of `world`
+/// ranks in this process (MASTER_ADDR/MASTER_PORT: a free loopback port,
+/// rank 0 serves the store); each rank's exception message, "" if none.
+template <class F>
+std::vector<std::string> as_torchrun_ranks(int world, F&& fn) {
+  const int port = free_port();
+  if (port == 0) return {"no free loopback port"};
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  {
+    std::vector<std::jthread> t;
+    for (int k = 0; k < world; ++k) {
+      t.emplace_back([&, k] {
+        LaunchEnv env;
+        env.rank = k;
+        env.world_size = world;
+        env.local_rank = k;
+        env.local_size = world;
+        env.launcher = "torchrun";
+        try {
+          fn(env);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(k)] = e.what();
+        }
+      });
+    }
+  }
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+  return errors;
+}
+
 /// Three torchrun-style ranks as threads of this process: rank 0 serves the
 /// rendezvous store on loopback, and Gloo's meshes are real TCP connections.
 struct GlooKind {
@@ -118,35 +151,13 @@ struct GlooKind {
     GTEST_SKIP() << "Gloo's own threads and allocations are not instrumented (the release build runs this)";
 #endif
     if (!gloo_compiled()) GTEST_SKIP() << "built without Gloo";
-    const int port = free_port();
-    ASSERT_GT(port, 0);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
     constexpr int kWorld = 3;
     r.add_backends(kWorld);
     r.comms.resize(kWorld);
-    std::vector<std::string> errors(kWorld);
-    {
-      std::vector<std::jthread> t;
-      for (int k = 0; k < kWorld; ++k) {
-        t.emplace_back([&, k] {
-          LaunchEnv env;
-          env.rank = k;
-          env.world_size = kWorld;
-          env.local_rank = k;
-          env.local_size = kWorld;
-          env.launcher = "torchrun";
-          try {
-            r.comms[static_cast<std::size_t>(k)] =
-                make_gloo_communicator(*r.backends[static_cast<std::size_t>(k)], env, kContractConfig);
-          } catch (const std::exception& e) {
-            errors[static_cast<std::size_t>(k)] = e.what();
-          }
-        });
-      }
-    }
-    ::unsetenv("MASTER_ADDR");
-    ::unsetenv("MASTER_PORT");
+    const auto errors = as_torchrun_ranks(kWorld, [&](const LaunchEnv& env) {
+      const auto k = static_cast<std::size_t>(env.rank);
+      r.comms[k] = make_gloo_communicator(*r.backends[k], env, kContractConfig);
+    });
     for (const auto& e : errors) ASSERT_EQ(e, "");
     r.add_streams();
   }
@@ -444,39 +455,17 @@ TEST(SoloCommunicatorTest, AWorldOfOneIsTheIdentityAndAbortFailsLaterCalls) {
 // The launch channels NCCL bootstraps through: rank 0's bytes reach every
 // rank. The store's, as three torchrun-style ranks (threads) on loopback.
 TEST(LaunchChannelTest, TheStoreSharesRank0sBytesWithEveryRank) {
-  const int port = free_port();
-  ASSERT_GT(port, 0);
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   constexpr int kWorld = 3;
   std::vector<std::vector<char>> got(kWorld);
-  std::vector<std::string> errors(kWorld);
   std::vector<std::unique_ptr<LaunchChannel>> channels(kWorld);  // outlive every get (rank 0 serves)
-  {
-    std::vector<std::jthread> t;
-    for (int k = 0; k < kWorld; ++k) {
-      t.emplace_back([&, k] {
-        LaunchEnv env;
-        env.rank = k;
-        env.world_size = kWorld;
-        env.local_rank = k;
-        env.local_size = kWorld;
-        env.launcher = "torchrun";
-        const auto i = static_cast<std::size_t>(k);
-        try {
-          channels[i] = open_store_channel(env, std::chrono::seconds(30));
-          EXPECT_EQ(channels[i]->rank(), k);
-          EXPECT_EQ(channels[i]->size(), kWorld);
-          got[i] = channels[i]->share_from_rank0("test/id", k == 0 ? std::vector<char>{'i', 'd', '\0', 'x'}
-                                                                     : std::vector<char>{'n', 'o'});
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-        }
-      });
-    }
-  }
-  ::unsetenv("MASTER_ADDR");
-  ::unsetenv("MASTER_PORT");
+  const auto errors = as_torchrun_ranks(kWorld, [&](const LaunchEnv& env) {
+    const auto i = static_cast<std::size_t>(env.rank);
+    channels[i] = open_store_channel(env, std::chrono::seconds(30));
+    EXPECT_EQ(channels[i]->rank(), env.rank);
+    EXPECT_EQ(channels[i]->size(), kWorld);
+    got[i] = channels[i]->share_from_rank0("test/id", env.rank == 0 ? std::vector<char>{'i', 'd', '\0', 'x'}
+                                                                    : std::vector<char>{'n', 'o'});
+  });
   for (int k = 0; k < kWorld; ++k) {
     EXPECT_EQ(errors[static_cast<std::size_t>(k)], "") << "rank " << k;
     EXPECT_EQ(got[static_cast<std::size_t>(k)], (std::vector<char>{'i', 'd', '\0', 'x'})) << "rank " << k;
