@@ -563,7 +563,40 @@ void TarShards::read(std::size_t i, std::vector<std::byte>& out) const {
   if (s.size > kMaxSampleBytes) throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
   out.resize(s.size);
   const auto fd = shard_fd(s.shard);
+  check_unchanged(s, fd->get());
   pread_exact(fd->get(), out.data(), s.size, s.offset, shards_[s.shard], s.key.c_str());
+}
+
+void TarShards::check_unchanged(const Sample& s, int fd) const {
+  // A shard rewritten in place keeps its descriptor (and maybe its size): the
+  // old offsets would read other members under the old labels. The file's
+  // size and time, then the member's own header (the 512 bytes before its
+  // data): its checksum, size and name must still be the indexed ones.
+  const fs::path& path = shards_[s.shard];
+  const Identity now = identity_of(fd, path);
+  const Identity& then = identity_[s.shard];
+  if (now.size != then.size || now.mtime_ns != then.mtime_ns) {
+    throw DatasetChanged(path, fmt::format("changed since it was indexed ({} -> {} bytes, modified again): member "
+                                           "offsets no longer hold the indexed samples; restart to index it again",
+                                           then.size, now.size));
+  }
+  std::array<char, kBlock> h{};
+  if (s.offset < kBlock) throw DatasetChanged(path, fmt::format("{}: no header before its data", s.key));
+  pread_exact(fd, h.data(), kBlock, s.offset - kBlock, path, "tar header");
+  bool same = true;
+  try {
+    same = checked_member_size(h, s.offset - kBlock, s.key, path) == s.size;
+  } catch (const DataError&) {
+    same = false;
+  }
+  if (same && s.key.size() < 100 && std::memcmp(&h[257], "ustar", 5) == 0 && h[345] == '\0') {
+    same = field_string(&h[0], 100) == s.key;  // a long name's header holds a cut copy: size and checksum only
+  }
+  if (!same) {
+    throw DatasetChanged(path, fmt::format("member {} at byte {} is not the indexed one any more (the shard was "
+                                           "rewritten in place): restart to index it again",
+                                           s.key, s.offset - kBlock));
+  }
 }
 
 std::shared_ptr<const UniqueFd> TarShards::shard_fd(std::uint32_t s) const {
@@ -580,7 +613,7 @@ std::shared_ptr<const UniqueFd> TarShards::shard_fd(std::uint32_t s) const {
   const Identity now = identity_of(file.fd(), path);
   const Identity& then = identity_[s];
   if (now.device != then.device || now.inode != then.inode || now.size != then.size || now.mtime_ns != then.mtime_ns) {
-    throw DataError(path, "changed since it was indexed (a new file, size or modification time): restart to index it again");
+    throw DatasetChanged(path, "changed since it was indexed (a new file, size or modification time): restart to index it again");
   }
   auto fd = std::make_shared<const UniqueFd>(file.take());
   const std::scoped_lock lock(fd_mutex_);

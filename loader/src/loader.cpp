@@ -147,6 +147,7 @@ struct EpochRun {
     stopping = true;
     stop.request_stop();
     cv.notify_all();
+    wake_turns();
   }
 
   // A Batch returns its token from the user's thread. try_put from outside
@@ -161,11 +162,13 @@ struct EpochRun {
   // whose task would block a TBB thread in acquire() (with 2 threads, two
   // such tasks stop every decode). Parked tokens go back out as the pool
   // grows (refill_tokens, on each next()).
-  std::mutex token_mutex;  // guards tokens_out, parked's changes and the puts
+  std::mutex token_mutex;  // guards tokens_out, held_tokens, parked's changes and the puts
   std::size_t tokens_out = 0;
+  std::size_t held_tokens = 0;  // tokens of delivered batches still alive (Note [Lent slots])
   std::atomic<std::size_t> parked{0};  // read without the lock by next()
   void return_token() {
     const std::scoped_lock lock(token_mutex);
+    if (held_tokens > 0) --held_tokens;
     if (stopping.load()) return;
     if (tokens_out > std::max<std::size_t>(1, pool->serving_slots())) {
       --tokens_out;
@@ -189,6 +192,45 @@ struct EpochRun {
       stopping = true;
     }
     stop.request_stop();
+    wake_turns();
+  }
+  void wake_turns() {
+    { const std::scoped_lock lock(turn_mutex); }  // a waiter between its check and its sleep sees `stopping`
+    turn_cv.notify_all();
+  }
+
+  /// Every token is with a batch the consumer holds: nothing can start
+  /// until one is dropped or lent (Note [Lent slots]).
+  [[nodiscard]] bool tokens_all_held() {
+    const std::scoped_lock lock(token_mutex);
+    return tokens_out > 0 && held_tokens >= tokens_out;
+  }
+
+  // Note [Slots in batch order]: batches take their slots in order, so the
+  // batch the consumer waits for is never behind a later one that took the
+  // last slot (under pressure, at the floor, that stalled the loop until the
+  // pressure lifted). At most kAssembling batches are assembled at once
+  // (each one's samples spread over every thread): the other slots stay
+  // free, so critical pressure can give them back at once instead of
+  // waiting for batches to finish.
+  static constexpr std::size_t kAssembling = 2;
+  std::mutex turn_mutex;  // guards next_acquire
+  std::condition_variable turn_cv;
+  std::size_t next_acquire = 0;  // the seq whose turn it is to take a slot
+  struct Turn {
+    EpochRun& run;
+    std::size_t seq;
+    ~Turn() {
+      {
+        const std::scoped_lock lock(run.turn_mutex);
+        run.next_acquire = std::max(run.next_acquire, seq + 1);
+      }
+      run.turn_cv.notify_all();
+    }
+  };
+  void wait_turn(std::size_t seq) {
+    std::unique_lock lock(turn_mutex);
+    turn_cv.wait(lock, [&] { return next_acquire >= seq || stopping.load(); });
   }
 
   // One sample into its place; bad samples follow the policy.
@@ -204,6 +246,8 @@ struct EpochRun {
       b.labels[i] = dataset->label(index);
       class_good[b.labels[i]].fetch_add(1, std::memory_order_relaxed);
       return;
+    } catch (const DatasetChanged&) {
+      throw;  // never replaced: every later sample of that file would be wrong too
     } catch (const DataError& e) {
       if (config.on_bad_sample == BadSamplePolicy::fail) throw;
       note_bad(index, e);
@@ -314,8 +358,15 @@ struct EpochRun {
     }
     try {
       // Never waits in practice: a token exists only for a free slot. It can
-      // wait for a copy still reading a slot (a fence), and a stop ends it.
-      b->lease = pool->acquire(stop.get_token());
+      // wait for a copy still reading a slot (a fence), for a slot the
+      // consumer holds (next() lends it out), and a stop ends it. In batch
+      // order (Note [Slots in batch order]).
+      {
+        const Turn turn{*this, job.seq};
+        wait_turn(job.seq);
+        if (stopping.load()) throw Cancelled("stopping");
+        b->lease = pool->acquire(stop.get_token());
+      }
       b->labels.resize(job.count);
       b->indices.resize(job.count);
       oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, job.count),
@@ -355,8 +406,9 @@ struct EpochRun {
     });
     tokens = std::make_unique<flow::buffer_node<Token>>(*graph);
     join = std::make_unique<flow::join_node<std::tuple<BatchPlan, Token>, flow::reserving>>(*graph);
+    const auto assembling = std::clamp<std::size_t>(static_cast<std::size_t>(arena->max_concurrency()), 1, kAssembling);
     assemble = std::make_unique<flow::function_node<std::tuple<BatchPlan, Token>, BuildPtr>>(
-        *graph, flow::unlimited, [this](const std::tuple<BatchPlan, Token>& in) { return assemble_batch(std::get<0>(in)); });
+        *graph, assembling, [this](const std::tuple<BatchPlan, Token>& in) { return assemble_batch(std::get<0>(in)); });
     sequencer = std::make_unique<flow::sequencer_node<BuildPtr>>(*graph, [](const BuildPtr& b) { return b->job.seq; });
     deliver = std::make_unique<flow::function_node<BuildPtr, flow::continue_msg>>(
         *graph, flow::serial, [this](const BuildPtr& b) {
@@ -390,7 +442,7 @@ Batch::Batch(Batch&& o) noexcept = default;
 Batch& Batch::operator=(Batch&& o) noexcept {
   if (this != &o) {
     lease_.release();  // our slot and token go back first, as in the destructor
-    if (run_) run_->return_token();
+    if (run_ && !lease_.was_lent()) run_->return_token();  // a lent batch's token went back when it was lent
     run_ = std::move(o.run_);
     lease_ = std::move(o.lease_);
     p_ = std::move(o.p_);
@@ -400,7 +452,7 @@ Batch& Batch::operator=(Batch&& o) noexcept {
 
 Batch::~Batch() {
   lease_.release();  // the slot first, then its token: the next batch finds it free
-  if (run_) run_->return_token();
+  if (run_ && !lease_.was_lent()) run_->return_token();  // a lent batch's token went back when it was lent
 }
 
 std::span<const std::byte> Batch::data() const noexcept {
@@ -536,6 +588,8 @@ memory::BufferPool::Config pool_config(const LoaderConfig& c) {
   pc.slab_bytes = pc.slot_bytes;
   pc.pin = c.pin;
   pc.min_live_slots = c.pressure_floor;
+  pc.held_warning_bytes = c.held_warning != 0 ? c.held_warning : pc.slots * round_up_to_page(pc.slot_bytes);
+  pc.held_limit_bytes = c.held_limit;
   if (c.watch_pressure) {
     // A released slot comes back only while the host (or cgroup) keeps room
     // above the level at which "elevated" would clear, after it: growing
@@ -704,10 +758,35 @@ void Loader::stop() noexcept {
 
 bool Loader::wait_ready(std::chrono::milliseconds timeout) {
   if (!run_) return true;  // next() throws at once
+  return wait_ready_until(std::chrono::steady_clock::now() + timeout);
+}
+
+bool Loader::wait_ready_until(std::optional<std::chrono::steady_clock::time_point> deadline) {
   detail::EpochRun& run = *run_;
   std::unique_lock lock(run.mutex);
-  return run.cv.wait_for(lock, timeout,
-                         [&] { return run.error || !run.ready.empty() || run.delivered >= run.num_batches; });
+  const auto ready = [&] { return run.error || !run.ready.empty() || run.delivered >= run.num_batches; };
+  // Note [Lent slots]: the batch in order waits for a slot only the
+  // consumer can free (it holds every token, or the in-order acquire finds
+  // nothing free or fenced): the oldest held batch's slot is lent to it and
+  // replaced, instead of waiting for a release that may never come. Seen
+  // twice, 2 ms apart, so a batch about to be dropped (a device copy
+  // finishing) is not lent for nothing.
+  int stalled = 0;
+  while (!ready()) {
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
+    lock.unlock();
+    const bool stuck = run.tokens_all_held() || pool_->starved();
+    stalled = stuck ? stalled + 1 : 0;
+    if (stalled >= 2 && pool_->lend_held() > 0) {
+      stalled = 0;
+      run.return_token();  // the lent batch's token: its Batch will not return it (was_lent)
+    }
+    lock.lock();
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+    if (deadline) until = std::min(until, *deadline);
+    run.cv.wait_until(lock, until, ready);
+  }
+  return true;
 }
 
 std::optional<Batch> Loader::next() {
@@ -715,9 +794,9 @@ std::optional<Batch> Loader::next() {
   detail::EpochRun& run = *run_;
   if (run.parked.load(std::memory_order_relaxed) != 0) run.refill_tokens();  // Note [Tokens follow the pool]
   detail::BuildPtr b;
+  wait_ready_until(std::nullopt);
   {
     std::unique_lock lock(run.mutex);
-    run.cv.wait(lock, [&] { return run.error || !run.ready.empty() || run.delivered >= run.num_batches; });
     if (run.error) std::rethrow_exception(run.error);
     if (run.ready.empty()) return std::nullopt;  // the epoch is complete
     b = std::move(run.ready.front());
@@ -732,6 +811,10 @@ std::optional<Batch> Loader::next() {
   batch.run_ = run_;
   batch.lease_ = std::move(b->lease);
   batch.lease_.hand_to_consumer();  // the pool's floor under pressure stays above what the consumer holds
+  {
+    const std::scoped_lock lock(run.token_mutex);
+    ++run.held_tokens;
+  }
   Batch::Payload& p = batch.p_;
   p.capacity = config_.batch_size;
   p.sample_bytes = config_.transform.sample_bytes();

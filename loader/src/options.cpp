@@ -137,6 +137,11 @@ std::vector<LoaderOption> make_options() {
                                   "pressure, touch and pin them again after"),
       integer<&L::pressure_floor>("pressure_floor", 1, static_cast<double>(kMaxPrefetch),
                                   "slots kept under critical pressure: the batches you hold at once + 1"),
+      integer<&L::held_warning>("held_warning", 0, u64_max,
+                                "bytes of batches the program keeps (lent out of the pool) before one warning "
+                                "(0: the pool's size)"),
+      integer<&L::held_limit>("held_limit", 0, u64_max,
+                              "bytes of batches the program may keep before next() raises (0: no limit)"),
   };
 }
 

@@ -23,7 +23,8 @@ SlotLease::SlotLease(SlotLease&& other) noexcept
       slot_(other.slot_),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      pinned_(other.pinned_) {}
+      pinned_(other.pinned_),
+      lent_(other.lent_) {}
 
 SlotLease& SlotLease::operator=(SlotLease&& other) noexcept {
   if (this != &other) {
@@ -33,6 +34,7 @@ SlotLease& SlotLease::operator=(SlotLease&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     pinned_ = other.pinned_;
+    lent_ = other.lent_;
   }
   return *this;
 }
@@ -43,7 +45,7 @@ void SlotLease::hand_to_consumer() noexcept {
 
 void SlotLease::release() noexcept {
   if (pool_ == nullptr) return;
-  std::exchange(pool_, nullptr)->release_slot(slot_);
+  lent_ = std::exchange(pool_, nullptr)->release_slot(slot_, data_);
   data_ = nullptr;
   size_ = 0;
 }
@@ -54,7 +56,7 @@ void SlotLease::release_after(std::shared_ptr<Fence> fence) noexcept {
     release();
     return;
   }
-  std::exchange(pool_, nullptr)->release_slot_after(slot_, std::move(fence));
+  lent_ = std::exchange(pool_, nullptr)->release_slot_after(slot_, data_, std::move(fence));
   data_ = nullptr;
   size_ = 0;
 }
@@ -216,7 +218,20 @@ BufferPool::~BufferPool() {
                                    e.what());
     }
     lock.lock();
+    if (f.loose != nullptr) {
+      if (auto it = loose_.find(f.loose); it != loose_.end()) {
+        const Loose l = take_loose_locked(it);
+        lock.unlock();
+        unmap_slab(f.loose, l.bytes, l.owner);
+        lock.lock();
+      }
+      continue;
+    }
     state_[f.slot] = SlotState::free;
+  }
+  if (!loose_.empty()) {
+    pinfeed::detail::log().critical("buffer pool destroyed with {} lent slot(s) still held", loose_.size());
+    assert(loose_.empty() && "BufferPool destroyed while lent slots are alive");
   }
   const auto leased = static_cast<std::size_t>(std::count(state_.begin(), state_.end(), SlotState::leased));
   if (leased > 0) {
@@ -299,6 +314,16 @@ bool BufferPool::reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chr
     fenced_.push_front(std::move(f));
     slot_cv_.notify_all();
     return false;
+  }
+  if (f.loose != nullptr) {  // lent memory: freed, the slot is someone else's
+    if (auto it = loose_.find(f.loose); it != loose_.end()) {
+      const Loose l = take_loose_locked(it);
+      lock.unlock();
+      unmap_slab(f.loose, l.bytes, l.owner);
+      lock.lock();
+    }
+    slot_cv_.notify_all();
+    return true;
   }
   return_slot_locked(f.slot, /*front=*/true);
   ++work_generation_;
@@ -387,10 +412,16 @@ void BufferPool::unhold_locked(std::size_t slot) {
   if (level_ == PressureLevel::critical) ++policy_version_;
 }
 
-void BufferPool::release_slot(std::size_t slot) noexcept {
+bool BufferPool::release_slot(std::size_t slot, std::byte* data) noexcept {
   bool wake_maintainer = false;
   {
-    const std::scoped_lock lock(mutex_);
+    std::unique_lock lock(mutex_);
+    if (auto it = loose_.find(data); it != loose_.end()) {  // Note [Lent slots]
+      const Loose l = take_loose_locked(it);
+      lock.unlock();
+      unmap_slab(data, l.bytes, l.owner);
+      return true;
+    }
     assert(state_[slot] == SlotState::leased);
     unhold_locked(slot);
     wake_maintainer = return_slot_locked(slot, /*front=*/false);
@@ -398,6 +429,111 @@ void BufferPool::release_slot(std::size_t slot) noexcept {
   }
   slot_cv_.notify_one();
   if (wake_maintainer) work_cv_.notify_one();
+  return false;
+}
+
+BufferPool::Loose BufferPool::take_loose_locked(std::map<std::byte*, Loose>::iterator it) {
+  const Loose l = it->second;
+  loose_.erase(it);
+  loose_bytes_ -= l.bytes;
+  if (l.pinned) loose_pinned_bytes_ -= l.bytes;
+  ++policy_version_;  // the pinned budget has room again
+  ++work_generation_;
+  work_cv_.notify_one();
+  return l;
+}
+
+std::optional<std::size_t> BufferPool::lendable_locked() const {
+  for (std::size_t slot = 0; slot < state_.size(); ++slot) {
+    const Slab& slab = slabs_[slab_of_[slot]];
+    if (held_[slot] && state_[slot] == SlotState::leased && slab.slot_count == 1 && !slab.moving) return slot;
+  }
+  return std::nullopt;
+}
+
+SlabMemory BufferPool::lend_target_locked(const Slab& slab) const {
+  const PolicyInput in = policy_locked();
+  if (in.level == PressureLevel::critical || slab.draining) {
+    // The floor without this slab: the live slots the policy counts, less it.
+    const std::size_t live = policy_totals(slabs_).live_slots - (slab.draining ? 0 : slab.slot_count);
+    if (live >= in.min_live_slots) return SlabMemory::released;
+  }
+  const bool may_pin = in.pin && !in.pin_backed_off && in.level == PressureLevel::normal;
+  const std::uint64_t pinned = policy_totals(slabs_).pinned_bytes - (slab.memory == SlabMemory::pinned ? slab.bytes : 0);
+  return may_pin && pinned + slab.bytes <= in.pinned_budget_bytes ? SlabMemory::pinned : SlabMemory::pageable;
+}
+
+std::uint64_t BufferPool::lend_held() {
+  std::unique_lock lock(mutex_);
+  const std::optional<std::size_t> found = lendable_locked();
+  if (!found) return 0;
+  const std::size_t slot = *found;
+  const std::size_t index = slab_of_[slot];
+  Slab& slab = slabs_[index];
+  if (config_.held_limit_bytes > 0 && loose_bytes_ + slab.bytes > config_.held_limit_bytes) {
+    throw HeldLimit(fmt::format("{} batch(es) held by the program: {}, and one more would pass held_limit ({}). Drop "
+                                "references to earlier batches (labels are the program's own; images[0] or a loss "
+                                "whose graph holds the input keeps the whole batch), or raise held_limit",
+                                loose_.size() + consumer_held_, format_bytes(loose_bytes_ + consumer_held_ * slab.bytes),
+                                format_bytes(config_.held_limit_bytes)));
+  }
+  const SlabMemory target = lend_target_locked(slab);
+  // The memory becomes the lease's (freed at its release); the slot is
+  // parked, out of every list, while the slab gets new memory off the lock.
+  loose_[slab.data] = Loose{slab.bytes, slab.owner, slab.memory == SlabMemory::pinned};
+  loose_bytes_ += slab.bytes;
+  if (slab.memory == SlabMemory::pinned) loose_pinned_bytes_ += slab.bytes;
+  ++lends_;
+  held_[slot] = false;
+  --consumer_held_;
+  state_[slot] = SlotState::parked;
+  const SlabMemory from = slab.memory;
+  const std::uint64_t bytes = slab.bytes;
+  slab.data = nullptr;
+  slab.owner = nullptr;
+  slab.moving = true;
+  ++policy_version_;
+  if (config_.held_warning_bytes > 0 && loose_bytes_ > config_.held_warning_bytes && !held_warned_) {
+    held_warned_ = true;
+    pinfeed::detail::log().warn(
+        "buffer pool: {} batch(es) held by the program: {} lent out of the pool (over held_warning {}). Each kept "
+        "images[0], or a loss whose graph holds its input, keeps a whole batch, as with DataLoader; drop them, or set "
+        "held_limit to make this an error",
+        loose_.size(), format_bytes(loose_bytes_), format_bytes(config_.held_warning_bytes));
+  }
+  MappedSlab fresh;
+  if (target != SlabMemory::released) {
+    lock.unlock();
+    fresh = map_for_move(target, bytes);
+    lock.lock();
+  }
+  slab.moving = false;
+  slab.data = fresh.data;
+  slab.owner = fresh.data != nullptr ? fresh.owner : nullptr;
+  slab.memory = fresh.data == nullptr ? SlabMemory::released
+                : fresh.owner->is_pinned() ? SlabMemory::pinned
+                                           : SlabMemory::pageable;
+  if (slab.memory == SlabMemory::released) slab.draining = false;
+  if (fresh.pin_refused) {
+    ++failed_pins_;
+    back_off_pinning_locked();
+  }
+  if (slab.memory != from && slab.memory == SlabMemory::pinned) ++to_pinned_;
+  if (slab.memory != from && slab.memory == SlabMemory::pageable) ++to_pageable_;
+  record_locked(index, slab.memory, "lent to the program (a batch it holds)");
+  ++policy_version_;
+  ++work_generation_;
+  if (slab.memory != SlabMemory::released) (void)return_slot_locked(slot, /*front=*/true);
+  update_serving_locked();
+  lock.unlock();
+  slot_cv_.notify_all();
+  work_cv_.notify_one();
+  return bytes;
+}
+
+bool BufferPool::starved() const {
+  const std::scoped_lock lock(mutex_);
+  return waiting_acquires_ > 0 && free_.empty() && fenced_.empty();
 }
 
 PolicyInput BufferPool::policy_locked() const {
@@ -405,7 +541,8 @@ PolicyInput BufferPool::policy_locked() const {
   in.level = level_;
   in.pin = config_.pin;
   in.min_live_slots = std::min(config_.slots, std::max(min_live_slots_, consumer_held_ + 1));
-  in.pinned_budget_bytes = config_.pinned_budget_bytes;
+  // Lent pinned memory is still pinned: it counts against the budget.
+  in.pinned_budget_bytes = config_.pinned_budget_bytes - std::min(config_.pinned_budget_bytes, loose_pinned_bytes_);
   const auto now = Clock::now();
   in.pin_backed_off = no_pin_before_ != Clock::time_point{} && now < no_pin_before_;
   in.grow_backed_off = no_grow_before_ != Clock::time_point{} && now < no_grow_before_;
@@ -429,9 +566,15 @@ bool BufferPool::maintenance_wanted_locked() const {
   return wanted_;
 }
 
-void BufferPool::release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept {
+bool BufferPool::release_slot_after(std::size_t slot, std::byte* data, std::shared_ptr<Fence> fence) noexcept {
   {
     const std::scoped_lock lock(mutex_);
+    if (loose_.contains(data)) {  // Note [Lent slots]: freed once the copy that reads it is done
+      fenced_.push_back(Fenced{slot, std::move(fence), data});
+      ++work_generation_;
+      work_cv_.notify_one();
+      return true;
+    }
     assert(state_[slot] == SlotState::leased);
     unhold_locked(slot);  // a fenced slot comes back by itself
     state_[slot] = SlotState::fenced;
@@ -440,6 +583,7 @@ void BufferPool::release_slot_after(std::size_t slot, std::shared_ptr<Fence> fen
   }
   slot_cv_.notify_all();
   work_cv_.notify_one();
+  return false;
 }
 
 void BufferPool::cancel() {
@@ -497,7 +641,9 @@ bool BufferPool::slab_idle_locked(const Slab& slab) const {
 }
 
 std::optional<PoolMove> BufferPool::next_job_locked(bool idle_only) const {
-  return next_pool_move(policy_locked(), slabs_, [this](std::size_t i) { return slab_idle_locked(slabs_[i]); }, idle_only);
+  // A slab being lent (moving, off the lock) is never idle: nothing may move it meanwhile.
+  return next_pool_move(policy_locked(), slabs_,
+                        [this](std::size_t i) { return !slabs_[i].moving && slab_idle_locked(slabs_[i]); }, idle_only);
 }
 
 bool BufferPool::park_free_slots_locked(std::size_t i) {
@@ -517,6 +663,7 @@ bool BufferPool::park_free_slots_locked(std::size_t i) {
 
 void BufferPool::unpark_slots_locked(std::size_t i) {
   const Slab& slab = slabs_[i];
+  if (slab.moving || slab.data == nullptr) return;  // its slot comes back when the lend or move ends
   for (std::size_t k = 0; k < slab.slot_count; ++k) {
     const std::size_t slot = slab.first_slot + k;
     if (state_[slot] != SlotState::parked) continue;
@@ -817,6 +964,9 @@ PoolStats BufferPool::stats() const {
   st.last_release_seconds = last_release_seconds_;
   st.last_regrow_seconds = last_regrow_seconds_;
   st.failed_pins = failed_pins_;
+  st.lent_slots = loose_.size();
+  st.lent_bytes = loose_bytes_;
+  st.lends = lends_;
   st.level = level_;
   st.maintenance_rounds = maintenance_rounds_;
   st.waiting_acquires = waiting_acquires_;

@@ -6,6 +6,7 @@
 
 #include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/memory/pressure_events.hpp"
 
 namespace pinfeed::memory {
 
@@ -19,6 +20,11 @@ void PressureMonitor::Config::validate() const {
     throw ConfigError(fmt::format("pressure monitor hysteresis must be in (0, 1], got {}", hysteresis));
   }
   if (hold.count() < 0) throw ConfigError("pressure monitor hold must be >= 0");
+  if (near_period.count() < 1 || near_period > period) {
+    throw ConfigError(fmt::format("pressure monitor near_period must be 1 ms..period ({} ms), got {} ms", period.count(),
+                                  near_period.count()));
+  }
+  if (headroom_bytes > (1ULL << 40)) throw ConfigError("pressure monitor headroom_bytes must be <= 1 TiB");
   const auto check = [](const char* field, double e, double c, bool inverted) {
     if (e < 0 || c < 0) throw ConfigError(fmt::format("pressure threshold {} must be >= 0", field));
     if (inverted ? c > e : c < e) {
@@ -64,7 +70,17 @@ PressureLevel PressureMonitor::classify(const PressureReading& r, double relax, 
     }
     return PressureLevel::critical;
   }
-  const auto hits = [&](const PressureThresholds& t, std::string* why) {
+  const auto hits = [&](const PressureThresholds& t, std::uint64_t headroom, std::string* why) {
+    // The headroom in bytes: a fraction of a small cgroup is less than what a
+    // neighbour allocates between two readings.
+    if (headroom > 0 && r.available_fraction < 1.0 &&
+        static_cast<double>(r.available_bytes) < static_cast<double>(headroom) / relax) {
+      if (why) {
+        *why = fmt::format("available {} < headroom {}", format_bytes(r.available_bytes),
+                           format_bytes(static_cast<std::uint64_t>(static_cast<double>(headroom) / relax)));
+      }
+      return true;
+    }
     if (t.psi_some_avg10 > 0 && r.psi_some >= t.psi_some_avg10 * relax) {
       if (why) *why = fmt::format("PSI some {:.1f}% >= {:.1f}%", r.psi_some, t.psi_some_avg10 * relax);
       return true;
@@ -83,8 +99,8 @@ PressureLevel PressureMonitor::classify(const PressureReading& r, double relax, 
     }
     return false;
   };
-  if (hits(config_.critical, reason)) return PressureLevel::critical;
-  if (hits(config_.elevated, reason)) return PressureLevel::elevated;
+  if (hits(config_.critical, config_.headroom_bytes, reason)) return PressureLevel::critical;
+  if (hits(config_.elevated, 2 * config_.headroom_bytes, reason)) return PressureLevel::elevated;
   if (reason) *reason = "all signals below thresholds";
   return PressureLevel::normal;
 }
@@ -196,10 +212,36 @@ void PressureMonitor::unsubscribe(SubscriptionId id) {
   subscribers_.erase(id);
 }
 
+namespace {
+/// The cgroup v1 usage lines where the level changes by the available room
+/// (headroom or fraction of the limit, whichever is larger): a threshold
+/// event there wakes the monitor the moment a neighbour crosses one.
+std::vector<std::uint64_t> usage_lines(const MemorySnapshot& s, const PressureMonitor::Config& c) {
+  if (!s.cgroup.limit_bytes || *s.cgroup.limit_bytes >= s.mem_total) return {};
+  const std::uint64_t limit = *s.cgroup.limit_bytes;
+  std::vector<std::uint64_t> lines;
+  for (const auto& [fraction, headroom] : {std::pair{c.elevated.available_fraction, 2 * c.headroom_bytes},
+                                           std::pair{c.critical.available_fraction, c.headroom_bytes}}) {
+    const auto room = std::max(static_cast<std::uint64_t>(fraction * static_cast<double>(limit)), headroom);
+    if (room < limit) lines.push_back(limit - room);
+  }
+  return lines;
+}
+}  // namespace
+
 void PressureMonitor::start() {
   const std::scoped_lock lock(thread_mutex_);
   if (thread_.joinable()) return;
   stop_requested_ = false;
+  if (config_.kernel_events) {
+    try {
+      const MemorySnapshot s = MemorySnapshot::read(config_.root);
+      events_ = std::make_shared<PressureEvents>(s, usage_lines(s, config_));
+      pinfeed::detail::log().debug("pressure monitor: kernel notifications: {}", events_->describe());
+    } catch (const std::exception& e) {
+      pinfeed::detail::log().warn("pressure monitor: no kernel notifications ({}); polling", e.what());
+    }
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -208,24 +250,50 @@ void PressureMonitor::stop() noexcept {
     const std::scoped_lock lock(thread_mutex_);
     if (!thread_.joinable()) return;
     stop_requested_ = true;
+    if (events_) events_->wake();
   }
   thread_cv_.notify_all();
   thread_.join();
 }
 
+std::string PressureMonitor::events() const {
+  const std::scoped_lock lock(thread_mutex_);
+  return events_ ? events_->describe() : std::string();
+}
+
+std::uint64_t PressureMonitor::events_fired() const {
+  const std::scoped_lock lock(thread_mutex_);
+  return events_ ? events_->fired() : 0;
+}
+
+std::chrono::milliseconds PressureMonitor::next_wait(const PressureReading& r) const {
+  const double line = std::max(config_.elevated.available_fraction, 0.0) * 2;
+  const bool near = r.level != PressureLevel::normal || r.available_fraction <= line ||
+                    (config_.headroom_bytes > 0 && r.available_fraction < 1.0 &&
+                     r.available_bytes < 4 * config_.headroom_bytes);
+  return near ? config_.near_period : config_.period;
+}
+
 void PressureMonitor::run() {
   std::unique_lock lock(thread_mutex_);
+  const std::shared_ptr<PressureEvents> events = events_;
   while (!stop_requested_) {
     lock.unlock();
+    auto wait = config_.period;
     try {
-      step();
+      wait = next_wait(step());
     } catch (const std::exception& e) {
       // A snapshot that cannot be read (a vanished cgroup, a fixture being
       // rewritten) is logged; the monitor keeps its level and tries again.
       pinfeed::detail::log().warn("pressure monitor: {}", e.what());
     }
+    if (events) {
+      (void)events->wait(wait);  // a kernel event, stop(), or the period: read again
+      lock.lock();
+      continue;
+    }
     lock.lock();
-    thread_cv_.wait_for(lock, config_.period, [this] { return stop_requested_; });
+    thread_cv_.wait_for(lock, wait, [this] { return stop_requested_; });
   }
 }
 

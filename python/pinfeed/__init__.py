@@ -27,7 +27,8 @@ the rank and world size come from the launch: see pinfeed.launch_env().
 # pinfeed._api, which imports torch; diag and set_log_level in pinfeed._base,
 # which does not. Each is loaded on first use (PEP 562).
 __version__ = "0.1.0"
-__all__ = ["Loader", "DistributedSampler", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError"]
+__all__ = ["Loader", "DistributedSampler", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError",
+           "HeldLimitError"]
 
 
 def _submodule(name):
@@ -37,7 +38,8 @@ def _submodule(name):
 
 # Where each public name lives: the C++ module's errors and the torch-free
 # helpers load without torch; the loader's names load pinfeed._api (torch).
-_HOME = {"Error": "_pinfeed", "ConfigError": "_pinfeed", "DataError": "_pinfeed", "diag": "_base",
+_HOME = {"Error": "_pinfeed", "ConfigError": "_pinfeed", "DataError": "_pinfeed", "HeldLimitError": "_pinfeed",
+         "diag": "_base",
          "set_log_level": "_base", "Loader": "_api", "DistributedSampler": "_api", "launch_env": "_api"}
 
 

@@ -4,6 +4,7 @@ so that the command-line tools start without torch."""
 
 import array
 import contextlib
+import gc
 import hashlib
 import json
 import math
@@ -516,10 +517,17 @@ class Loader:
         multiple of num_workers is needed to keep them busy.
         persistent_workers: accepted; the threads always persist.
     Epochs: each completed epoch advances to the next (a new order and new
-        augmentation, from the seed); an iteration left unfinished (a peek at
-        the first batch) does not, so ranks stay in step. set_epoch(e) pins
-        it, as DistributedSampler users do every epoch (on the loader or on
-        the sampler passed to it).
+        augmentation, from the seed). In one process (world_size 1) a new
+        iter() after a pass stopped early (islice, a step budget) advances
+        too, as DataLoader's RandomSampler draws anew; across ranks an
+        unfinished iteration (a peek at the first batch) does not, so ranks
+        stay in step. set_epoch(e) pins it, as DistributedSampler users do
+        every epoch (on the loader or on the sampler passed to it).
+    Held batches: a batch you keep (images[0], a loss whose graph holds the
+        input, a list of batches) is your memory, as with DataLoader: the
+        pool lends its slot out and takes fresh memory, so the loop never
+        stops for it; labels are never views of a slot. held_warning /
+        held_limit (bytes) warn or refuse (HeldLimitError) past a bound.
     Threads and processes: a Loader may be shared by threads. Batches are
         taken one at a time, each whole; iter() on one thread while another
         waits in next() lets that batch finish, then restarts the epoch, and
@@ -694,6 +702,7 @@ class Loader:
         self._digest = None  # the iterated sampler's order this epoch, as _digest() gives it
         self._pending_order = None  # drawn by load_state_dict for the resumed epoch
         self._resume = None
+        self._delivered_any = False  # the latest iteration yielded a batch
 
     def _device_feed(self, layout, copy, dtype, memory_format, labels_device, stream, copy_delay_us):
         """(layout, feed): what the C++ loader is asked for with device= (uint8
@@ -922,6 +931,15 @@ class Loader:
     def _start(self):
         """Starts the iteration's epoch; returns the batches already delivered
         in it (a resumed position)."""
+        if self._current is not None and not self._completed and self._delivered_any and not self._pinned_epoch \
+                and self.world_size == 1 and self._resume is None:
+            # A pass stopped early (islice, a step budget): a new iter() runs
+            # the next epoch, a fresh order and augmentation, as DataLoader's
+            # RandomSampler draws anew. Across ranks (world_size > 1) only a
+            # completed epoch advances, as DistributedSampler's epoch only
+            # moves with set_epoch: one rank's peek must not put it ahead.
+            self._epoch = self._current + 1
+        self._delivered_any = False
         self._completed = False
         pinned = self._sampler_epoch()
         if pinned is not None:
@@ -980,12 +998,13 @@ class Loader:
                             return
                         images_capsule, labels_capsule, host_labels, indices, pinned = item
                     else:
-                        item = self._impl.next(self._host_consumer())
+                        item = self._next_host()
                         if item is None:
                             self._finished()
                             return
                         images_capsule, labels_capsule, indices, pinned = item
                     delivered += 1
+                    self._delivered_any = True
                     if delivered >= last:
                         # Done with the last batch, even if the loop stops at it
                         # (itertools.islice, a step count) and never asks again.
@@ -1008,6 +1027,16 @@ class Loader:
                 with self._lock:
                     if self._active is token:
                         self._active = None
+
+    def _next_host(self):
+        """The next host batch. Past held_limit, batches the program holds
+        only through reference cycles are collected once before the
+        refusal (HeldLimitError) stands."""
+        try:
+            return self._impl.next(self._host_consumer())
+        except _pinfeed.HeldLimitError:
+            gc.collect()
+            return self._impl.next(self._host_consumer())
 
     def _delivered(self, images, labels, indices):
         """What the loop gets: the batch through batch_transform (on the

@@ -41,6 +41,38 @@ namespace pt = pinfeed::trainer;
 
 namespace {
 
+/// Runs `f` with the GIL released and takes it back in ordinary code, never
+/// in a destructor. At interpreter shutdown a daemon thread that takes the
+/// GIL back is ended by the interpreter (pthread_exit, a forced unwind);
+/// from pybind11's gil_scoped_release destructor, which is noexcept, that
+/// unwind called std::terminate: "terminate called without an active
+/// exception", exit 134 (issue 38). Here the unwind passes through plain
+/// frames and the thread just ends.
+template <class F>
+auto without_gil(F&& f) -> decltype(f()) {
+  PyThreadState* state = PyEval_SaveThread();
+  std::exception_ptr error;
+  if constexpr (std::is_void_v<decltype(f())>) {
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    PyEval_RestoreThread(state);
+    if (error) std::rethrow_exception(error);
+  } else {
+    std::optional<decltype(f())> out;
+    try {
+      out.emplace(f());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    PyEval_RestoreThread(state);
+    if (error) std::rethrow_exception(error);
+    return std::move(*out);
+  }
+}
+
 /// One batch shared by its image and label tensors. The slot goes back when
 /// both die, or, with a consumer, after the consumer's work at that moment
 /// (Note [Consumer streams]).
@@ -268,7 +300,6 @@ class PyLoader {
   /// "copy_delay_us"}: batches go to that device through a DeviceFeed.
   PyLoader(const py::dict& config, const py::object& device) {
     pl::LoaderConfig c = to_config(config);
-    prefetch_ = c.prefetch;
     if (!device.is_none()) {
       const auto d = device.cast<py::dict>();
       const auto type = d["type"].cast<std::string>();
@@ -326,21 +357,24 @@ class PyLoader {
 
   void begin_epoch(std::uint64_t epoch) {
     check_process();
-    py::gil_scoped_release release;
-    ahead_.reset();
-    loader_->begin_epoch(epoch);
+    without_gil([&] {
+      ahead_.reset();
+      loader_->begin_epoch(epoch);
+    });
   }
   void begin_order(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position) {
     check_process();
-    py::gil_scoped_release release;
-    ahead_.reset();
-    loader_->begin_epoch(epoch, std::move(order), position);
+    without_gil([&] {
+      ahead_.reset();
+      loader_->begin_epoch(epoch, std::move(order), position);
+    });
   }
   void restore(std::uint64_t seed, std::uint64_t epoch, std::size_t position, unsigned world_size, unsigned rank) {
     check_process();
-    py::gil_scoped_release release;
-    ahead_.reset();
-    loader_->restore(pl::LoaderState{seed, epoch, position, world_size, rank});
+    without_gil([&] {
+      ahead_.reset();
+      loader_->restore(pl::LoaderState{seed, epoch, position, world_size, rank});
+    });
   }
 
   /// (images capsule, labels capsule, indices, pinned) or None at the end.
@@ -349,12 +383,8 @@ class PyLoader {
   /// after that stream's work at the tensors' death, not at their death.
   py::object next(const py::object& consumer) {
     check_process();
-    if (static_cast<std::size_t>(live_->load()) >= prefetch_) {
-      throw pinfeed::ConfigError(fmt::format(
-          "all {} pool slots are held by live batches: the next batch cannot be made until one is freed. Drop the "
-          "tensors of earlier batches (del images, labels), raise prefetch, or pass copy=True",
-          prefetch_));
-    }
+    // Batches the program holds are lent out of the pool as needed (Note
+    // [Lent slots]): holding them never stops the loop.
     std::vector<pt::ConsumerStream> c = to_consumers(consumer);
     std::optional<pl::Batch> b = wait_next();
     if (!b) return py::none();
@@ -367,8 +397,11 @@ class PyLoader {
     const bool u8 = batch.layout() == pl::Layout::nhwc_u8;
     const DLDataType dtype = u8 ? DLDataType{kDLUInt, 8, 1} : DLDataType{kDLFloat, 32, 1};
     auto images = make_capsule(h, batch.mutable_data().data(), dtype, 4, h->shape);
-    auto labels = make_capsule(h, const_cast<std::int64_t*>(batch.labels().data()), DLDataType{kDLInt, 64, 1}, 1,
-                               h->label_shape);
+    // The labels are the program's own memory, never a view of the slot: a
+    // loop that keeps them (all_labels.append(labels)) keeps a few bytes, as
+    // with DataLoader, not a whole batch.
+    auto owned = std::make_shared<std::vector<std::int64_t>>(batch.labels().begin(), batch.labels().end());
+    auto labels = make_capsule(owned, owned->data(), DLDataType{kDLInt, 64, 1}, 1, h->label_shape);
     std::vector<std::size_t> indices(batch.indices().begin(), batch.indices().end());
     return py::make_tuple(images, labels, indices, batch.pinned());
   }
@@ -387,10 +420,7 @@ class PyLoader {
     std::optional<Submitted> next = submit_next();
     Submitted current = std::move(*ahead_);
     ahead_ = std::move(next);
-    {
-      py::gil_scoped_release release;  // a host consumer waits for the copy here
-      current.batch->hand_to(consumer);
-    }
+    without_gil([&] { current.batch->hand_to(consumer); });  // a host consumer waits for the copy here
     const pt::DeviceBatch& d = *current.batch;
     DLDataType dtype{kDLUInt, 8, 1};
     if (d.floats()) {
@@ -534,16 +564,11 @@ class PyLoader {
   /// takes, and the loader stays usable.
   std::optional<pl::Batch> wait_next() {
     for (;;) {
-      bool ready = false;
-      {
-        py::gil_scoped_release release;
-        ready = loader_->wait_ready(std::chrono::milliseconds(50));
-      }
+      const bool ready = without_gil([&] { return loader_->wait_ready(std::chrono::milliseconds(50)); });
       if (ready) break;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
-    py::gil_scoped_release release;
-    return loader_->next();
+    return without_gil([&] { return loader_->next(); });
   }
 
   /// None, a CpuConsumer, or a list of ("cuda", device, cudaStream_t).
@@ -588,8 +613,7 @@ class PyLoader {
     s.labels.assign(b->labels().begin(), b->labels().end());
     s.indices.assign(b->indices().begin(), b->indices().end());
     s.pinned = b->pinned();
-    py::gil_scoped_release release;
-    s.batch = feed_->submit(std::move(*b));
+    s.batch = without_gil([&] { return feed_->submit(std::move(*b)); });
     return s;
   }
 
@@ -602,7 +626,6 @@ class PyLoader {
   double wait_batch_seconds_ = 0;  // device path: waiting for the decoders (a free slot, a decoded batch)
   std::map<int, std::shared_ptr<pt::DeviceBackend>> cuda_consumers_;  // torch's devices, for next(consumer)
   std::shared_ptr<std::atomic<long>> live_ = std::make_shared<std::atomic<long>>(0);
-  std::size_t prefetch_ = 0;
   std::optional<pl::DatasetFingerprint> fingerprint_;
 };
 
@@ -626,6 +649,7 @@ void bind_errors(py::module_& m) {
   static py::exception<pinfeed::Error> base(m, "Error");
   static py::exception<pinfeed::ConfigError> config_error(m, "ConfigError", PyExc_ValueError);
   static py::exception<pinfeed::DataError> data_error(m, "DataError", base.ptr());
+  static py::exception<pinfeed::HeldLimit> held_limit(m, "HeldLimitError", base.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -633,6 +657,8 @@ void bind_errors(py::module_& m) {
       raise(config_error, e.what());
     } catch (const pinfeed::DataError& e) {
       raise(data_error, e.what());
+    } catch (const pinfeed::HeldLimit& e) {
+      raise(held_limit, e.what());
     } catch (const pinfeed::Error& e) {
       raise(base, e.what());
     } catch (const std::system_error& e) {

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <stop_token>
 #include <thread>
@@ -55,6 +56,83 @@ TEST(BufferPoolTest, SlotsAreExactlyTheRequestedSizeInFewSlabs) {
   auto lease = pool.acquire();
   EXPECT_EQ(lease.bytes().size(), slot);
   EXPECT_TRUE(lease.pinned());
+}
+
+// Note [Lent slots]: a slot the consumer keeps is lent out and replaced, so
+// the next acquire gets a slot; the lent memory stays the lease's (its bytes
+// unchanged) until it is released, and is then freed, not returned.
+TEST(BufferPoolTest, AHeldSlotIsLentOutAndReplaced) {
+  Resources r;
+  const std::size_t slot = 64_KiB;
+  BufferPool pool(pool_config(1, slot, slot), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  std::memset(held.data(), 0x5a, slot);
+  EXPECT_EQ(pool.lend_held(), 0U) << "a lease not handed to the consumer is never lent";
+  held.hand_to_consumer();
+  EXPECT_FALSE(pool.starved()) << "nobody waits";
+  std::optional<SlotLease> next;
+  std::thread waiter([&] { next = pool.acquire(5s); });
+  for (int i = 0; i < 400 && pool.stats().waiting_acquires == 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(pool.starved()) << "an acquire waits for the slot only the consumer can free";
+  EXPECT_EQ(pool.lend_held(), round_up_to_page(slot));
+  waiter.join();
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.lent_slots, 1U);
+  EXPECT_EQ(s.lent_bytes, round_up_to_page(slot));
+  EXPECT_EQ(s.lends, 1U);
+  EXPECT_EQ(s.live_slots, 1U) << "the slot has fresh memory";
+  ASSERT_TRUE(next.has_value()) << "the waiting acquire got the replaced slot";
+  EXPECT_NE(next->data(), held.data());
+  EXPECT_EQ(std::to_integer<int>(held.data()[slot - 1]), 0x5a) << "the lent memory is untouched";
+  EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, 2 * round_up_to_page(slot));
+  held.release();
+  EXPECT_TRUE(held.was_lent());
+  EXPECT_EQ(pool.stats().lent_slots, 0U);
+  EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, round_up_to_page(slot))
+      << "the lent memory was freed";
+  next->release();
+  EXPECT_FALSE(next->was_lent());
+  EXPECT_EQ(pool.stats().free_slots, 1U);
+}
+
+TEST(BufferPoolTest, LendingPastHeldLimitIsRefusedNamingTheCause) {
+  Resources r;
+  const std::size_t slot = 64_KiB;
+  auto config = pool_config(2, slot, slot);
+  config.held_limit_bytes = round_up_to_page(slot);
+  BufferPool pool(config, r.pinned, r.pageable);
+  auto a = pool.acquire();
+  auto b = pool.acquire();
+  a.hand_to_consumer();
+  b.hand_to_consumer();
+  EXPECT_GT(pool.lend_held(), 0U);
+  try {
+    (void)pool.lend_held();
+    FAIL() << "a second lend passes held_limit";
+  } catch (const HeldLimit& e) {
+    EXPECT_NE(std::string(e.what()).find("held by the program"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("held_limit"), std::string::npos) << e.what();
+  }
+}
+
+// A lent slot's memory that a copy still reads (a fence) is freed only once
+// the fence is ready.
+TEST(BufferPoolTest, LentMemoryBehindAFenceIsFreedWhenTheFenceIsReady) {
+  Resources r;
+  const std::size_t slot = 64_KiB;
+  BufferPool pool(pool_config(1, slot, slot), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  held.hand_to_consumer();
+  ASSERT_GT(pool.lend_held(), 0U);
+  auto fence = std::make_shared<ManualFence>();
+  held.release_after(fence);
+  EXPECT_TRUE(held.was_lent());
+  ASSERT_TRUE(pool.wait_idle(1s));
+  EXPECT_EQ(pool.stats().lent_slots, 1U) << "still read by the copy";
+  fence->signal();
+  for (int i = 0; i < 200 && pool.stats().lent_slots != 0; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(pool.stats().lent_slots, 0U);
+  EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, round_up_to_page(slot));
 }
 
 TEST(BufferPoolTest, LeasesAreDistinctAndReturnOnDestruction) {

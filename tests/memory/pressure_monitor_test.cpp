@@ -1,10 +1,18 @@
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
 #include "fixtures.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/memory/pressure_events.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
 #include "pinfeed/units.hpp"
 
@@ -189,6 +197,96 @@ TEST(PressureMonitorTest, ItsThreadSamplesTheRoot) {
   EXPECT_EQ(m.level(), PressureLevel::critical);
   ASSERT_TRUE(m.last().has_value());
   EXPECT_DOUBLE_EQ(m.last()->psi_some, 55.0);
+}
+
+// A small cgroup: 5% of 650 MiB is 32 MiB, what a neighbour takes in 0.1 s;
+// the 64 MiB headroom is critical first (issue 38).
+TEST(PressureMonitorTest, TheHeadroomCountsBelowTheFractions) {
+  PressureMonitor m(config(0ms));
+  MemorySnapshot s = snap(0, 0, 0, 12_GiB, 0);
+  s.cgroup.version = CgroupVersion::v1;
+  s.cgroup.limit_bytes = 650_MiB;
+  s.cgroup.usage_bytes = 650_MiB - 100_MiB;  // 15% free: normal by fraction
+  EXPECT_EQ(m.step(s).level, PressureLevel::elevated);  // < 2 x 64 MiB
+  s.cgroup.usage_bytes = 650_MiB - 60_MiB;  // 9.2% free: elevated by fraction
+  s.taken_at += 10ms;
+  const PressureReading r = m.step(s);
+  EXPECT_EQ(r.level, PressureLevel::critical);
+  EXPECT_NE(r.reason.find("headroom"), std::string::npos) << r.reason;
+}
+
+TEST(PressureEventsTest, AFixtureRootArmsNothingAndWakeEndsAWait) {
+  MemorySnapshot s = snap(0, 0, 0, 12_GiB, 0);
+  s.root = "/somewhere/else";
+  PressureEvents events(s, {1_GiB});
+  EXPECT_FALSE(events.armed());
+  EXPECT_NE(events.describe().find("fixture"), std::string::npos) << events.describe();
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(events.wait(30ms));
+  EXPECT_GE(Clock::now() - t0, 25ms);
+  std::thread waker([&] {
+    std::this_thread::sleep_for(20ms);
+    events.wake();
+  });
+  EXPECT_FALSE(events.wait(10s)) << "wake() is not a kernel event";
+  EXPECT_LT(Clock::now() - t0, 5s);
+  waker.join();
+}
+
+// The real kernel: a v1 memory cgroup of the test's own, a usage threshold
+// at 32 MiB, and a child process in it that touches 64 MiB. The threshold's
+// eventfd fires while the child allocates, long before any poll would.
+TEST(PressureEventsTest, ACgroupV1UsageThresholdFiresInARealCgroup) {
+  const std::filesystem::path mount = "/sys/fs/cgroup/memory";
+  if (::geteuid() != 0 || !std::filesystem::exists(mount / "cgroup.event_control")) {
+    GTEST_SKIP() << "needs root and a cgroup v1 memory hierarchy at " << mount;
+  }
+  std::string own;
+  {
+    std::ifstream f("/proc/self/cgroup");
+    for (std::string line; std::getline(f, line);) {
+      if (line.find(":memory:") != std::string::npos) own = line.substr(line.find(":memory:") + 8);
+    }
+  }
+  const std::filesystem::path dir = mount / std::filesystem::path(own).relative_path() /
+                                    ("pinfeed-events-" + std::to_string(::getpid()));
+  std::error_code ec;
+  if (!std::filesystem::create_directory(dir, ec)) GTEST_SKIP() << "cannot make " << dir << ": " << ec.message();
+  std::ofstream(dir / "memory.limit_in_bytes") << (256_MiB);
+  MemorySnapshot s;
+  s.root = "/";
+  s.cgroup.version = CgroupVersion::v1;
+  s.cgroup.dir = dir;
+  s.cgroup.limit_bytes = 256_MiB;
+  {
+    PressureEvents events(s, {32_MiB});
+    ASSERT_NE(events.describe().find("usage thresholds at 32"), std::string::npos) << events.describe();
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      char c = 0;
+      if (::read(go[0], &c, 1) != 1) ::_exit(2);
+      std::ofstream(dir / "cgroup.procs") << ::getpid();
+      auto* p = static_cast<char*>(std::malloc(64_MiB));
+      for (std::size_t i = 0; p != nullptr && i < 64_MiB; i += 4096) p[i] = 1;
+      ::sleep(1);
+      ::_exit(0);
+    }
+    EXPECT_FALSE(events.wait(50ms)) << "nothing charged yet";
+    ASSERT_EQ(::write(go[1], "x", 1), 1);
+    const auto t0 = Clock::now();
+    const bool fired = events.wait(5s);
+    const auto took = Clock::now() - t0;
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ::close(go[0]);
+    ::close(go[1]);
+    EXPECT_TRUE(fired) << "the usage threshold never fired";
+    EXPECT_LT(took, 900ms) << "fired only after the child was done";
+    EXPECT_EQ(events.fired(), 1U);
+  }
+  for (int i = 0; i < 50 && !std::filesystem::remove(dir, ec); ++i) std::this_thread::sleep_for(20ms);
 }
 
 TEST(PressureMonitorTest, RejectsBadConfig) {

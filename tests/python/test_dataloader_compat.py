@@ -93,15 +93,22 @@ def test_augmentation_changes_with_the_epoch_without_set_epoch(dataset):
     assert not torch.equal(first, second)
 
 
-def test_a_peek_at_the_first_batch_does_not_advance_the_epoch(dataset):
-    # Rank 0 looking at one batch (shapes, a logged sample) must not put it
-    # an epoch ahead of the other ranks: only a completed epoch advances.
+def test_a_peek_at_the_first_batch_advances_alone_but_not_across_ranks(dataset):
+    # One process: a new iter() after a partial pass draws a fresh epoch, as
+    # DataLoader's RandomSampler does (issue 38: islice loops saw the same
+    # samples every pass).
     l = loader(dataset, shuffle=True, seed=5, return_indices=True)
     peek = [int(i) for i in next(iter(l))[2]]
-    e0 = order(l)
-    assert e0[:len(peek)] == peek and l.epoch == 0
     e1 = order(l)
-    assert l.epoch == 1 and e1 != e0
+    assert l.epoch == 1 and e1[:len(peek)] != peek
+    # Ranks: rank 0 looking at one batch (shapes, a logged sample) must not
+    # put it an epoch ahead of the other ranks: only a completed epoch
+    # advances, as DistributedSampler's epoch moves only with set_epoch.
+    r = loader(dataset, shuffle=True, seed=5, return_indices=True, rank=0, world_size=2)
+    peek = [int(i) for i in next(iter(r))[2]]
+    e0 = order(r)
+    assert e0[:len(peek)] == peek and r.epoch == 0
+    assert order(r) != e0 and r.epoch == 1
 
 
 def test_set_epoch_on_the_sampler_is_followed_as_dataloader_does(dataset):
@@ -306,7 +313,9 @@ def test_an_epoch_counts_as_done_at_its_last_batch_without_stopiteration(dataset
     assert (l.state_dict()["epoch"], l.state_dict()["position"]) == (1, 0)
     e1 = order(l)
     assert l.epoch == 1 and e1 != e0
-    # One batch short of the end is not done: the next iteration repeats it.
+    # One batch short of the end is not done: state_dict resumes there; a new
+    # iteration (one process) runs the next epoch, as DataLoader would.
     short = loader(dataset, shuffle=True, seed=8, return_indices=True)
     list(itertools.islice(short, len(short) - 1))
-    assert order(short) == e0 and short.epoch == 0
+    assert short.state_dict()["epoch"] == 0 and 0 < short.state_dict()["position"] < 40
+    assert order(short) == e1 and short.epoch == 1

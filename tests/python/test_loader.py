@@ -203,13 +203,13 @@ def test_tensors_outlive_their_loader(dataset):
     gc.collect()
 
 
-def test_slots_return_when_tensors_die_and_holding_them_all_is_a_clear_error(dataset):
+def test_slots_return_when_tensors_die_and_holding_them_all_is_lent_out(dataset):
     loader = small(dataset, prefetch=3)
     held = []
-    with pytest.raises(ValueError, match="pool slots are held"):
-        for images, labels in loader:
-            held.append(images)  # never released
-    assert loader.live_batches() == 3
+    for images, labels in loader:
+        held.append(images)  # never released: lent out of the pool (Note [Lent slots])
+    assert loader.live_batches() == 5
+    assert loader.stats()["pool"]["lent_slots"] >= 2
     held.clear()
     del images, labels  # the loop variables hold the last batch too
     gc.collect()

@@ -34,6 +34,14 @@ class DataError : public Error {
   std::string reason_;
 };
 
+/// A file changed under the loader after it was indexed (a tar shard
+/// rewritten in place): never replaced by a substitute, since every later
+/// sample of the file would be wrong too.
+class DatasetChanged : public DataError {
+ public:
+  using DataError::DataError;
+};
+
 /// A CUDA runtime call failed (memory/cuda_host.hpp, the trainer's CUDA backend).
 class CudaError : public Error {
  public:
@@ -54,6 +62,14 @@ class OutOfMemory : public Error {
 
 /// A blocking wait was cancelled (pool shut down or a stop was requested).
 class Cancelled : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The program holds more batches than the limit it set (held_limit): the
+/// pool would have to lend out another slot. Python runs gc.collect() once
+/// before raising it.
+class HeldLimit : public Error {
  public:
   using Error::Error;
 };

@@ -175,6 +175,9 @@ class TarShards final : public Dataset {
     std::int64_t mtime_ns = 0;
   };
   static Identity identity_of(int fd, const std::filesystem::path& path);
+  /// DatasetChanged unless shard `s.shard` (open as `fd`) is as indexed:
+  /// size, modification time, and the member's own header.
+  void check_unchanged(const Sample& s, int fd) const;
   /// A descriptor of shard `s`, opened again if the cache closed it.
   [[nodiscard]] std::shared_ptr<const UniqueFd> shard_fd(std::uint32_t s) const;
 

@@ -89,6 +89,11 @@ struct LoaderConfig {
   /// back): at least the batches the consumer holds at once plus one being
   /// filled, or the loader waits on a slot the consumer never returns.
   std::size_t pressure_floor = 2;
+  /// Note [Lent slots] (buffer_pool.hpp): a batch the program keeps is lent
+  /// out of the pool; one warning past held_warning bytes (0: the pool's
+  /// size), HeldLimit past held_limit (0: none).
+  std::uint64_t held_warning = 0;
+  std::uint64_t held_limit = 0;
   memory::PressureMonitor::Config pressure;  ///< its root, period, thresholds
   void validate() const;                     ///< ConfigError naming the field
 
@@ -272,6 +277,9 @@ class Loader {
  private:
   void start(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t position);
   void stop() noexcept;
+  /// Waits (no deadline: for ever) until next() would not block, lending
+  /// held slots out when the batch in order needs one (Note [Lent slots]).
+  bool wait_ready_until(std::optional<std::chrono::steady_clock::time_point> deadline);
 
   LoaderConfig config_;
   std::unique_ptr<Dataset> dataset_;

@@ -43,6 +43,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -91,6 +92,10 @@ class SlotLease {
   void release() noexcept;
   /// Returns the slot once `fence` is ready; the lease is empty afterwards.
   void release_after(std::shared_ptr<Fence> fence) noexcept;
+  /// Whether the released memory had been lent out (BufferPool::lend_held):
+  /// it was freed instead of returned, and whoever lent it took over what
+  /// the lease stood for.
+  [[nodiscard]] bool was_lent() const noexcept { return lent_; }
 
  private:
   friend class BufferPool;
@@ -101,6 +106,7 @@ class SlotLease {
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   bool pinned_ = false;
+  bool lent_ = false;
 };
 
 /// One change of a slab's memory: pinned, pageable or released.
@@ -139,6 +145,11 @@ struct PoolStats {
   /// (negative: none yet); the last regrowth: from "normal" to every slab live.
   double last_release_seconds = -1, last_regrow_seconds = -1;
   std::uint64_t failed_pins = 0;            ///< pin attempts the pinned resource refused
+  /// Note [Lent slots]: slots held by the program that the pool lent out
+  /// (their memory is the program's until its last reference dies) and
+  /// replaced; lends counts every one so far.
+  std::size_t lent_slots = 0;
+  std::uint64_t lent_bytes = 0, lends = 0;
   PressureLevel level = PressureLevel::normal;
   /// Rounds of the maintenance thread: a release wakes it only when the
   /// policy (Note [Pool policy]) wants a move, so this stays flat while a
@@ -177,6 +188,9 @@ void to_json(Json& j, const PoolStats& s) {
                      {"last_release_seconds", s.last_release_seconds},
                      {"last_regrow_seconds", s.last_regrow_seconds},
                      {"failed_pins", s.failed_pins},
+                     {"lent_slots", s.lent_slots},
+                     {"lent_bytes", s.lent_bytes},
+                     {"lends", s.lends},
                      {"maintenance_rounds", s.maintenance_rounds},
                      {"pressure", std::string(to_string(s.level))}};
 }
@@ -216,6 +230,11 @@ class BufferPool {
     /// above the elevated threshold, so a regrowth never brings the pressure
     /// back. Unset: always.
     std::function<std::optional<std::string>(std::uint64_t bytes)> may_grow;
+    /// Note [Lent slots]: one warning once the memory lent to the program
+    /// passes this (0: never), and HeldLimit instead of a lend past
+    /// held_limit_bytes (0: no limit).
+    std::uint64_t held_warning_bytes = 0;
+    std::uint64_t held_limit_bytes = 0;
     void validate() const;                   ///< ConfigError naming the field
   };
 
@@ -250,6 +269,20 @@ class BufferPool {
   /// and tools that want a settled state; true when settled.
   bool wait_idle(std::chrono::milliseconds timeout);
 
+  /// Note [Lent slots]: a batch the program keeps (a label, images[0], a
+  /// loss whose graph holds the input) is the program's memory, as with
+  /// DataLoader. When a slot is needed and the consumer holds it
+  /// (hand_to_consumer), the pool lends it out: the lease keeps the memory
+  /// (freed when it is released, after its fence), and the slot gets fresh
+  /// memory, pinned within the budget (lent pinned bytes count against it),
+  /// pageable beyond it, or none under critical pressure when the live
+  /// slots stay at the floor without it. Slabs of one slot only. Returns
+  /// the bytes lent, or 0 when no held slot can be lent; throws HeldLimit
+  /// past held_limit_bytes. Maps off the lock, on the caller's thread.
+  std::uint64_t lend_held();
+  /// Whether an acquire waits for a slot that only the consumer can free:
+  /// none free, none fenced.
+  [[nodiscard]] bool starved() const;
   /// Slots that can be leased now or once returned: neither released nor
   /// draining. A loader keeps no more batches in flight than this, so none
   /// of its tasks waits on a slot that pressure took away. Lock-free.
@@ -274,13 +307,27 @@ class BufferPool {
   struct Fenced {
     std::size_t slot;
     std::shared_ptr<Fence> fence;
+    std::byte* loose = nullptr;  // lent memory to free when the fence is ready (not the slot)
   };
   using Clock = std::chrono::steady_clock;
 
   std::optional<SlotLease> acquire_until(std::optional<Clock::time_point> deadline, const std::stop_token& stop);
-  void release_slot(std::size_t slot) noexcept;
+  /// True when `data` was lent memory (freed, not returned).
+  bool release_slot(std::size_t slot, std::byte* data) noexcept;
   void hand_to_consumer(std::size_t slot) noexcept;
-  void release_slot_after(std::size_t slot, std::shared_ptr<Fence> fence) noexcept;
+  bool release_slot_after(std::size_t slot, std::byte* data, std::shared_ptr<Fence> fence) noexcept;
+  struct Loose {  // memory lent to a lease (Note [Lent slots])
+    std::size_t bytes = 0;
+    HostResource* owner = nullptr;
+    bool pinned = false;
+  };
+  /// Forgets lent memory `data` (its counters); the caller frees it off the lock.
+  Loose take_loose_locked(std::map<std::byte*, Loose>::iterator it);
+  /// Picks a held slot of a one-slot slab to lend (none: nullopt).
+  [[nodiscard]] std::optional<std::size_t> lendable_locked() const;
+  /// The memory a lent slab gets back: pinned within the budget, pageable,
+  /// or released (critical pressure, floor kept without it).
+  [[nodiscard]] SlabMemory lend_target_locked(const Slab& slab) const;
   SlotLease lease_locked(std::size_t slot);
   bool reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chrono::microseconds wait);
   /// A slot comes back: into the free list, or parked when its slab drains.
@@ -375,6 +422,9 @@ class BufferPool {
   mutable Clock::time_point wanted_until_{};
   double acquire_wait_seconds_ = 0;
   std::atomic<std::size_t> serving_{0};  // serving_slots(), written under the lock
+  std::map<std::byte*, Loose> loose_;     // Note [Lent slots]: lent memory by address
+  std::uint64_t loose_bytes_ = 0, loose_pinned_bytes_ = 0, lends_ = 0;
+  bool held_warned_ = false;
 
   PressureMonitor* monitor_ = nullptr;
   PressureMonitor::SubscriptionId subscription_ = 0;

@@ -31,6 +31,7 @@
 
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/enum_words.hpp"
+#include "pinfeed/units.hpp"
 
 namespace pinfeed::memory {
 
@@ -74,6 +75,19 @@ class PressureMonitor {
     PressureThresholds critical{40.0, 10.0, 4096.0, 0.05};
     double hysteresis = 0.8;                    ///< to step down, signals must be below threshold*h (available above threshold/h)
     std::chrono::milliseconds hold{5000};       ///< how long signals must stay low before stepping down
+    /// Room (cgroup room, or MemAvailable) kept free: critical when less is
+    /// available, elevated below twice it, whatever the fractions say. A
+    /// neighbour allocating at memory speed (~0.3 GB/s of first touches here)
+    /// needs ~0.2 s to fill 64 MiB: the pool is already giving back by then.
+    std::uint64_t headroom_bytes = 64_MiB;
+    /// Wake on the kernel's notifications (PressureEvents: cgroup v1 usage
+    /// thresholds at the two lines above, PSI triggers, memory.events)
+    /// instead of waiting for the next period; only when root is "/".
+    bool kernel_events = true;
+    /// The period while the host is near a threshold (a level above normal,
+    /// or available within twice the elevated line): a missed or absent
+    /// notification costs at most this.
+    std::chrono::milliseconds near_period{20};
     void validate() const;                      ///< ConfigError naming the field
     bool operator==(const Config&) const = default;
   };
@@ -114,9 +128,15 @@ class PressureMonitor {
   void unsubscribe(SubscriptionId id);
 
   [[nodiscard]] const Config& config() const noexcept { return config_; }
+  /// The kernel notifications the running thread waits on, in words
+  /// (PressureEvents::describe), and how many have fired; empty before start().
+  [[nodiscard]] std::string events() const;
+  [[nodiscard]] std::uint64_t events_fired() const;
 
  private:
   [[nodiscard]] PressureLevel classify(const PressureReading& r, double relax, std::string* reason) const;
+  /// How long the thread sleeps after reading `r` (period, or near_period near a line).
+  [[nodiscard]] std::chrono::milliseconds next_wait(const PressureReading& r) const;
   void run();
 
   const Config config_;
@@ -132,9 +152,10 @@ class PressureMonitor {
 
   std::mutex notify_mutex_;  // held while subscribers run; taken by unsubscribe
 
-  std::mutex thread_mutex_;  // guards stop_requested_, thread_
+  mutable std::mutex thread_mutex_;  // guards stop_requested_, thread_, events_
   std::condition_variable thread_cv_;
   bool stop_requested_ = false;
+  std::shared_ptr<class PressureEvents> events_;  // armed by the thread's start; woken by stop()
   std::thread thread_;
 };
 
