@@ -529,7 +529,8 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
         const auto& [image, label] = by_key[key];
         if (!image) continue;  // a label or other member without an image
         if (!label) throw DataError(path, fmt::format("{}: image without a .cls label", image->name));
-        samples_.push_back(Sample{static_cast<std::uint32_t>(s), image->offset, image->size, *label, image->name});
+        samples_.push_back(Sample{static_cast<std::uint32_t>(s), image->offset, image->size, *label, image->name, 0});
+        samples_.back().header_sum = header_checksum(fd, image->offset, path);
         max_label = std::max(max_label, *label);
       }
       // Kept open while the cache has room (most datasets: every shard).
@@ -567,6 +568,14 @@ void TarShards::read(std::size_t i, std::vector<std::byte>& out) const {
   pread_exact(fd->get(), out.data(), s.size, s.offset, shards_[s.shard], s.key.c_str());
 }
 
+std::uint64_t TarShards::header_checksum(int fd, std::uint64_t data_offset, const fs::path& path) {
+  if (data_offset < kBlock) return 0;
+  std::array<char, kBlock> h{};
+  pread_exact(fd, h.data(), kBlock, data_offset - kBlock, path, "tar header");
+  bool ok = true;
+  return tar_number(&h[148], 8, &ok);
+}
+
 void TarShards::check_unchanged(const Sample& s, int fd) const {
   // A shard rewritten in place keeps its descriptor (and maybe its size): the
   // old offsets would read other members under the old labels. The file's
@@ -583,15 +592,16 @@ void TarShards::check_unchanged(const Sample& s, int fd) const {
   std::array<char, kBlock> h{};
   if (s.offset < kBlock) throw DatasetChanged(path, fmt::format("{}: no header before its data", s.key));
   pread_exact(fd, h.data(), kBlock, s.offset - kBlock, path, "tar header");
+  // The header holding the data (the member's own, or a hard link's target)
+  // as indexed: its checksum covers its name, size and time.
   bool same = true;
   try {
     same = checked_member_size(h, s.offset - kBlock, s.key, path) == s.size;
   } catch (const DataError&) {
     same = false;
   }
-  if (same && s.key.size() < 100 && std::memcmp(&h[257], "ustar", 5) == 0 && h[345] == '\0') {
-    same = field_string(&h[0], 100) == s.key;  // a long name's header holds a cut copy: size and checksum only
-  }
+  bool ok = true;
+  if (same) same = tar_number(&h[148], 8, &ok) == s.header_sum && ok;
   if (!same) {
     throw DatasetChanged(path, fmt::format("member {} at byte {} is not the indexed one any more (the shard was "
                                            "rewritten in place): restart to index it again",

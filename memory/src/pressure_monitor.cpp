@@ -20,9 +20,8 @@ void PressureMonitor::Config::validate() const {
     throw ConfigError(fmt::format("pressure monitor hysteresis must be in (0, 1], got {}", hysteresis));
   }
   if (hold.count() < 0) throw ConfigError("pressure monitor hold must be >= 0");
-  if (near_period.count() < 1 || near_period > period) {
-    throw ConfigError(fmt::format("pressure monitor near_period must be 1 ms..period ({} ms), got {} ms", period.count(),
-                                  near_period.count()));
+  if (near_period.count() < 1 || near_period.count() > 60'000) {
+    throw ConfigError(fmt::format("pressure monitor near_period must be 1 ms..60 s, got {} ms", near_period.count()));
   }
   if (headroom_bytes > (1ULL << 40)) throw ConfigError("pressure monitor headroom_bytes must be <= 1 TiB");
   const auto check = [](const char* field, double e, double c, bool inverted) {
@@ -271,7 +270,7 @@ std::chrono::milliseconds PressureMonitor::next_wait(const PressureReading& r) c
   const bool near = r.level != PressureLevel::normal || r.available_fraction <= line ||
                     (config_.headroom_bytes > 0 && r.available_fraction < 1.0 &&
                      r.available_bytes < 4 * config_.headroom_bytes);
-  return near ? config_.near_period : config_.period;
+  return near ? std::min(config_.near_period, config_.period) : config_.period;
 }
 
 void PressureMonitor::run() {

@@ -168,7 +168,10 @@ class TarShards final : public Dataset {
     std::uint64_t offset = 0, size = 0;
     std::int64_t label = 0;
     std::string key;
+    std::uint64_t header_sum = 0;  ///< checksum field of the header before the data, as indexed
   };
+  /// The checksum field of the tar header before `data_offset` (0 at the start).
+  static std::uint64_t header_checksum(int fd, std::uint64_t data_offset, const std::filesystem::path& path);
   /// What a shard was when indexed: a reopened one must still be it.
   struct Identity {
     std::uint64_t device = 0, inode = 0, size = 0;

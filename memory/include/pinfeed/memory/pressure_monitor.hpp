@@ -86,7 +86,7 @@ class PressureMonitor {
     bool kernel_events = true;
     /// The period while the host is near a threshold (a level above normal,
     /// or available within twice the elevated line): a missed or absent
-    /// notification costs at most this.
+    /// notification costs at most this (never more than period).
     std::chrono::milliseconds near_period{20};
     void validate() const;                      ///< ConfigError naming the field
     bool operator==(const Config&) const = default;
