@@ -228,6 +228,11 @@ struct EpochRun {
       run.turn_cv.notify_all();
     }
   };
+  /// Batch `seq` has not taken its slot yet.
+  [[nodiscard]] bool awaiting_slot(std::size_t seq) {
+    const std::scoped_lock lock(turn_mutex);
+    return next_acquire <= seq;
+  }
   void wait_turn(std::size_t seq) {
     std::unique_lock lock(turn_mutex);
     turn_cv.wait(lock, [&] { return next_acquire >= seq || stopping.load(); });
@@ -774,8 +779,12 @@ bool Loader::wait_ready_until(std::optional<std::chrono::steady_clock::time_poin
   int stalled = 0;
   while (!ready()) {
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
+    const std::size_t wanted = run.delivered;  // the seq next() waits for
     lock.unlock();
-    const bool stuck = run.tokens_all_held() || pool_->starved();
+    // Starved only counts when the acquire waiting is the wanted batch's: a
+    // later batch waiting while the wanted one is assembled is ordinary
+    // back-pressure (lending then cost a fresh slot per batch at the floor).
+    const bool stuck = run.tokens_all_held() || (run.awaiting_slot(wanted) && pool_->starved());
     stalled = stuck ? stalled + 1 : 0;
     if (stalled >= 2 && pool_->lend_held() > 0) {
       stalled = 0;
