@@ -162,20 +162,26 @@ struct EpochRun {
   // whose task would block a TBB thread in acquire() (with 2 threads, two
   // such tasks stop every decode). Parked tokens go back out as the pool
   // grows (refill_tokens, on each next()).
-  std::mutex token_mutex;  // guards tokens_out, held_tokens, parked's changes and the puts
+  std::mutex token_mutex;  // guards tokens_out, held_slots, parked's changes and the puts
   std::size_t tokens_out = 0;
-  std::size_t held_tokens = 0;  // tokens of delivered batches still alive (Note [Lent slots])
+  // The slots of this run's delivered batches still alive, each with its
+  // token (Note [Lent slots]): a slot lent out returns its token only when
+  // it is in here (a batch of an earlier run has none of this run's).
+  std::set<std::size_t> held_slots;
   std::atomic<std::size_t> parked{0};  // read without the lock by next()
-  void return_token() {
+  /// Slot `slot`'s batch gives its token back (dropped, or lent out). False:
+  /// it holds none of this run's.
+  bool return_token(std::size_t slot) {
     const std::scoped_lock lock(token_mutex);
-    if (held_tokens > 0) --held_tokens;
-    if (stopping.load()) return;
+    if (held_slots.erase(slot) == 0) return false;
+    if (stopping.load()) return true;
     if (tokens_out > std::max<std::size_t>(1, pool->serving_slots())) {
       --tokens_out;
       ++parked;
-      return;
+      return true;
     }
     tokens->try_put(Token{});
+    return true;
   }
   void refill_tokens() {
     const std::scoped_lock lock(token_mutex);
@@ -203,7 +209,7 @@ struct EpochRun {
   /// until one is dropped or lent (Note [Lent slots]).
   [[nodiscard]] bool tokens_all_held() {
     const std::scoped_lock lock(token_mutex);
-    return tokens_out > 0 && held_tokens >= tokens_out;
+    return tokens_out > 0 && held_slots.size() >= tokens_out;
   }
 
   // Note [Slots in batch order]: batches take their slots in order, so the
@@ -446,8 +452,9 @@ struct EpochRun {
 Batch::Batch(Batch&& o) noexcept = default;
 Batch& Batch::operator=(Batch&& o) noexcept {
   if (this != &o) {
-    lease_.release();  // our slot and token go back first, as in the destructor
-    if (run_ && !lease_.was_lent()) run_->return_token();  // a lent batch's token went back when it was lent
+    const std::size_t slot = lease_.index();
+    lease_.release();
+    if (run_ && !lease_.was_lent()) run_->return_token(slot);  // a lent batch's token went back when it was lent
     run_ = std::move(o.run_);
     lease_ = std::move(o.lease_);
     p_ = std::move(o.p_);
@@ -456,8 +463,9 @@ Batch& Batch::operator=(Batch&& o) noexcept {
 }
 
 Batch::~Batch() {
+  const std::size_t slot = lease_.index();
   lease_.release();  // the slot first, then its token: the next batch finds it free
-  if (run_ && !lease_.was_lent()) run_->return_token();  // a lent batch's token went back when it was lent
+  if (run_ && !lease_.was_lent()) run_->return_token(slot);  // a lent batch's token went back when it was lent
 }
 
 std::span<const std::byte> Batch::data() const noexcept {
@@ -776,7 +784,7 @@ bool Loader::wait_ready_until(std::optional<std::chrono::steady_clock::time_poin
   // replaced, instead of waiting for a release that may never come. Seen
   // twice, 2 ms apart, so a batch about to be dropped (a device copy
   // finishing) is not lent for nothing.
-  int stalled = 0;
+  int stalled = 0, starved_long = 0;
   while (!ready()) {
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
     const std::size_t wanted = run.delivered;  // the seq next() waits for
@@ -786,9 +794,13 @@ bool Loader::wait_ready_until(std::optional<std::chrono::steady_clock::time_poin
     // back-pressure (lending then cost a fresh slot per batch at the floor).
     const bool stuck = run.tokens_all_held() || (run.awaiting_slot(wanted) && pool_->starved());
     stalled = stuck ? stalled + 1 : 0;
-    if (stalled >= 2 && pool_->lend_held() > 0) {
-      stalled = 0;
-      run.return_token();  // the lent batch's token: its Batch will not return it (was_lent)
+    // A later batch's acquire starving for long (both workers blocked, one
+    // in acquire, one waiting its turn) is resolved the same way, after 0.5 s.
+    starved_long = pool_->starved() ? starved_long + 1 : 0;
+    std::size_t slot = 0;
+    if ((stalled >= 2 || starved_long >= 250) && pool_->lend_held(&slot) > 0) {
+      stalled = starved_long = 0;
+      run.return_token(slot);  // the lent batch's token, if it is this run's: its Batch will not return it (was_lent)
     }
     lock.lock();
     auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
@@ -822,7 +834,7 @@ std::optional<Batch> Loader::next() {
   batch.lease_.hand_to_consumer();  // the pool's floor under pressure stays above what the consumer holds
   {
     const std::scoped_lock lock(run.token_mutex);
-    ++run.held_tokens;
+    run.held_slots.insert(batch.lease_.index());
   }
   Batch::Payload& p = batch.p_;
   p.capacity = config_.batch_size;

@@ -229,6 +229,7 @@ BufferPool::~BufferPool() {
     }
     state_[f.slot] = SlotState::free;
   }
+  drain_to_free(lock);
   if (!loose_.empty()) {
     pinfeed::detail::log().critical("buffer pool destroyed with {} lent slot(s) still held", loose_.size());
     assert(loose_.empty() && "BufferPool destroyed while lent slots are alive");
@@ -315,13 +316,8 @@ bool BufferPool::reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chr
     slot_cv_.notify_all();
     return false;
   }
-  if (f.loose != nullptr) {  // lent memory: freed, the slot is someone else's
-    if (auto it = loose_.find(f.loose); it != loose_.end()) {
-      const Loose l = take_loose_locked(it);
-      lock.unlock();
-      unmap_slab(f.loose, l.bytes, l.owner);
-      lock.lock();
-    }
+  if (f.loose != nullptr) {  // lent memory: freed by the maintenance thread, the slot is someone else's
+    if (auto it = loose_.find(f.loose); it != loose_.end()) free_loose_locked(it);
     slot_cv_.notify_all();
     return true;
   }
@@ -417,9 +413,7 @@ bool BufferPool::release_slot(std::size_t slot, std::byte* data) noexcept {
   {
     std::unique_lock lock(mutex_);
     if (auto it = loose_.find(data); it != loose_.end()) {  // Note [Lent slots]
-      const Loose l = take_loose_locked(it);
-      lock.unlock();
-      unmap_slab(data, l.bytes, l.owner);
+      free_loose_locked(it);
       return true;
     }
     assert(state_[slot] == SlotState::leased);
@@ -430,6 +424,21 @@ bool BufferPool::release_slot(std::size_t slot, std::byte* data) noexcept {
   slot_cv_.notify_one();
   if (wake_maintainer) work_cv_.notify_one();
   return false;
+}
+
+void BufferPool::free_loose_locked(std::map<std::byte*, Loose>::iterator it) {
+  std::byte* const data = it->first;
+  to_free_.emplace_back(data, take_loose_locked(it));  // take_loose_locked wakes the maintenance thread
+}
+
+void BufferPool::drain_to_free(std::unique_lock<std::mutex>& lock) {
+  while (!to_free_.empty()) {
+    const auto [data, l] = to_free_.back();
+    to_free_.pop_back();
+    lock.unlock();
+    unmap_slab(data, l.bytes, l.owner);
+    lock.lock();
+  }
 }
 
 BufferPool::Loose BufferPool::take_loose_locked(std::map<std::byte*, Loose>::iterator it) {
@@ -463,7 +472,7 @@ SlabMemory BufferPool::lend_target_locked(const Slab& slab) const {
   return may_pin && pinned + slab.bytes <= in.pinned_budget_bytes ? SlabMemory::pinned : SlabMemory::pageable;
 }
 
-std::uint64_t BufferPool::lend_held() {
+std::uint64_t BufferPool::lend_held(std::size_t* lent_slot) {
   std::unique_lock lock(mutex_);
   const std::optional<std::size_t> found = lendable_locked();
   if (!found) return 0;
@@ -477,12 +486,12 @@ std::uint64_t BufferPool::lend_held() {
                                 loose_.size() + consumer_held_, format_bytes(loose_bytes_ + consumer_held_ * slab.bytes),
                                 format_bytes(config_.held_limit_bytes)));
   }
-  const SlabMemory target = lend_target_locked(slab);
   // The memory becomes the lease's (freed at its release); the slot is
   // parked, out of every list, while the slab gets new memory off the lock.
   loose_[slab.data] = Loose{slab.bytes, slab.owner, slab.memory == SlabMemory::pinned};
   loose_bytes_ += slab.bytes;
   if (slab.memory == SlabMemory::pinned) loose_pinned_bytes_ += slab.bytes;
+  const SlabMemory target = lend_target_locked(slab);  // the lent pinned bytes count against the budget now
   ++lends_;
   held_[slot] = false;
   --consumer_held_;
@@ -504,7 +513,13 @@ std::uint64_t BufferPool::lend_held() {
   MappedSlab fresh;
   if (target != SlabMemory::released) {
     lock.unlock();
-    fresh = map_for_move(target, bytes);
+    try {
+      fresh = map_for_move(target, bytes);
+    } catch (const std::exception& e) {  // a device error registering: the slab stays released, not lost
+      fresh = MappedSlab{};
+      fresh.failure = e.what();
+      pinfeed::detail::log().warn("buffer pool: slab {} lent out; its new memory failed: {}", index, e.what());
+    }
     lock.lock();
   }
   slab.moving = false;
@@ -528,6 +543,7 @@ std::uint64_t BufferPool::lend_held() {
   lock.unlock();
   slot_cv_.notify_all();
   work_cv_.notify_one();
+  if (lent_slot != nullptr) *lent_slot = slot;
   return bytes;
 }
 
@@ -877,6 +893,7 @@ void BufferPool::maintain(const std::stop_token& stop) {
   std::unique_lock lock(mutex_);
   while (!stop.stop_requested()) {
     ++maintenance_rounds_;
+    drain_to_free(lock);
     settle_locked(lock);
     if (const auto job = next_job_locked()) {
       if (job->idle) {
@@ -891,6 +908,7 @@ void BufferPool::maintain(const std::stop_token& stop) {
     }
     note_episode_locked();
     if (!fenced_.empty()) reclaim_one_fenced(lock, std::chrono::microseconds(0));
+    if (!to_free_.empty()) continue;  // a fence just let lent memory go: free it now
     idle_cv_.notify_all();
     const std::uint64_t seen = work_generation_;
     const auto pred = [&] { return work_generation_ != seen; };
@@ -914,7 +932,7 @@ void BufferPool::maintain(const std::stop_token& stop) {
 }
 
 bool BufferPool::settled_locked() const {
-  if (moving_ || next_job_locked(/*idle_only=*/true)) return false;
+  if (moving_ || !to_free_.empty() || next_job_locked(/*idle_only=*/true)) return false;
   if (cold_pending_ && level_ != PressureLevel::normal) return false;
   if (level_ != PressureLevel::critical) {
     for (const Slab& s : slabs_) {

@@ -144,8 +144,14 @@ bool PressureEvents::wait(std::chrono::milliseconds timeout) {
   for (std::size_t i = 0; i < sources_.size(); ++i) {
     const short got = fds[i + 1].revents;
     if (got == 0) continue;
-    const Source& src = sources_[i];
-    if ((got & (POLLNVAL | POLLERR)) != 0 && src.kind == Kind::psi) continue;  // the cgroup went away
+    Source& src = sources_[i];
+    if ((got & POLLNVAL) != 0 || ((got & POLLERR) != 0 && src.kind != Kind::kernfs)) {
+      // The cgroup went away (or the descriptor broke): drop it, or poll()
+      // would return at once for ever. The monitor polls for what is left.
+      ::close(src.fd);
+      src.fd = -1;
+      continue;
+    }
     fired = true;
     if (src.kind == Kind::eventfd) {
       (void)::read(src.fd, &count, sizeof count);
@@ -154,6 +160,7 @@ bool PressureEvents::wait(std::chrono::milliseconds timeout) {
       (void)::pread(src.fd, buf.data(), buf.size(), 0);  // re-arms the notification
     }
   }
+  std::erase_if(sources_, [](const Source& src) { return src.fd < 0; });
   if (fired) ++fired_;
   return fired;
 }

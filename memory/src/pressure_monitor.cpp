@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <thread>
 #include <vector>
 
 #include "pinfeed/log.hpp"
@@ -287,7 +288,10 @@ void PressureMonitor::run() {
       pinfeed::detail::log().warn("pressure monitor: {}", e.what());
     }
     if (events) {
-      (void)events->wait(wait);  // a kernel event, stop(), or the period: read again
+      // A kernel event, stop(), or the period: read again, but never more
+      // often than every 2 ms (a cgroup sitting at memory.high changes
+      // memory.events on every charge).
+      if (events->wait(wait)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       lock.lock();
       continue;
     }

@@ -992,7 +992,11 @@ class Loader:
                                            "on the loader (here or on another thread), which restarted the epoch "
                                            "there. One iteration runs at a time; use the newest iterator")
                     if self._device is not None:
-                        item = self._impl.next_device(self._consumer())
+                        try:
+                            item = self._impl.next_device(self._consumer())
+                        except _pinfeed.HeldLimitError:
+                            gc.collect()  # batches held only by cycles first
+                            item = self._impl.next_device(self._consumer())
                         if item is None:
                             self._finished()
                             return

@@ -4,6 +4,7 @@
 // also keeps the C++ Loader alive, so tensors may outlive the Python Loader.
 // The Python-facing API (torch tensors, iteration, state_dict) is in
 // pinfeed/__init__.py.
+#include <cxxabi.h>
 #include <dlpack/dlpack.h>
 #include <unistd.h>
 #include <chrono>
@@ -55,6 +56,8 @@ auto without_gil(F&& f) -> decltype(f()) {
   if constexpr (std::is_void_v<decltype(f())>) {
     try {
       f();
+    } catch (abi::__forced_unwind&) {
+      throw;  // a thread being ended: never swallowed
     } catch (...) {
       error = std::current_exception();
     }
@@ -64,6 +67,8 @@ auto without_gil(F&& f) -> decltype(f()) {
     std::optional<decltype(f())> out;
     try {
       out.emplace(f());
+    } catch (abi::__forced_unwind&) {
+      throw;
     } catch (...) {
       error = std::current_exception();
     }
@@ -335,6 +340,11 @@ class PyLoader {
       (void)new std::shared_ptr<pl::Loader>(std::move(loader_));
       (void)new std::shared_ptr<pt::DeviceFeed>(std::move(feed_));
       (void)new std::optional<Submitted>(std::move(ahead_));
+      return;
+    }
+    if (_Py_IsFinalizing() != 0) {  // at shutdown: no GIL hand-off a daemon thread could be ended in
+      ahead_.reset();
+      feed_.reset();
       return;
     }
     py::gil_scoped_release release;  // the feed waits for its copies

@@ -88,6 +88,7 @@ TEST(BufferPoolTest, AHeldSlotIsLentOutAndReplaced) {
   held.release();
   EXPECT_TRUE(held.was_lent());
   EXPECT_EQ(pool.stats().lent_slots, 0U);
+  ASSERT_TRUE(pool.wait_idle(5s)) << "the maintenance thread frees lent memory";
   EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, round_up_to_page(slot))
       << "the lent memory was freed";
   next->release();
@@ -132,7 +133,25 @@ TEST(BufferPoolTest, LentMemoryBehindAFenceIsFreedWhenTheFenceIsReady) {
   fence->signal();
   for (int i = 0; i < 200 && pool.stats().lent_slots != 0; ++i) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(pool.stats().lent_slots, 0U);
+  ASSERT_TRUE(pool.wait_idle(5s));
   EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, round_up_to_page(slot));
+}
+
+// Lent pinned memory counts against the pinned budget: the replacement of a
+// lent pinned slot is pageable while the lent one lives.
+TEST(BufferPoolTest, LentPinnedMemoryCountsAgainstTheBudget) {
+  Resources r;
+  const std::size_t slot = 64_KiB;
+  auto config = pool_config(2, slot, slot);
+  config.pinned_budget_bytes = 2 * round_up_to_page(slot);
+  BufferPool pool(config, r.pinned, r.pageable);
+  auto held = pool.acquire();
+  ASSERT_TRUE(held.pinned());
+  held.hand_to_consumer();
+  ASSERT_GT(pool.lend_held(), 0U);
+  EXPECT_EQ(pool.stats().pinned_slots, 1U) << "2 slabs of budget: one lent, one in the pool";
+  EXPECT_LE(r.pinned.stats().current_bytes, config.pinned_budget_bytes);
+  held.release();
 }
 
 TEST(BufferPoolTest, LeasesAreDistinctAndReturnOnDestruction) {

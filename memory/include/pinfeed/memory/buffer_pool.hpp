@@ -277,9 +277,11 @@ class BufferPool {
   /// memory, pinned within the budget (lent pinned bytes count against it),
   /// pageable beyond it, or none under critical pressure when the live
   /// slots stay at the floor without it. Slabs of one slot only. Returns
-  /// the bytes lent, or 0 when no held slot can be lent; throws HeldLimit
-  /// past held_limit_bytes. Maps off the lock, on the caller's thread.
-  std::uint64_t lend_held();
+  /// the bytes lent (and the slot's index in `slot`), or 0 when no held
+  /// slot can be lent; throws HeldLimit past held_limit_bytes. Maps off the
+  /// lock, on the caller's thread; lent memory is freed on the maintenance
+  /// thread (never on the consumer's, under its GIL and a collective's gate).
+  std::uint64_t lend_held(std::size_t* slot = nullptr);
   /// Whether an acquire waits for a slot that only the consumer can free:
   /// none free, none fenced.
   [[nodiscard]] bool starved() const;
@@ -321,6 +323,11 @@ class BufferPool {
     HostResource* owner = nullptr;
     bool pinned = false;
   };
+  /// Forgets lent memory `data` (its counters) and queues it for the
+  /// maintenance thread to free.
+  void free_loose_locked(std::map<std::byte*, Loose>::iterator it);
+  /// Frees the queued lent memory, off the lock.
+  void drain_to_free(std::unique_lock<std::mutex>& lock);
   /// Forgets lent memory `data` (its counters); the caller frees it off the lock.
   Loose take_loose_locked(std::map<std::byte*, Loose>::iterator it);
   /// Picks a held slot of a one-slot slab to lend (none: nullopt).
@@ -423,6 +430,7 @@ class BufferPool {
   double acquire_wait_seconds_ = 0;
   std::atomic<std::size_t> serving_{0};  // serving_slots(), written under the lock
   std::map<std::byte*, Loose> loose_;     // Note [Lent slots]: lent memory by address
+  std::vector<std::pair<std::byte*, Loose>> to_free_;  // released lent memory, freed by the maintenance thread
   std::uint64_t loose_bytes_ = 0, loose_pinned_bytes_ = 0, lends_ = 0;
   bool held_warned_ = false;
 
