@@ -16,6 +16,8 @@
 namespace pinfeed::memory {
 
 namespace {
+/// A read that only drains or re-arms a notification: its result changes nothing.
+void ignore_result(ssize_t /*bytes*/) noexcept {}
 bool write_all(int fd, const std::string& text) {
   return ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
 }
@@ -124,7 +126,7 @@ void PressureEvents::arm_kernfs(const std::filesystem::path& file, std::vector<s
     return;
   }
   std::array<char, 512> buf{};
-  (void)::read(fd, buf.data(), buf.size());  // a kernfs file notifies changes after its first read
+  ignore_result(::read(fd, buf.data(), buf.size()));  // a kernfs file notifies changes after its first read
   sources_.push_back(Source{fd, Kind::kernfs});
   armed.push_back(fmt::format("changes of {}", file.string()));
 }
@@ -139,7 +141,7 @@ bool PressureEvents::wait(std::chrono::milliseconds timeout) {
   const int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
   if (n <= 0) return false;
   std::uint64_t count = 0;
-  if ((fds[0].revents & POLLIN) != 0) (void)::read(wake_fd_, &count, sizeof count);
+  if ((fds[0].revents & POLLIN) != 0) ignore_result(::read(wake_fd_, &count, sizeof count));
   bool fired = false;
   for (std::size_t i = 0; i < sources_.size(); ++i) {
     const short got = fds[i + 1].revents;
@@ -154,10 +156,10 @@ bool PressureEvents::wait(std::chrono::milliseconds timeout) {
     }
     fired = true;
     if (src.kind == Kind::eventfd) {
-      (void)::read(src.fd, &count, sizeof count);
+      ignore_result(::read(src.fd, &count, sizeof count));
     } else if (src.kind == Kind::kernfs) {
       std::array<char, 512> buf{};
-      (void)::pread(src.fd, buf.data(), buf.size(), 0);  // re-arms the notification
+      ignore_result(::pread(src.fd, buf.data(), buf.size(), 0));  // re-arms the notification
     }
   }
   std::erase_if(sources_, [](const Source& src) { return src.fd < 0; });
@@ -168,7 +170,7 @@ bool PressureEvents::wait(std::chrono::milliseconds timeout) {
 void PressureEvents::wake() noexcept {
   if (wake_fd_ < 0) return;
   const std::uint64_t one = 1;
-  (void)::write(wake_fd_, &one, sizeof one);
+  ignore_result(::write(wake_fd_, &one, sizeof one));
 }
 
 }  // namespace pinfeed::memory
