@@ -256,16 +256,6 @@ void PressureMonitor::stop() noexcept {
   thread_.join();
 }
 
-std::string PressureMonitor::events() const {
-  const std::scoped_lock lock(thread_mutex_);
-  return events_ ? events_->describe() : std::string();
-}
-
-std::uint64_t PressureMonitor::events_fired() const {
-  const std::scoped_lock lock(thread_mutex_);
-  return events_ ? events_->fired() : 0;
-}
-
 std::chrono::milliseconds PressureMonitor::next_wait(const PressureReading& r) const {
   const double line = std::max(config_.elevated.available_fraction, 0.0) * 2;
   const bool near = r.level != PressureLevel::normal || r.available_fraction <= line ||

@@ -177,6 +177,16 @@ class Cgroup:
                 time.sleep(0.1)
 
 
+def wait_or_kill(proc, timeout, failures, message):
+    """Waits for `proc`; past `timeout` it is killed and `message` is a failure."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        failures.append(message)
+
+
 # ---------------------------------------------------------------- children
 
 def run_grower(target, step, hold):
@@ -329,12 +339,7 @@ def drive(args):
         open(stop_file, "w").close()
         if args.mode == "train" and alive:
             consumer.send_signal(signal.SIGTERM)
-        try:
-            consumer.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            consumer.kill()
-            consumer.wait()
-            failures.append("the consumer did not stop within 120 s of being asked")
+        wait_or_kill(consumer, 120, failures, "the consumer did not stop within 120 s of being asked")
         logf.close()
 
         # --- what happened

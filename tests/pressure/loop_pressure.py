@@ -29,7 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cgroup_squeeze import MiB, Cgroup, skip  # noqa: E402
+from cgroup_squeeze import MiB, Cgroup, skip, wait_or_kill  # noqa: E402
 
 LIMIT = 650 * MiB
 NEIGHBOUR = 400 * MiB
@@ -127,12 +127,7 @@ def one_run(args, mode):
         t_end = time.time()
         time.sleep(1.0)
         open(stop, "w").close()
-        try:
-            consumer.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            consumer.kill()
-            consumer.wait()
-            failures.append("the consumer did not finish its epoch within 120 s of the neighbour's exit")
+        wait_or_kill(consumer, 120, failures, "the consumer did not finish its epoch within 120 s of the neighbour's exit")
         logf.close()
         text = open(log, errors="replace").read()
         if neighbour.returncode != 0:

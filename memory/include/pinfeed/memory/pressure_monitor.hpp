@@ -128,10 +128,6 @@ class PressureMonitor {
   void unsubscribe(SubscriptionId id);
 
   [[nodiscard]] const Config& config() const noexcept { return config_; }
-  /// The kernel notifications the running thread waits on, in words
-  /// (PressureEvents::describe), and how many have fired; empty before start().
-  [[nodiscard]] std::string events() const;
-  [[nodiscard]] std::uint64_t events_fired() const;
 
  private:
   [[nodiscard]] PressureLevel classify(const PressureReading& r, double relax, std::string* reason) const;
