@@ -61,6 +61,22 @@ void cmyk_row_to_bgra(const std::uint8_t* cmyk, std::uint8_t* bgra, int width, b
   }
 }
 
+/// How many output pixels one sample of the most subsampled component spans
+/// along an axis (2 at 4:2:0 full size, 1 without subsampling): the context
+/// libjpeg-turbo's fancy upsampling reads beyond a pixel (Note [Decode margin]).
+int chroma_context(const jpeg_decompress_struct& cinfo, bool horizontal) {
+  int most = 1;
+  for (int c = 0; c < cinfo.num_components; ++c) {
+    const jpeg_component_info& comp = cinfo.comp_info[c];
+    const int samp = horizontal ? comp.h_samp_factor : comp.v_samp_factor;
+    const int max_samp = horizontal ? cinfo.max_h_samp_factor : cinfo.max_v_samp_factor;
+    const int span = (max_samp * cinfo.min_DCT_scaled_size + samp * comp.DCT_scaled_size - 1) /
+                     std::max(samp * comp.DCT_scaled_size, 1);
+    most = std::max(most, span);
+  }
+  return most;
+}
+
 }  // namespace
 
 struct JpegDecoder::Impl {
@@ -118,10 +134,21 @@ bool JpegDecoder::Impl::run_decode(std::span<const std::byte> data, const Region
   const int y1 = std::clamp((region.y + region.height + scale - 1) / scale, y0 + 1, oh);
   const int width = x1 - x0, height = y1 - y0;
 
-  JDIMENSION xoff = static_cast<JDIMENSION>(x0), cw = static_cast<JDIMENSION>(x1 - x0);
+  // Note [Decode margin]: libjpeg-turbo upsamples chroma inside the decoded
+  // window, so the pixels on a cropped window's edge see the edge of the
+  // window where a full decode sees the next chroma sample (up to 34 levels
+  // apart at 4:2:0). Decoding one chroma sample more on every side that is
+  // not the image's edge makes every pixel of the region the full decode's,
+  // bit for bit (JpegDecoderTest.RegionDecodeIsTheFullDecodeBitForBit). The
+  // left end is rounded down to an iMCU column anyway, so the margin costs
+  // a column only when the region starts or ends within it of a boundary.
+  const int mx = chroma_context(cinfo, true), my = chroma_context(cinfo, false);
+  const int dx0 = std::max(x0 - mx, 0), dx1 = std::min(x1 + mx, ow);
+  const int dy0 = std::max(y0 - my, 0);
+  JDIMENSION xoff = static_cast<JDIMENSION>(dx0), cw = static_cast<JDIMENSION>(dx1 - dx0);
   if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);  // widens to whole iMCU columns
   const std::size_t skip_left = static_cast<std::size_t>(x0) - xoff;
-  if (y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0));
+  if (dy0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(dy0));
 
   // Rows are decoded in place at libjpeg's (iMCU-widened) width, into the
   // image or into one line for the sink; the region starts skip_left pixels
@@ -144,6 +171,17 @@ bool JpegDecoder::Impl::run_decode(std::span<const std::byte> data, const Region
     sink->begin(width, height);
   }
   if (cmyk) row.resize(stride);
+  // The margin's rows above the region: decoded (they are the context of
+  // the region's first rows) into the first line and dropped.
+  for (int y = dy0; y < y0; ++y) {
+    JSAMPROW target = cmyk ? row.data()
+                           : kMisalign + (image != nullptr ? image->pixels.data() : lines[0].data());
+    if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
+      std::snprintf(err.message, sizeof err.message, "image data ends early at row %d", y);
+      jpeg_abort_decompress(&cinfo);
+      return false;
+    }
+  }
   for (int y = 0; y < height; ++y) {
     std::uint8_t* dst = kMisalign + (image != nullptr ? image->pixels.data() + static_cast<std::size_t>(y) * stride
                                                      : lines[y % 2].data());

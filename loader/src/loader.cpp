@@ -698,6 +698,14 @@ Loader::~Loader() {
   stop();
 }
 
+CropPlan Loader::crop_plan(std::size_t index, std::uint64_t epoch) const {
+  if (index >= dataset_->size()) {
+    throw ConfigError(fmt::format("crop_plan: index {} is outside the dataset of {} samples", index, dataset_->size()));
+  }
+  SampleScratch scratch(config_.transform, config_.max_image_pixels);
+  return SampleStage(*dataset_, config_.transform, config_.seed).plan(index, epoch, scratch);
+}
+
 std::size_t Loader::batches_per_epoch() const noexcept {
   const std::size_t n = sampler_.num_samples(), b = config_.batch_size;
   return config_.drop_last_batch ? n / b : (n + b - 1) / b;

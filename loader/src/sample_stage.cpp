@@ -39,6 +39,16 @@ std::uint64_t since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
+CropPlan SampleStage::plan(std::size_t index, std::uint64_t epoch, SampleScratch& s) const {
+  dataset_->read(index, s.bytes);
+  SampleRng rng(seed_, epoch, index);
+  try {
+    return plan_crop(s.decoder.header(s.bytes, ""), config_, rng);
+  } catch (const DataError& e) {
+    throw DataError(dataset_->describe(index), e.reason());
+  }
+}
+
 void SampleStage::operator()(std::size_t index, std::uint64_t epoch, std::span<std::byte> out, SampleScratch& s,
                              StageTimes& times) const {
   auto t0 = std::chrono::steady_clock::now();

@@ -831,6 +831,22 @@ class Loader:
         """The paths of dataset indices (a path, or "shard.tar:member")."""
         return [os.fsdecode(path) for path in self._impl.describe([int(i) for i in indices])]
 
+    def crop_params(self, index, epoch=None):
+        """(top, left, height, width, flipped): the box of the source image
+        that dataset sample `index` shows in `epoch` (default: the epoch of
+        the latest iteration, else the next), as torchvision's
+        RandomResizedCrop.get_params gives it; the whole image for
+        transform="center" and "full". The sample is that box resized to
+        `size` (and mirrored if flipped): torchvision's
+        F.resized_crop(img, top, left, height, width, size, antialias=True)
+        reproduces it. Reads the file's header only."""
+        if epoch is None:
+            epoch = self._current if self._current is not None else self._epoch
+        index = operator.index(index)
+        if index < 0 or index >= self._impl.dataset_size():
+            raise IndexError(f"sample {index} is not in the dataset of {self._impl.dataset_size()}")
+        return tuple(self._impl.crop_params(index, int(epoch)))
+
     def __len__(self):
         """Batches in the epoch the loader runs (or runs next), as
         len(DataLoader): this rank's samples over batch_size, the last

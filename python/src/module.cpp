@@ -492,6 +492,13 @@ class PyLoader {
     return out;
   }
   /// Where each of `indices` lives (a path, or "shard.tar:member").
+  /// (top, left, height, width, flipped): the box of the source image that
+  /// sample `index` shows in `epoch`, as torchvision's get_params gives it
+  /// (RandomResizedCrop's crop; the whole image for center and full).
+  [[nodiscard]] py::tuple crop_params(std::size_t index, std::uint64_t epoch) const {
+    const pl::CropPlan p = without_gil([&] { return loader_->crop_plan(index, epoch); });
+    return py::make_tuple(p.y.lo, p.x.lo, p.y.hi - p.y.lo, p.x.hi - p.x.lo, p.flip);
+  }
   [[nodiscard]] py::list describe(const std::vector<std::size_t>& indices) const {
     const pl::Dataset& d = loader_->dataset();
     py::list out;
@@ -706,6 +713,7 @@ void bind_loader(py::module_& m) {
       .def("named_classes", &PyLoader::named_classes)
       .def("dataset_change", &PyLoader::dataset_change)
       .def("describe", &PyLoader::describe)
+      .def("crop_params", &PyLoader::crop_params, py::arg("index"), py::arg("epoch"))
       .def("samples", &PyLoader::samples)
       .def("pin_report", &PyLoader::pin_report)
       .def("stats_json", &PyLoader::stats_json);

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pinfeed
+import torch
 
 torchvision = pytest.importorskip("torchvision")
 Image = pytest.importorskip("PIL.Image")
@@ -223,3 +224,65 @@ def test_a_state_dict_refuses_another_dataset_naming_what_changed(dataset, tmp_p
     past = dict(state, position=10_000)
     with pytest.raises(ValueError, match="position 10000 is outside the epoch"):
         fresh().load_state_dict(past)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """Photograph-like JPEGs as a held-out set holds them: sizes spread
+    around 500x375 (portrait too, and small ones a 224 crop upscales),
+    4:2:0, 4:2:2 and 4:4:4, baseline and progressive, odd sizes."""
+    root = tmp_path_factory.mktemp("photos") / "val"
+    d = root / "all"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    kinds = [dict(subsampling=2), dict(subsampling=0), dict(subsampling=1), dict(subsampling=2, progressive=True),
+             dict(subsampling=0, progressive=True)]
+    for i in range(20):
+        w, h = int(rng.integers(330, 680)), int(rng.integers(250, 510))
+        if i % 5 == 4:
+            w, h = h, w
+        if i % 7 == 6:
+            w, h = int(rng.integers(90, 200)), int(rng.integers(80, 180))  # upscaled by every transform
+        photo_like(w, h, 100 + i).save(d / f"p{i:02d}.jpg", quality=int(rng.integers(75, 96)), **kinds[i % len(kinds)])
+    return root
+
+
+def torchvision_reference(root, loader, index, transform, size, resize):
+    img = Image.open(loader.samples[index][0]).convert("RGB")
+    if transform == "center":
+        img = transforms.CenterCrop(size)(transforms.Resize(resize)(img))
+    else:
+        top, left, height, width, flipped = loader.crop_params(index)
+        img = transforms.functional.resized_crop(img, top, left, height, width, [size, size],
+                                                 transforms.InterpolationMode.BILINEAR, antialias=True)
+        if flipped:
+            img = transforms.functional.hflip(img)
+    return np.asarray(img, dtype=np.int16)
+
+
+@pytest.mark.parametrize("transform,size,resize", [("random", 224, 256), ("center", 224, 256), ("center", 224, 224)])
+def test_every_pixel_is_within_one_level_of_torchvision(photos, transform, size, resize):
+    """The default path (ROI decode): the region decoded with its margin is
+    the full decode's, so each pixel is torchvision's to the rounding of the
+    resize's weights: at most 1 level, edge columns included."""
+    loader = pinfeed.Loader(str(photos), batch_size=8, transform=transform, size=size, resize=resize,
+                            layout="nhwc-u8", shuffle=False, threads=2, seed=5, return_indices=True)
+    worst = {}
+    for images, _, indices in loader:
+        for img, index in zip(images.numpy(), indices.tolist()):
+            d = np.abs(img.astype(np.int16) - torchvision_reference(photos, loader, index, transform, size, resize))
+            worst[os.path.basename(loader.samples[index][0])] = (int(d.max()), np.argwhere(d == d.max())[0].tolist())
+    assert len(worst) == 20
+    over = {name: w for name, w in worst.items() if w[0] > 1}
+    assert not over, f"pixels more than 1 level from torchvision (max, at [row, column, channel]): {over}"
+
+
+def test_roi_decode_gives_the_bytes_of_the_full_decode(photos):
+    """roi_decode=True decodes only the region (and its margin); False
+    decodes the whole image: the batches are the same bytes."""
+    def batches(roi):
+        l = pinfeed.Loader(str(photos), batch_size=5, transform="random", size=96, layout="nhwc-u8", shuffle=True,
+                           threads=2, seed=3, roi_decode=roi)
+        return [x.clone() for e in range(2) for x, _ in l]
+    for a, b in zip(batches(True), batches(False)):
+        assert torch.equal(a, b)

@@ -245,6 +245,9 @@ class Loader {
   [[nodiscard]] std::size_t batches_per_epoch() const noexcept;
   [[nodiscard]] std::size_t samples_per_epoch() const noexcept { return sampler_.num_samples(); }
   [[nodiscard]] const Dataset& dataset() const noexcept { return *dataset_; }
+  /// The crop, scale and flip dataset sample `index` gets in `epoch`: what
+  /// its batch holds is that region resized (reads the sample's header).
+  [[nodiscard]] CropPlan crop_plan(std::size_t index, std::uint64_t epoch) const;
   [[nodiscard]] memory::BufferPool& pool() noexcept { return *pool_; }
   [[nodiscard]] const LoaderConfig& config() const noexcept { return config_; }
   [[nodiscard]] const PinReport& pin_report() const noexcept { return pin_report_; }

@@ -38,6 +38,10 @@ class SampleStage {
   void operator()(std::size_t index, std::uint64_t epoch, std::span<std::byte> out, SampleScratch& scratch,
                   StageTimes& times) const;
 
+  /// The crop, scale and flip sample `index` gets in `epoch` (its header
+  /// read, nothing decoded): what operator() applies.
+  [[nodiscard]] CropPlan plan(std::size_t index, std::uint64_t epoch, SampleScratch& scratch) const;
+
   [[nodiscard]] const TransformConfig& config() const noexcept { return config_; }
 
  private:
