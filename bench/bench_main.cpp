@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
     if (fl->parsed()) return run_floor_bench(config, floor_repeat, evict_mib, as_json);
     if (th->parsed()) {
       if (thread_counts.empty()) throw pinfeed::ConfigError("threads: --counts needs at least one thread count");
+      pinfeed::tools::check_plot_prefix(threads_out, "--out");
       return run_threads_bench(config, thread_counts, epochs, repeat, ceiling_files, threads_out, as_json);
     }
     return run_loader_bench(config, epochs, repeat, ceiling_files, as_json);

@@ -23,6 +23,7 @@ packages=(
   gnuplot-nox           # pinfeed-train --compare: the loss-curve plot (PNG)
   python3-dev pybind11-dev libdlpack-dev  # the Python module (zero-copy tensors through DLPack)
   python3-torch python3-pytest            # its tests, and the PyTorch side of bench/peers
+  python3-pip                             # test tooling from PyPI (webdataset, scripts/test.sh)
   python3-torchvision python3-matplotlib  # examples/ddp_torchrun.py (MobileNetV2, ResNet-18; its plot), ImageFolder checks
 )
 

@@ -39,6 +39,7 @@ venv=$(mktemp -d)/venv
 trap 'rm -rf "$(dirname "$venv")"' EXIT
 "$python" -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install -q "$wheel"
+"$venv/bin/pip" install -q webdataset==1.0.2  # test tooling: the suite's oracle of WebDataset shards
 
 # Every ELF file of the installed package finds each library it needs in the
 # wheel (pinfeed.libs) or in its manylinux tag's policy list (auditwheel's:

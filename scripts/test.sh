@@ -9,6 +9,12 @@ preset=${1:-release}
 shift || true
 
 bash scripts/install-deps.sh
+# Test tooling from PyPI, once, into build/pydeps (on the suite's PYTHONPATH):
+# the webdataset package is the oracle of tests/python/test_webdataset.py.
+if ! PYTHONPATH=build/pydeps /usr/bin/python3 -c "import webdataset" 2>/dev/null; then
+  /usr/bin/python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --target build/pydeps \
+    webdataset==1.0.2 braceexpand==0.1.7
+fi
 if [[ $preset == tsan ]]; then bash scripts/build-tsan-tbb.sh; fi
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset"

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "pinfeed/error.hpp"
@@ -36,6 +37,9 @@ pl::Progress progress_bar(const std::string& what) {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+/// More threads than this is a typo, not a machine (each costs a stack).
+constexpr int kMaxThreads = 1024;
+
 /// Each subcommand: its flags (add) and what it does (run).
 struct MakeCommand {
   pl::SyntheticDatasetConfig make;
@@ -57,10 +61,19 @@ struct MakeCommand {
                     "stripes, checks or blobs under random colours: a convolution does, average pooling cannot)")
         ->check(CLI::IsMember({"photo", "texture"}))
         ->capture_default_str();
-    app->add_option("--threads", make.threads, "threads (0: every core)");
+    app->add_option("--threads", make.threads, "threads (0: every core)")->check(CLI::Range(0, kMaxThreads));
   }
 
   int run(bool quiet) const {
+    // Writing into a folder that already holds files would mix two datasets
+    // (another seed, count or format) without a word.
+    if (std::error_code ec; std::filesystem::exists(make.out, ec) &&
+                            (!std::filesystem::is_directory(make.out, ec) || !std::filesystem::is_empty(make.out, ec))) {
+      throw pinfeed::ConfigError(fmt::format("--out {}: {} already; pinfeed-data make writes a new dataset into a new "
+                                             "or empty folder (remove it, or choose another)",
+                                             make.out.string(),
+                                             std::filesystem::is_directory(make.out, ec) ? "holds files" : "is a file"));
+    }
     const auto t0 = Clock::now();
     const auto s = pl::write_synthetic_dataset(make, quiet ? pl::Progress{} : progress_bar("make"));
     const std::size_t files = s.train_files + s.val_files;
@@ -93,7 +106,7 @@ struct PackCommand {
     app->add_option("--quality", pack.quality, "JPEG quality of re-encoded images")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
-    app->add_option("--threads", pack.threads, "re-encoding threads (0: every core)");
+    app->add_option("--threads", pack.threads, "re-encoding threads (0: every core)")->check(CLI::Range(0, kMaxThreads));
   }
 
   int run(bool quiet) const {
@@ -121,7 +134,7 @@ struct ScanCommand {
     app = parent.add_subcommand("scan", "decode every sample and report the ones that fail");
     app->add_option("dataset", what, "folder, file list, or tar shard pattern")->required();
     app->add_flag("--json", as_json, "print JSON");
-    app->add_option("--threads", threads, "threads (0: every core)");
+    app->add_option("--threads", threads, "threads (0: every core)")->check(CLI::Range(0, kMaxThreads));
   }
 
   int run(bool quiet) const {
@@ -131,7 +144,9 @@ struct ScanCommand {
     if (as_json) {
       json j{{"dataset", dataset->summary()}, {"samples", dataset->size()}, {"bad", json::array()}};
       for (const auto& b : bad) j["bad"].push_back({{"index", b.index}, {"path", b.where}, {"reason", b.reason}});
-      fmt::print("{}\n", j.dump(2));
+      // Names are bytes: one that is not UTF-8 is printed with U+FFFD in
+      // place of its bad bytes (the text report prints the bytes).
+      fmt::print("{}\n", j.dump(2, ' ', false, json::error_handler_t::replace));
     } else {
       fmt::print("{}\n", dataset->summary());
       for (const auto& b : bad) fmt::print("  bad: {}: {}\n", b.where, b.reason);

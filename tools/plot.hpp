@@ -4,12 +4,14 @@
 // (scripts/install-deps.sh installs gnuplot-nox). Used by pinfeed-train
 // --compare and pinfeed-bench threads.
 #include <pthread.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -23,6 +25,28 @@ inline std::string with_data(std::string commands, const std::string& csv_path) 
     commands.replace(at, 5, csv_path);
   }
   return commands;
+}
+
+/// Before a run whose figures go to `prefix`: its folder exists and can be
+/// written (and so can files already there), so that a long run does not
+/// end in "cannot write". Throws ConfigError naming `flag`.
+inline void check_plot_prefix(const std::string& prefix, const char* flag) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(prefix).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw ConfigError(fmt::format("{} {}: the folder {} does not exist", flag, prefix, dir.string()));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw ConfigError(fmt::format("{} {}: the folder {} cannot be written", flag, prefix, dir.string()));
+  }
+  for (const char* ext : {".csv", ".gp", ".png"}) {
+    const std::string path = prefix + ext;
+    if (fs::exists(path, ec) && (fs::is_directory(path, ec) || ::access(path.c_str(), W_OK) != 0)) {
+      throw ConfigError(fmt::format("{} {}: {} exists and cannot be written", flag, prefix, path));
+    }
+  }
 }
 
 /// Writes `csv` to prefix.csv and a script (a 900x540 PNG terminal, comma

@@ -319,7 +319,10 @@ int main(int argc, char** argv) {
     apply_flags(app, f);
     const auto cb = callbacks(f.quiet || f.as_json || f.config.launch->rank != 0, f.config.epochs);
     pt::install_checkpoint_signal_handlers();  // Ctrl-C / SIGTERM during a save leave no temporary
-    if (f.compare > 0) return run_compare(f.config, f.compare, cb, f.compare_out, f.as_json);
+    if (f.compare > 0) {
+      pinfeed::tools::check_plot_prefix(f.compare_out, "--compare-out");
+      return run_compare(f.config, f.compare, cb, f.compare_out, f.as_json);
+    }
     return run_training(f.config, cb, f.as_json);
   });
 }

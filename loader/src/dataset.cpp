@@ -216,63 +216,76 @@ std::string ImageFolder::summary() const {
 
 // ---------------------------------------------------------------- FileList
 
-FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes) : list_(list), root_(root) {
+FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes) : list_(list), root_(std::move(root)) {
   check_max_classes(max_classes);
   std::vector<std::byte> bytes;
   read_regular_file(list, "a file list", kMaxFileListBytes, bytes);
-  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  bytes = {};
+  std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   // A UTF-8 byte order mark (Windows editors write one) is not part of the
   // first path: kept, it hid the first entry behind an invisible prefix.
-  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
-  std::istringstream in(std::move(text));
-  std::string line;
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
+  // Sized once: a million entries grown by doubling left half-used blocks
+  // behind (the list's RSS stayed after the loader was gone).
+  const auto lines = static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')) + 1;
+  ends_.reserve(lines);
+  labels_.reserve(lines);
+  names_.reserve(text.size());
   std::size_t lineno = 0;
   std::int64_t max_label = -1;
-  while (std::getline(in, line)) {
+  while (!text.empty()) {
+    const auto eol = text.find('\n');
+    const std::string_view line = text.substr(0, eol);
+    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
     ++lineno;
     // A NUL cuts a path short for every C API that opens it: refuse the line.
-    if (line.find('\0') != std::string::npos) {
+    if (line.find('\0') != std::string_view::npos) {
       throw DataError(list, fmt::format("line {}: contains a NUL byte (at column {}); a path cannot hold one", lineno,
                                         line.find('\0') + 1));
     }
     const auto first = line.find_first_not_of(" \t\r");
-    if (first == std::string::npos || line[first] == '#') continue;
+    if (first == std::string_view::npos || line[first] == '#') continue;
     const auto last = line.find_last_not_of(" \t\r");
-    const std::string body = line.substr(first, last - first + 1);
+    const std::string_view body = line.substr(first, last - first + 1);
     const auto sep = body.find_last_of(" \t");
-    if (sep == std::string::npos) {
+    if (sep == std::string_view::npos) {
       throw DataError(list, fmt::format("line {}: '{}' has no label (expected 'relative/path label')", lineno, body));
     }
-    const auto label = parse_label(std::string_view(body).substr(sep + 1));
+    const auto label = parse_label(body.substr(sep + 1));
     if (!label) {
       throw DataError(list, fmt::format("line {}: label '{}' is not a non-negative whole number", lineno,
                                         body.substr(sep + 1)));
     }
     check_label(*label, max_classes, list, fmt::format("line {}", lineno));
-    std::string rel = body.substr(0, body.find_last_not_of(" \t", sep) + 1);
-    absolute_.push_back(static_cast<char>(fs::path(rel).is_absolute()));
-    files_.push_back(root / rel);
+    names_.append(body.substr(0, body.find_last_not_of(" \t", sep) + 1));
+    ends_.push_back(names_.size());
     labels_.push_back(*label);
     max_label = std::max(max_label, *label);
   }
-  if (files_.empty()) throw DataError(list, "dataset is empty: the file list has no entries");
+  if (labels_.empty()) throw DataError(list, "dataset is empty: the file list has no entries");
+  names_.shrink_to_fit();
   num_classes_ = static_cast<std::size_t>(max_label + 1);
 }
 
-void FileList::read(std::size_t i, std::vector<std::byte>& out) const { read_whole_file(files_.at(i), out); }
+std::string_view FileList::name(std::size_t i) const {
+  const std::uint64_t end = ends_.at(i), begin = i == 0 ? 0 : ends_[i - 1];
+  return std::string_view(names_).substr(begin, end - begin);
+}
 
-std::uint64_t FileList::stored_size(std::size_t i) const { return file_size_or_unknown(files_.at(i)); }
+fs::path FileList::path(std::size_t i) const { return root_ / name(i); }  // an absolute name stays itself
+
+void FileList::read(std::size_t i, std::vector<std::byte>& out) const { read_whole_file(path(i), out); }
+
+std::uint64_t FileList::stored_size(std::size_t i) const { return file_size_or_unknown(path(i)); }
 
 std::string FileList::relative_name(std::size_t i) const {
   // As the list names it: an absolute path stays itself, so a list moved to
   // another folder keeps its fingerprint.
-  const fs::path& f = files_.at(i);
-  return absolute_.at(i) != 0 ? f.native() : f.lexically_relative(root_).native();
+  const fs::path p = path(i);
+  return fs::path(name(i)).is_absolute() ? p.native() : p.lexically_relative(root_).native();
 }
 
 std::string FileList::summary() const {
-  return fmt::format("file-list {}: {} images, {} classes", list_.string(), files_.size(), num_classes_);
+  return fmt::format("file-list {}: {} images, {} classes", list_.string(), labels_.size(), num_classes_);
 }
 
 // ---------------------------------------------------------------- TarShards
@@ -499,9 +512,11 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
       const std::uint64_t file_size = file.size();
       identity_.push_back(identity_of(file.fd(), path));
       const int fd = file.fd();
-      // key -> (image member, label); WebDataset keys are the name up to the
-      // first dot of the base name.
+      // key -> (image member, label); Note [WebDataset keys]: a key is the
+      // name up to the first dot of its last path component (webdataset's
+      // reader: "dir/photo.2019.jpg" is key "dir/photo", field "2019.jpg").
       std::map<std::string, std::pair<std::optional<Member>, std::optional<std::int64_t>>> by_key;
+      std::map<std::string, std::string> dotted;  // key -> a member whose field only ends like an image's or a label's
       std::vector<std::string> order;
       for (Member& m : scan_fd(fd, file_size, path)) {
         const auto slash = m.name.rfind('/');
@@ -509,7 +524,11 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
         if (dot == std::string::npos) continue;
         const std::string key = m.name.substr(0, dot), ext = lower(m.name.substr(dot + 1));
         auto& entry = by_key[key];
-        if (!entry.first && !entry.second) order.push_back(key);
+        if (!entry.first && !entry.second && !dotted.contains(key)) order.push_back(key);
+        if (const auto last = ext.rfind('.'); last != std::string::npos) {
+          const std::string tail = ext.substr(last + 1);
+          if (tail == "cls" || is_image_extension(tail)) dotted.emplace(key, m.name);
+        }
         if (is_image_extension(ext)) {
           if (entry.first) throw DataError(path, fmt::format("{}: a second image for key '{}' ({})", m.name, key, entry.first->name));
           entry.first = m;
@@ -527,7 +546,21 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
       }
       for (const std::string& key : order) {
         const auto& [image, label] = by_key[key];
-        if (!image) continue;  // a label or other member without an image
+        if (!image) {
+          // Note [WebDataset keys]: never drop a sample without a word.
+          if (const auto d = dotted.find(key); d != dotted.end()) {
+            throw DataError(path, fmt::format("{}: its key is '{}' (WebDataset's key is the name up to the first dot "
+                                              "of its last path component), so its field is '{}', not an image or "
+                                              "a label: this sample would be lost. Write keys without dots "
+                                              "(webdataset's own reader does not find it as an image either)",
+                                              d->second, key, d->second.substr(key.size() + 1)));
+          }
+          if (label) {
+            throw DataError(path, fmt::format("key '{}' has a .cls label but no image member pinfeed decodes ({})",
+                                              key, codec_extensions()));
+          }
+          continue;  // another field alone (json, txt): not a sample
+        }
         if (!label) throw DataError(path, fmt::format("{}: image without a .cls label", image->name));
         samples_.push_back(Sample{static_cast<std::uint32_t>(s), image->offset, image->size, *label, image->name, 0});
         samples_.back().header_sum = header_checksum(fd, image->offset, path);

@@ -687,9 +687,10 @@ Loader::Loader(LoaderConfig config)
   if (config_.require_pinned && pin_report_.pinned_slots < pc.slots) {
     throw ConfigError(fmt::format("loader: pinned memory was required but {}", pin_report_.reason));
   }
-  pinfeed::detail::log().info("loader: {}; {} samples per rank per epoch; pool {} x {} ({} pinned, budget {} limited by "
-                              "{}{})",
-                              dataset_->summary(), sampler_.num_samples(), pc.slots, format_bytes(pc.slot_bytes),
+  // The samples of an epoch are logged when it starts: a sampler given in
+  // Python (its own indices) decides them, not this rank's share.
+  pinfeed::detail::log().info("loader: {}; pool {} x {} ({} pinned, budget {} limited by {}{})",
+                              dataset_->summary(), pc.slots, format_bytes(pc.slot_bytes),
                               pin_report_.pinned_slots, format_bytes(budget.bytes), budget.limiting,
                               local_ranks > 1 ? fmt::format(", split across {} local ranks", local_ranks) : "");
 }
@@ -755,6 +756,8 @@ void Loader::start(std::uint64_t epoch, std::vector<std::size_t> order, std::siz
   run->start = position;
   const std::size_t left = run->order.size() - position, b = config_.batch_size;
   run->num_batches = config_.drop_last_batch ? left / b : (left + b - 1) / b;
+  pinfeed::detail::log().info("loader: epoch {}: {} samples on rank {} of {}, from position {} ({} batches)", epoch,
+                              run->order.size(), config_.rank, config_.world_size, position, run->num_batches);
   note_worker_threads();
   engine_->arena.execute([&] { run->build_graph(config_.prefetch); });
   run_ = std::move(run);

@@ -91,7 +91,17 @@ std::optional<Found> read_launcher(const std::function<const char*(const char*)>
                                        const char* local_size_name) {
   const char* rank = getenv(rank_name);
   const char* size = getenv(size_name);
-  if (rank == nullptr || size == nullptr) return std::nullopt;
+  if (rank == nullptr && size == nullptr) return std::nullopt;
+  // (PMI's half is left alone: some PMI-2 launches set PMI_RANK alone.)
+  if ((rank == nullptr || size == nullptr) && std::string_view(launcher) == "pmi") return std::nullopt;
+  if (rank == nullptr || size == nullptr) {
+    // Half a launch (a hand-exported RANK, a script that forgot WORLD_SIZE):
+    // guessing "rank 0 of 1" would train every process on the whole data.
+    const char* set = rank != nullptr ? rank_name : size_name;
+    const char* unset = rank != nullptr ? size_name : rank_name;
+    throw ConfigError(fmt::format("{}={} is set but {} is not: set both (a launcher sets both), or neither",
+                                  set, rank != nullptr ? rank : size, unset));
+  }
   Found env;
   env.launcher = launcher;
   env.source = fmt::format("{}/{}", rank_name, size_name);

@@ -27,7 +27,7 @@ the rank and world size come from the launch: see pinfeed.launch_env().
 # pinfeed._api, which imports torch; diag and set_log_level in pinfeed._base,
 # which does not. Each is loaded on first use (PEP 562).
 __version__ = "0.1.0"
-__all__ = ["Loader", "DistributedSampler", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError",
+__all__ = ["Loader", "DistributedSampler", "FakeData", "diag", "launch_env", "set_log_level", "Error", "ConfigError", "DataError",
            "HeldLimitError"]
 
 
@@ -40,12 +40,12 @@ def _submodule(name):
 # helpers load without torch; the loader's names load pinfeed._api (torch).
 _HOME = {"Error": "_pinfeed", "ConfigError": "_pinfeed", "DataError": "_pinfeed", "HeldLimitError": "_pinfeed",
          "diag": "_base",
-         "set_log_level": "_base", "Loader": "_api", "DistributedSampler": "_api", "launch_env": "_api"}
+         "set_log_level": "_base", "Loader": "_api", "DistributedSampler": "_api", "FakeData": "_api", "launch_env": "_api"}
 
 
 def __getattr__(name):
     # Submodules by importlib: `from . import x` would ask this hook first.
-    if name in ("_api", "_base", "_pinfeed", "_tools"):
+    if name in ("_api", "_base", "_data", "_pinfeed", "_tools"):
         return _submodule(name)
     if name not in _HOME:  # a typo or a probe must not import torch
         raise AttributeError(f"module 'pinfeed' has no attribute {name!r}")

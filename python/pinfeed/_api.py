@@ -23,7 +23,8 @@ except ImportError as e:  # an operator's host: the tools work, the loader needs
                       "pip install torch, or pip install 'pinfeed[torch]'. The command-line tools "
                       "(pinfeed-diag, pinfeed-data, pinfeed-train, pinfeed-bench) do not need it") from e
 
-from . import _pinfeed
+from . import _data, _pinfeed
+from ._data import FakeData
 
 
 # The loader's options, declared once in C++ (loader/include/pinfeed/loader/
@@ -381,6 +382,53 @@ def _digest(order):
     return hashlib.blake2b(array.array("q", order).tobytes(), digest_size=8).hexdigest()
 
 
+def _state_field(state, key, check, what):
+    if key in state and not check(state[key]):
+        raise ValueError(f"state_dict[{key!r}] must be {what}, got {state[key]!r}")
+
+
+def _is_int(v, lo=0, hi=2**63 - 1):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _check_state(state):
+    """A state_dict's fields, each checked by name (a tampered or truncated
+    checkpoint fails here, naming the field, not deep inside)."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state_dict must be a dict (Loader.state_dict()'s), not {type(state).__name__}")
+    missing = {"seed", "epoch", "position", "world_size", "rank"} - set(state)
+    if missing:
+        raise ValueError(f"state_dict lacks {sorted(missing)}")
+    _state_field(state, "seed", lambda v: _is_int(v, 0, 2**64 - 1), "a non-negative integer")
+    for key in ("epoch", "position"):
+        _state_field(state, key, _is_int, "a non-negative integer")
+    _state_field(state, "world_size", lambda v: _is_int(v, 1, 2**31 - 1), "an integer in [1, 2^31 - 1]")
+    _state_field(state, "rank", lambda v: _is_int(v, 0, state["world_size"] - 1),
+                 f"an integer in [0, world_size={state['world_size']})")
+    _state_field(state, "order", lambda v: v in _ORDERS + ("sampler",), f"one of {_ORDERS + ('sampler',)}")
+    for key in ("shuffle", "sampler_drop_last"):
+        _state_field(state, key, lambda v: isinstance(v, bool), "True or False")
+    for key in ("subset", "order_digest"):
+        _state_field(state, key, lambda v: v is None or isinstance(v, str), "a digest (str) or None")
+    _state_field(state, "resharded_from", lambda v: isinstance(v, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and _is_int(p[0], 1, 2**31 - 1) and _is_int(p[1]) for p in v),
+        "a list of [world_size, position] pairs")
+    d = state.get("dataset")
+    if d is not None:
+        if not isinstance(d, dict) or {"samples", "num_classes", "hash"} - set(d):
+            raise ValueError(f"state_dict['dataset'] must be the dataset's fingerprint (samples, num_classes, "
+                             f"classes, hash), got {d!r}")
+        for key in ("samples", "num_classes"):
+            if not _is_int(d[key]):
+                raise ValueError(f"state_dict['dataset'][{key!r}] must be a non-negative integer, got {d[key]!r}")
+        if not isinstance(d["hash"], str):
+            raise ValueError(f"state_dict['dataset']['hash'] must be a str, got {d['hash']!r}")
+        classes = d.get("classes")
+        if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+            raise ValueError(f"state_dict['dataset']['classes'] must be a list of class names or None, "
+                             f"got {classes!r}")
+
+
 def _pad_or_trim(indices, world, trim):
     """An epoch's list over `world` ranks, as torch's DistributedSampler makes
     it (and pinfeed's): padded with its first indices (repeated as often as
@@ -404,11 +452,14 @@ def _remaining(indices, segments, trim):
     the one before left: the samples not yet delivered to any rank, each
     once (the padding of a segment is not carried into the next)."""
     for world, position in segments:
-        spread = _pad_or_trim(indices, world, trim)
-        if position * world > len(spread):
+        # The padded (or trimmed) list is never built: a state of a huge
+        # world would cost its size; only its length and head matter.
+        n = len(indices)
+        total = _data.per_rank(n, world, trim) * world if n else 0
+        if position * world > total:
             raise ValueError(f"state_dict's position {position} is outside the epoch: each of its {world} ranks had "
-                             f"{len(spread) // world} samples")
-        indices = spread[position * world:min(len(spread), len(indices))]
+                             f"{total // world} samples")
+        indices = indices[position * world:min(total, n)]
     return indices
 
 
@@ -428,6 +479,9 @@ def _fold_transform_arguments(options, scale, ratio, size, flip, interpolation):
             raise TypeError("pass size=(h, w) or size= and height=, not both")
         if len(size) != 2:
             raise ValueError(f"size must be an int or (height, width), got {size!r}")
+        for v in size:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"size must be positive integers (height, width), got {size!r}")
         options["height"], size = size
     if not isinstance(flip, bool) and isinstance(flip, numbers.Real) and not isinstance(flip, numbers.Integral):
         if "flip_p" in options:
@@ -455,6 +509,9 @@ def _normalization(mean, std):
     mean, std = _triple("mean", mean), _triple("std", std)
     if any(v <= 0 for v in std):
         raise ValueError(f"std must be positive, got {std!r}")
+    if any(v < 1e-6 for v in std):
+        raise ValueError(f"std={std!r}: a std under 1e-6 scales pixel steps past a million (float32 loses them, "
+                         "and overflows to inf and NaN); pinfeed normalizes pixels on the [0, 1] scale")
     _warn_if_0_255(mean, std)
     return mean, std
 
@@ -617,6 +674,24 @@ class Loader:
     RuntimeError instead of taking the new run's batches.
     """
 
+    def __new__(cls, data=None, *args, **kwargs):
+        # A FakeData (pinfeed's or torchvision's) gets the loader of batches
+        # made in memory: the --dummy of training scripts, same loop.
+        if _data.is_fake(data):
+            return _fake_loader(data, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __copy__(self):
+        raise TypeError("a pinfeed.Loader cannot be copied: it owns decode threads, a pinned pool and an epoch's "
+                        "position, which a copy would share. Make a second Loader with the same arguments")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        raise TypeError("a pinfeed.Loader cannot be pickled (decode threads, a pinned pool): pickle its "
+                        "state_dict() and make a Loader with the same arguments where it is loaded")
+
     def __init__(self, data, batch_size=_default("batch_size"), shuffle=None, sampler=None, *,
                  num_workers=None, pin_memory="auto", drop_last=False, prefetch_factor=None,
                  persistent_workers=False, transform=_default("crop"), size=_default("size"),
@@ -626,7 +701,9 @@ class Loader:
                  return_indices=False, return_paths=False, list_root=None, local_rank=None, classes=None,
                  max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
                  device=None, stream=None, labels_device=True, dtype=None, memory_format=None, order=None,
-                 batch_transform=None, batch_fn=None, _copy_delay_us=0, **options):
+                 batch_transform=None, batch_fn=None, indices=None, _copy_delay_us=0, **options):
+        given = data
+        data, self._subset, folder = _data.resolve(data, indices)
         _check_arguments(data, pin_memory, transform, persistent_workers, options)
         threads = _dataloader_alias("num_workers", num_workers, threads)
         prefetch = _dataloader_alias("prefetch_factor", prefetch_factor, prefetch)
@@ -637,6 +714,10 @@ class Loader:
         size, flip = _fold_transform_arguments(options, scale, ratio, size, flip, interpolation)
         if isinstance(layout, str):
             layout = _LAYOUT_ALIASES.get(layout, layout)
+        if layout == "nhwc-u8" and (mean is not _IMAGENET_MEAN or std is not _IMAGENET_STD):
+            raise ValueError("layout='nhwc-u8' yields the decoded uint8 pixels: mean= and std= are not applied. "
+                             "Normalize on the device (device= with layout='nchw-f32' does it on the copy stream), "
+                             "or use layout='nchw-f32'")
         _check_device_arguments(dtype, memory_format, _copy_delay_us)
         mean, std = _normalization(mean, std)
         self.batch_transform, self.batch_fn = _hooks(batch_transform, batch_fn)
@@ -666,6 +747,15 @@ class Loader:
         self.num_workers, self.prefetch = self._impl.threads(), prefetch
         self.copy, self.return_indices, self.return_paths = copy, return_indices, return_paths
         self.pin_memory = pin_memory
+        if self._subset is not None:
+            self._subset.check(self._impl.dataset_size(), os.fsdecode(data))
+        # DataLoader's .dataset (the object given, or a view of the path's)
+        # and .sampler (the one given, or one that shows the loader's).
+        self.dataset = given if not isinstance(given, (str, bytes, os.PathLike)) and not isinstance(
+            given, _data.DatasetView) else _data.DatasetView(self, data, self._subset)
+        if folder is not None:
+            _data.check_folder(folder, self, data)
+        self.sampler = sampler if sampler is not None else _data.SamplerView(self)
         self._init_epochs(sampler, iterated, order, sampler_trim)
         self._active = None  # the running iteration's token
         # Threads: one batch is taken at a time (next() and iter() of any
@@ -748,10 +838,14 @@ class Loader:
         """torch's DistributedSampler is read for its options: a dataset of
         another length than the loader's (a Subset) would be ignored."""
         dataset = getattr(sampler, "dataset", None) if _is_torchs_distributed_sampler(sampler) else None
-        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != self._impl.dataset_size():
+        if dataset is not None and hasattr(dataset, "__len__") and len(dataset) != self._dataset_size():
             raise ValueError(f"the sampler's dataset has {len(dataset)} samples, the loader's data "
-                             f"{self._impl.dataset_size()}: torch's DistributedSampler is read for its options (the "
-                             "loader shards its own data); for a subset, pass a sampler that yields its indices")
+                             f"{self._dataset_size()}: torch's DistributedSampler is read for its options (the "
+                             "loader shards its own data); for a subset, pass the Subset as data= (or indices=)")
+
+    def _dataset_size(self):
+        """Samples of the loader's dataset (its subset's, with one)."""
+        return self._impl.dataset_size() if self._subset is None else len(self._subset)
 
     def _check_classes(self, expected):
         if isinstance(expected, Loader):
@@ -848,18 +942,19 @@ class Loader:
         return tuple(self._impl.crop_params(index, int(epoch)))
 
     def __len__(self):
-        """Batches in the epoch the loader runs (or runs next), as
-        len(DataLoader): this rank's samples over batch_size, the last
-        incomplete batch counted unless drop_last."""
-        n = self._samples_in_epoch()
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        """Batches of a whole epoch on this rank, as len(DataLoader): this
+        rank's samples over batch_size, the last incomplete batch counted
+        unless drop_last. Also after load_state_dict(), as torchdata's
+        StatefulDataLoader: len() is the epoch's, while the iteration that
+        resumes yields only the batches left (also when a state of another
+        world size is resharded: the rest of that epoch over this world)."""
+        return self._batch_count(self._samples_in_epoch())
+
+    def _batch_count(self, samples):
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
     def _samples_in_epoch(self):
-        """This rank's samples in the epoch the loader runs or runs next."""
-        if self._segments is not None and self._segments[0] == self._epoch:
-            if self._running is not None and self._running[0] == self._segments[0]:
-                return self._running[1]
-            return len(self._order_for(self._segments[0]))
+        """This rank's samples in a whole epoch."""
         if self._iter_sampler is not None:
             try:
                 return len(self._iter_sampler)
@@ -868,13 +963,15 @@ class Loader:
                     return self._running[1]
                 raise TypeError(f"len(loader): the sampler ({type(self._iter_sampler).__name__}) has no len(), "
                                 "and no epoch has run yet") from None
+        if self._subset is not None:
+            return _data.per_rank(len(self._subset), self.world_size, self._trim)
         return self._impl.samples_per_epoch()
 
     def _perm(self, epoch):
         """The epoch's order of the whole dataset, before padding and sharding:
         pinfeed's permutation, or torch's DistributedSampler's (randperm with
         a generator seeded seed + epoch)."""
-        n = self._impl.dataset_size()
+        n = self._dataset_size()
         if self._order == "torch":
             if not self.shuffle:
                 return list(range(n))
@@ -902,7 +999,17 @@ class Loader:
         return out
 
     def _order_for(self, epoch):
-        """This rank's indices for `epoch`, or None for pinfeed's own sampler's."""
+        """This rank's sample indices for `epoch`, or None for pinfeed's own
+        sampler's (the C++ one, over the whole data)."""
+        if self._subset is None:
+            return self._view_order(epoch, explicit=False)
+        source = f"the sampler ({type(self._iter_sampler).__name__})" if self._iter_sampler is not None else "the order"
+        return self._subset.map(self._view_order(epoch), source)
+
+    def _view_order(self, epoch, explicit=True):
+        """This rank's indices of the loader's dataset (positions in its
+        subset, with one) for `epoch`; explicit=False: None for pinfeed's
+        own sampler."""
         if self._segments is not None and self._segments[0] == epoch:
             left = _remaining(self._perm(epoch), self._segments[1], self._trim)
             return _pad_or_trim(left, self.world_size, self._trim)[self.rank::self.world_size]
@@ -910,7 +1017,10 @@ class Loader:
             return self._drawn()
         if self._order == "torch":
             return _pad_or_trim(self._perm(epoch), self.world_size, self._trim)[self.rank::self.world_size]
-        return None
+        if not explicit:
+            return None
+        return list(_pinfeed.sampler_indices(self._dataset_size(), self.rank, self.world_size, self.shuffle, self.seed,
+                                             self._trim, epoch))
 
     @property
     def num_classes(self):
@@ -998,7 +1108,7 @@ class Loader:
             self._epoch = self._current + 1
 
     def _batches(self, token, delivered):
-        last = len(self)
+        last = self._batch_count(self._running[1])  # this run's order (a resharded remainder is shorter)
         try:
             while True:
                 self._check_process()
@@ -1107,7 +1217,8 @@ class Loader:
     def _order_keys(self):
         """What decides the order besides the seed, as a state records it."""
         return {"order": "sampler" if self._iter_sampler is not None else self._order, "shuffle": bool(self.shuffle),
-                "sampler_drop_last": bool(self._trim)}
+                "sampler_drop_last": bool(self._trim),
+                "subset": None if self._subset is None else self._subset.digest()}
 
     def _fingerprint(self):
         """The dataset's fingerprint as state_dict() carries it (computed once:
@@ -1136,9 +1247,7 @@ class Loader:
         says "resharded_from" meanwhile, so it can be resumed again. A
         sampler that orders each rank itself (iterated) cannot be resharded:
         that is refused."""
-        missing = {"seed", "epoch", "position", "world_size", "rank"} - set(state)
-        if missing:
-            raise ValueError(f"state_dict lacks {sorted(missing)}")
+        _check_state(state)
         self._check_order_keys(state, strict)
         self._check_dataset(state.get("dataset"), strict)
         epoch, position = int(state["epoch"]), int(state["position"])
@@ -1178,7 +1287,7 @@ class Loader:
         against this loader's: another one would point the position into
         another order."""
         mine = dict(self._order_keys(), seed=self.seed)
-        for key in ("seed", "order", "shuffle", "sampler_drop_last"):
+        for key in ("seed", "order", "shuffle", "sampler_drop_last", "subset"):
             if key not in state or state[key] == mine[key]:
                 continue  # (states before 2026-12-05 carry only the seed)
             message = (f"state_dict was taken with {key}={state[key]!r}, this loader has {key}={mine[key]!r}: the "
@@ -1290,8 +1399,38 @@ class Loader:
 
 
 
+def _fake_loader(data, batch_size=_default("batch_size"), shuffle=None, sampler=None, *, drop_last=False,
+                 layout=_default("layout"), mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
+                 local_rank=None, seed=None, device=None, copy=False, return_indices=False, size=None, **others):
+    """Loader(FakeData(...), ...): the arguments that shape its batches are
+    read; the others (threads, transform, ...) are checked by name and have
+    nothing to do."""
+    import inspect  # pylint: disable=import-outside-toplevel
+    known = set(inspect.signature(Loader.__init__).parameters) | set(_OPTIONS) | set(_INSTEAD)
+    for name in others:
+        if name not in known:
+            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+    if sampler is not None and _iterated(sampler):
+        raise TypeError("Loader(FakeData(...)) shards by rank as DistributedSampler does: pass no sampler, or a "
+                        "DistributedSampler (torch's or pinfeed's)")
+    shuffle, seed, trim, rank, world_size, _, _ = _reconcile_sampler(sampler, shuffle, seed, rank, world_size, None)
+    rank, world_size, local_rank = _place_in_launch(rank, world_size, local_rank, {})
+    layout = _LAYOUT_ALIASES.get(layout, layout) if isinstance(layout, str) else layout
+    if layout not in _OPTIONS["layout"]["choices"]:
+        raise ValueError(f"layout must be one of {_OPTIONS['layout']['choices']}, got {layout!r}")
+    mean, std = _normalization(mean, std)
+    batch_size = _int_arg("batch_size", batch_size, 1, 1 << 20)
+    if isinstance(size, numbers.Integral):
+        size = (size, size)
+    out = _data.FakeLoader(data, batch_size, shuffle, seed, rank, world_size, trim, drop_last, layout, mean, std,
+                           _parse_device(device, local_rank), copy, return_indices, size)
+    if sampler is not None:
+        out.sampler = sampler
+    return out
+
+
 # The public classes are pinfeed's (pickles, reprs, help): not pinfeed._api's.
-Loader.__module__ = DistributedSampler.__module__ = "pinfeed"
+Loader.__module__ = DistributedSampler.__module__ = FakeData.__module__ = "pinfeed"
 
 if Loader.__doc__ is not None:  # None under python -OO
     Loader.__doc__ += "\n    The loader's options (name=default: what; range), from its table:\n\n" + _options_doc() + "\n"

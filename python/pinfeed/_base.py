@@ -13,8 +13,6 @@ def set_log_level(level):
     _pinfeed.set_log_level({"warning": "warn"}.get(level, level))
 
 
-set_log_level("warning")
-
 
 def diag(root="/", gpus=1, batch=None, prefetch=2, sample_ms=100, loader=None):
     """The memory diagnostics report of `pinfeed-diag --json`, as a dict. With

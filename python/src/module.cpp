@@ -783,6 +783,9 @@ void bind_functions(py::module_& m) {
 
 PYBIND11_MODULE(_pinfeed, m) {
   m.doc() = "pinfeed's C++ loader (use the pinfeed package, not this module)";
+  // Warnings only until pinfeed.set_log_level says otherwise: an info line
+  // per Loader on every rank is noise in a training log.
+  pinfeed::detail::log().set_level(spdlog::level::warn);
   bind_errors(m);
   bind_loader(m);
   bind_functions(m);

@@ -69,6 +69,16 @@ TEST(LaunchEnvTest, ReadsTorchrunMpiPmiAndSlurmVariables) {
                ConfigError);
 }
 
+TEST(LaunchEnvTest, HalfALaunchIsAnErrorNamingTheMissingVariable) {
+  // RANK without WORLD_SIZE was read as "rank 0 of 1": every process then
+  // trains on the whole dataset.
+  const std::string rank_only = conflict({{"RANK", "3"}});
+  EXPECT_NE(rank_only.find("RANK=3 is set but WORLD_SIZE is not"), std::string::npos) << rank_only;
+  const std::string size_only = conflict({{"WORLD_SIZE", "4"}});
+  EXPECT_NE(size_only.find("WORLD_SIZE=4 is set but RANK is not"), std::string::npos) << size_only;
+  EXPECT_NE(conflict({{"OMPI_COMM_WORLD_RANK", "1"}}).find("OMPI_COMM_WORLD_SIZE is not"), std::string::npos);
+}
+
 TEST(LaunchEnvTest, SourcesThatDisagreeAreAnErrorNamingBoth) {
   // Agreeing sources are fine: srun starting an MPI program sets both.
   const auto both = env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_STEP_ID", "0"},

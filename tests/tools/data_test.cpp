@@ -148,10 +148,35 @@ TEST(DataToolTest, HostileShardsAndFifosAreNamedErrorsNotHangs) {
   EXPECT_NE(r.err.find("FIFO"), std::string::npos) << r.err;
 }
 
+TEST(DataToolTest, ScanJsonNamesABadFileWhoseNameIsNotUtf8) {
+  pinfeed::testing::TempDir dir;
+  const auto root = dir.path() / "set";
+  ASSERT_EQ(data("-q make --out " + root.string() + " --classes 2 --per-class 2").rc, 0);
+  pinfeed::testing::write_file(root / "train/class_000/caf\xe9.jpg", "not a jpeg at all");
+  const Result r = data("scan --json " + (root / "train").string());
+  EXPECT_EQ(r.rc, 1) << r.err;
+  const json j = json::parse(r.out);  // valid JSON: the bad byte is U+FFFD
+  ASSERT_EQ(j["bad"].size(), 1U) << r.out;
+  EXPECT_NE(j["bad"][0]["path"].get<std::string>().find("caf\xef\xbf\xbd.jpg"), std::string::npos) << r.out;
+}
+
+TEST(DataToolTest, MakeRefusesAFolderThatHoldsFiles) {
+  pinfeed::testing::TempDir dir;
+  const auto root = dir.path() / "set";
+  ASSERT_EQ(data("-q make --out " + root.string() + " --classes 2 --per-class 2 --seed 1").rc, 0);
+  const Result again = data("-q make --out " + root.string() + " --classes 3 --per-class 2 --seed 2");
+  EXPECT_EQ(again.rc, 1);
+  EXPECT_NE(again.err.find("already holds files"), std::string::npos) << again.err;
+  EXPECT_FALSE(std::filesystem::exists(root / "train/class_002")) << "nothing written into the old set";
+  std::filesystem::create_directories(dir.path() / "empty");
+  EXPECT_EQ(data("-q make --out " + (dir.path() / "empty").string() + " --classes 1 --per-class 1").rc, 0);
+}
+
 TEST(DataToolTest, BadFlagsExitTwo) {
   for (const char* args : {"", "make", "make --out /tmp/x --classes 0", "make --out /tmp/x --quality 101", "pack --from /nonexistent --out x",
                            "pack --from . --out x --max-side 4", "pack --from . --out x --max-side 100 --quality 0",
-                           "pack --from . --out x --max-side -1",
+                           "pack --from . --out x --max-side -1", "make --out /tmp/x --threads 100000",
+                           "scan . --threads 5000", "pack --from . --out x --threads 1025",
                            "frobnicate"}) {
     const Result r = data(args);
     EXPECT_EQ(r.rc, 2) << args;

@@ -102,6 +102,12 @@ TEST_F(TrainToolTest, CompareWritesTheCurvesAndThePlot) {
   EXPECT_EQ(rows, 6U + 6U + 2U) << "two runs of 3 steps x 2 epochs, and one of 1 step x 2 at double the batch";
   EXPECT_TRUE(std::filesystem::exists(prefix + ".png") || r.err.find("gnuplot not found") != std::string::npos);
   EXPECT_NE(r.out.find("2 workers: same global batch and lr"), std::string::npos) << r.out;
+  // A --compare-out that cannot be written is found before the runs.
+  const Result nowhere = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 "
+                               "--compare 2 --compare-out " + (tmp.path() / "no/such/folder/cmp").string());
+  EXPECT_EQ(nowhere.rc, 1);
+  EXPECT_NE(nowhere.err.find("no/such/folder does not exist"), std::string::npos) << nowhere.err;
+  EXPECT_EQ(nowhere.out.find("epoch"), std::string::npos) << "trained before finding out: " << nowhere.out;
 }
 
 /// Validation accuracy of the last epoch of a --json run.

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pinfeed/file_io.hpp"
@@ -120,9 +121,9 @@ class FileList final : public Dataset {
   /// without a label, a label that is not a non-negative number or is at or
   /// over max_classes, no entries, a list that is not a regular file.
   FileList(const std::filesystem::path& list, std::filesystem::path root, std::size_t max_classes = kDefaultMaxClasses);
-  [[nodiscard]] std::size_t size() const noexcept override { return files_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept override { return labels_.size(); }
   [[nodiscard]] std::int64_t label(std::size_t i) const override { return labels_.at(i); }
-  [[nodiscard]] std::string describe(std::size_t i) const override { return files_.at(i).string(); }
+  [[nodiscard]] std::string describe(std::size_t i) const override { return path(i).string(); }
   void read(std::size_t i, std::vector<std::byte>& out) const override;
   [[nodiscard]] std::size_t num_classes() const noexcept override { return num_classes_; }
   [[nodiscard]] std::string summary() const override;
@@ -130,9 +131,15 @@ class FileList final : public Dataset {
   [[nodiscard]] std::uint64_t stored_size(std::size_t i) const override;
 
  private:
+  /// Entry i's name as the list gives it, and the file it names.
+  [[nodiscard]] std::string_view name(std::size_t i) const;
+  [[nodiscard]] std::filesystem::path path(std::size_t i) const;
+
   std::filesystem::path list_, root_;
-  std::vector<char> absolute_;  ///< per entry: the list gave an absolute path
-  std::vector<std::filesystem::path> files_;
+  // Every entry's name in one buffer (a path object per entry cost ~110
+  // bytes of heap each plus its name, in blocks a freed list left behind).
+  std::string names_;
+  std::vector<std::uint64_t> ends_;  ///< entry i is names_[ends_[i-1], ends_[i])
   std::vector<std::int64_t> labels_;
   std::size_t num_classes_ = 0;
 };
