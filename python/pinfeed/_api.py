@@ -1429,6 +1429,16 @@ def _fake_loader(data, batch_size=_default("batch_size"), shuffle=None, sampler=
     return out
 
 
+# help() and IDEs show __init__'s arguments, not __new__'s (data, *args,
+# **kwargs: it only routes a FakeData to its loader).
+def _init_signature():
+    import inspect  # pylint: disable=import-outside-toplevel
+    sig = inspect.signature(Loader.__init__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+Loader.__signature__ = _init_signature()
+
 # The public classes are pinfeed's (pickles, reprs, help): not pinfeed._api's.
 Loader.__module__ = DistributedSampler.__module__ = FakeData.__module__ = "pinfeed"
 

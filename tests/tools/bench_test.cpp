@@ -141,7 +141,7 @@ TEST_F(BenchToolTest, ThreadsBenchTabulatesEachCountInItsOwnProcess) {
   // An --out that cannot be written is found before the run, not after it.
   const Result nowhere = bench("threads --data " + train() + " --counts 1 --batch 4 --size 32 --repeat 1 --out " +
                                (dir_.path() / "no/such/folder/t").string());
-  EXPECT_EQ(nowhere.rc, 1);
+  EXPECT_EQ(nowhere.rc, 2) << "a bad flag";
   EXPECT_NE(nowhere.err.find("no/such/folder does not exist"), std::string::npos) << nowhere.err;
   EXPECT_EQ(nowhere.out.find("images/s"), std::string::npos) << "ran before finding out: " << nowhere.out;
   EXPECT_EQ(bench("threads --data x --counts 1,two").rc, 2);

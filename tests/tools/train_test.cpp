@@ -105,7 +105,7 @@ TEST_F(TrainToolTest, CompareWritesTheCurvesAndThePlot) {
   // A --compare-out that cannot be written is found before the runs.
   const Result nowhere = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 "
                                "--compare 2 --compare-out " + (tmp.path() / "no/such/folder/cmp").string());
-  EXPECT_EQ(nowhere.rc, 1);
+  EXPECT_EQ(nowhere.rc, 2) << "a bad flag";
   EXPECT_NE(nowhere.err.find("no/such/folder does not exist"), std::string::npos) << nowhere.err;
   EXPECT_EQ(nowhere.out.find("epoch"), std::string::npos) << "trained before finding out: " << nowhere.out;
 }
