@@ -556,7 +556,14 @@ class Loader:
     there (the README's migration table).
 
     data: an ImageFolder root, a file list ("relative/path label" lines), or
-        tar shards ("train-{000000..000099}.tar").
+        tar shards ("train-{000000..000099}.tar"); a torch.utils.data.Subset
+        of an ImageFolder or of a loader's .dataset (its indices, in its
+        order); or a FakeData (pinfeed's or torchvision's: batches made in
+        memory, no files). indices=: a range or list of sample indices, as
+        a Subset.
+    dataset, sampler: as DataLoader's: loader.dataset (len, classes,
+        samples, targets, root) and loader.sampler (the one passed, or one
+        whose set_epoch is the loader's).
     batch_size, shuffle, drop_last: as DataLoader. shuffle defaults to False
         (True with a sampler that says so); drop_last=True drops each rank's
         last incomplete batch.
