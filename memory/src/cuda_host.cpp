@@ -132,6 +132,18 @@ void host_register(void* ptr, std::size_t bytes, int device) {
   }
 }
 
+bool host_registered(const void* ptr, int device) noexcept {
+  if (!runtime_status().available) return false;
+  const DeviceGuard guard(device);
+  if (!guard.ok()) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
 void host_unregister(void* ptr, int device) noexcept {
   const DeviceGuard guard(device);
   const cudaError_t e = cudaHostUnregister(ptr);

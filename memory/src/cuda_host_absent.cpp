@@ -19,6 +19,7 @@ void host_register(void* /*ptr*/, std::size_t bytes, int /*device*/) {
 }
 
 void host_unregister(void* /*ptr*/, int /*device*/) noexcept {}
+bool host_registered(const void* /*ptr*/, int /*device*/) noexcept { return false; }
 
 DeviceGuard::DeviceGuard(int /*device*/) noexcept {}
 DeviceGuard::~DeviceGuard() { (void)previous_; }  // no device to give back (and clang sees the field used)

@@ -549,6 +549,75 @@ TYPED_TEST(DeviceBackendTest, BatchNormReducesLongRowsLikeTheHost) {
   }
 }
 
+// Note [One stream, one workspace]: BatchNorm's partial sums and cuBLAS's
+// handle belong to a stream. Two threads, each with its own stream, run the
+// statistics and a GEMM at once, over and over: each gets what it gets
+// alone (a shared workspace would mix the two channels' sums).
+TYPED_TEST(DeviceBackendTest, BatchNormAndGemmOnTwoStreamsAtOnceKeepTheirOwnState) {
+  const int c = 2;
+  const std::size_t m = 200003;
+  const int dim = 96;
+  struct Lane {
+    std::unique_ptr<Stream> stream;
+    DeviceBuffer x, sums, a, b, out;
+    std::vector<float> want_sums, want_out;
+  };
+  std::vector<Lane> lanes(2);
+  for (std::size_t l = 0; l < lanes.size(); ++l) {
+    Lane& lane = lanes[l];
+    auto x = random_floats(static_cast<std::size_t>(c) * m, 90 + static_cast<unsigned>(l));
+    for (float& v : x) v += 10.0F * static_cast<float>(l + 1);  // a different mean per lane
+    lane.x = this->upload(x);
+    lane.sums = this->backend->allocate(2 * c * sizeof(float));
+    lane.a = this->upload(random_floats(static_cast<std::size_t>(dim) * dim, 95 + static_cast<unsigned>(l)));
+    lane.b = this->upload(random_floats(static_cast<std::size_t>(dim) * dim, 97 + static_cast<unsigned>(l)));
+    lane.out = this->backend->allocate(static_cast<std::size_t>(dim) * dim * sizeof(float));
+    lane.stream = this->backend->create_stream();
+  }
+  const auto run = [&](Lane& lane) {
+    this->backend->bn_stats(*lane.stream, lane.x.template as<float>(), c, m, lane.sums.template as<float>());
+    Gemm g;
+    g.m = g.n = g.k = dim;
+    g.a = lane.a.template as<float>();
+    g.b = lane.b.template as<float>();
+    g.c = lane.out.template as<float>();
+    g.lda = g.ldb = g.ldc = dim;
+    this->backend->gemm(*lane.stream, g);
+  };
+  const auto read = [&](Lane& lane, const DeviceBuffer& b, std::size_t n) {
+    std::vector<float> out(n);
+    this->backend->copy_d2h(*lane.stream, out.data(), b.get(), n * sizeof(float));
+    this->backend->synchronize(*lane.stream);
+    return out;
+  };
+  for (Lane& lane : lanes) {  // alone, one after the other
+    run(lane);
+    lane.want_sums = read(lane, lane.sums, 2 * c);
+    lane.want_out = read(lane, lane.out, static_cast<std::size_t>(dim) * dim);
+  }
+  ASSERT_GT(std::abs(lanes[1].want_sums[0] - lanes[0].want_sums[0]), 1e5F);  // the lanes' sums differ
+  std::vector<std::thread> threads;
+  for (Lane& lane : lanes) {
+    threads.emplace_back([this, &run, &lane] {
+      this->backend->make_current();
+      for (int i = 0; i < 50; ++i) run(lane);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t l = 0; l < lanes.size(); ++l) {
+    const auto sums = read(lanes[l], lanes[l].sums, 2 * c);
+    for (std::size_t i = 0; i < sums.size(); ++i) {
+      EXPECT_NEAR(sums[i], lanes[l].want_sums[i], 1e-5 * std::abs(lanes[l].want_sums[i])) << "lane " << l << ", " << i;
+    }
+    // cuBLAS may choose another kernel while two streams are busy: the same
+    // product, not necessarily the same bits.
+    const auto out = read(lanes[l], lanes[l].out, static_cast<std::size_t>(dim) * dim);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], lanes[l].want_out[i], 1e-5 * (1 + std::abs(lanes[l].want_out[i]))) << "lane " << l << ", " << i;
+    }
+  }
+}
+
 TYPED_TEST(DeviceBackendTest, BatchNormBackwardMatchesFiniteDifferences) {
   // L = sum(w * y): dL/dy = w. Without ReLU (smooth) for the finite
   // differences of x, gamma and beta; the mask is checked after.

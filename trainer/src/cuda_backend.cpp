@@ -24,12 +24,25 @@ void cuda_check(cudaError_t e, const char* what, int device) {
   throw CudaError(fmt::format("{} on cuda:{}: {} ({})", what, device, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
-std::unique_ptr<CudaStream> CudaStream::create(int device) {
+std::unique_ptr<CudaStream> CudaStream::create(int device, std::size_t workspace_bytes) {
   const memory::cuda::DeviceGuard guard(device);
   PINFEED_CUDA_TRY(cudaSetDevice(device), device);
+  void* work = nullptr;
+  if (workspace_bytes > 0) {
+    const cudaError_t e = cudaMalloc(&work, workspace_bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      throw OutOfMemory("device", fmt::format("cuda:{}: cannot allocate a stream's {} byte workspace", device,
+                                              workspace_bytes));
+    }
+    PINFEED_CUDA_TRY(e, device);
+  }
   cudaStream_t s = nullptr;
-  PINFEED_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), device);
-  return std::unique_ptr<CudaStream>(new CudaStream(device, s));
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
+    if (work != nullptr) (void)cudaFree(work);
+    PINFEED_CUDA_TRY(e, device);
+  }
+  return std::unique_ptr<CudaStream>(new CudaStream(device, s, work));
 }
 
 CudaStream& cuda(Stream& s) { return dynamic_cast<CudaStream&>(s); }
@@ -145,17 +158,8 @@ class CudaBackend final : public DeviceBackend {
     // Zero-filling a new buffer runs here, not on the legacy default
     // stream: that one waits for all of torch's default-stream work.
     init_stream_ = detail::CudaStream::create(device);
-    // BatchNorm's partial sums: allocated now, never during a step (Note
-    // [No allocation during collectives]).
-    bn_work_ = allocate(kernels::bn_workspace_doubles() * sizeof(double));
-    // cuBLAS is loaded and its handle made at the first GEMM: a backend that
-    // only feeds batches (device=) never needs it, nor libcublas.
-  }
-  ~CudaBackend() override {
-    if (blas_ != nullptr) {
-      const memory::cuda::DeviceGuard guard(device_);
-      (void)Cublas::get().destroy(blas_);
-    }
+    // cuBLAS is loaded, and a stream's handle made, at the first GEMM: a
+    // backend that only feeds batches (device=) never needs libcublas.
   }
 
   [[nodiscard]] BackendKind kind() const noexcept override { return BackendKind::cuda; }
@@ -192,7 +196,12 @@ class CudaBackend final : public DeviceBackend {
     PINFEED_CUDA_TRY(cudaStreamSynchronize(init_stream_->get()), device_);
     return DeviceBuffer(this, p, bytes);
   }
-  std::unique_ptr<Stream> create_stream() override { return detail::CudaStream::create(device_); }
+  /// Every stream may run kernels: it comes with its BatchNorm workspace
+  /// (Note [One stream, one workspace]).
+  std::unique_ptr<Stream> create_stream() override {
+    return detail::CudaStream::create(device_, kernels::bn_workspace_doubles() * sizeof(double));
+  }
+  std::unique_ptr<Stream> create_copy_stream() override { return detail::CudaStream::create(device_); }
   std::shared_ptr<Event> create_event() override { return std::make_shared<CudaEvent>(device_); }
 
   void copy_h2d(Stream& s, void* dst, const void* src, std::size_t bytes) override {
@@ -246,18 +255,23 @@ class CudaBackend final : public DeviceBackend {
   void gemm(Stream& s, const Gemm& g) override {
     select();
     const Cublas& lib = Cublas::get();
-    // One handle for every thread: its stream is state, so setting it and
-    // enqueueing the GEMM happen as one step (two workers of one process,
-    // a DDP hook and a validation pass may call this concurrently).
-    const std::scoped_lock lock(blas_mutex_);
-    if (blas_ == nullptr) {
-      if (!lib.error.empty()) throw CudaError(fmt::format("{}: {}", name_, lib.error));
-      if (lib.create(&blas_) != CUBLAS_STATUS_SUCCESS) throw CudaError(fmt::format("{}: cublasCreate failed", name_));
-    }
+    if (!lib.error.empty()) throw CudaError(fmt::format("{}: {}", name_, lib.error));
+    // The stream's own handle (Note [One stream, one workspace]): no lock,
+    // and no stream to set before each GEMM.
+    cublasHandle_t handle = cuda(s).blas(
+        [&](cudaStream_t stream) {
+          cublasHandle_t h = nullptr;
+          if (lib.create(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError(fmt::format("{}: cublasCreate failed", name_));
+          if (lib.set_stream(h, stream) != CUBLAS_STATUS_SUCCESS) {
+            (void)lib.destroy(h);
+            throw CudaError(fmt::format("{}: cublasSetStream failed", name_));
+          }
+          return h;
+        },
+        lib.destroy);
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
     // swap the operands and the dimensions m and n.
-    if (lib.set_stream(blas_, cuda(s).get()) != CUBLAS_STATUS_SUCCESS ||
-        lib.sgemm(blas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k,
+    if (lib.sgemm(handle, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.n, g.m, g.k,
                   &g.alpha, g.b, g.ldb, g.a, g.lda, &g.beta, g.c, g.ldc) != CUBLAS_STATUS_SUCCESS) {
       throw CudaError(fmt::format("{}: cublasSgemm {}x{}x{} failed", name_, g.m, g.n, g.k));
     }
@@ -298,17 +312,17 @@ class CudaBackend final : public DeviceBackend {
   }
   void bn_stats(Stream& s, const float* x, int c, std::size_t m, float* sums) override {
     select();
-    PINFEED_CUDA_TRY(kernels::bn_stats(cuda(s).get(), x, c, m, sums, bn_work_.as<double>()), device_);
+    PINFEED_CUDA_TRY(kernels::bn_stats(cuda(s).get(), x, c, m, sums, workspace(s)), device_);
   }
   void bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat, float* y) override {
     select();
-    PINFEED_CUDA_TRY(kernels::bn_forward(cuda(s).get(), x, sums, bn(a), xhat, y, bn_work_.as<double>()), device_);
+    PINFEED_CUDA_TRY(kernels::bn_forward(cuda(s).get(), x, sums, bn(a), xhat, y, workspace(s)), device_);
   }
   void bn_backward_reduce(Stream& s, float* dy, const float* y, const float* xhat, const BatchNormArgs& a, float* red,
                           float* dgamma, float* dbeta) override {
     select();
     PINFEED_CUDA_TRY(kernels::bn_backward_reduce(cuda(s).get(), dy, y, xhat, bn(a), red, dgamma, dbeta,
-                                                         bn_work_.as<double>()), device_);
+                                                         workspace(s)), device_);
   }
   void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red, const BatchNormArgs& a,
                          float* dx) override {
@@ -365,6 +379,14 @@ class CudaBackend final : public DeviceBackend {
 
  private:
   void select() const { PINFEED_CUDA_TRY(cudaSetDevice(device_), device_); }
+  /// The stream's BatchNorm workspace (Note [One stream, one workspace]).
+  double* workspace(Stream& s) const {
+    double* w = cuda(s).workspace();
+    if (w == nullptr) {
+      throw CudaError(fmt::format("{}: a BatchNorm kernel on a copy stream (create_copy_stream has no workspace)", name_));
+    }
+    return w;
+  }
   void copy(Stream& s, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
     select();
     PINFEED_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, cuda(s).get()), device_);
@@ -373,9 +395,6 @@ class CudaBackend final : public DeviceBackend {
   int device_;
   std::string name_;
   std::unique_ptr<detail::CudaStream> init_stream_;  // zero-fills new buffers
-  DeviceBuffer bn_work_;  // BatchNorm's partial sums (kernels::bn_workspace_doubles), used in stream order
-  std::mutex blas_mutex_;  // guards blas_ (made at the first GEMM) and its stream between set_stream and sgemm
-  cublasHandle_t blas_ = nullptr;
 };
 
 }  // namespace

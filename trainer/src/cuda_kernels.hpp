@@ -39,9 +39,9 @@ struct BatchNorm {
 };
 cudaError_t im2col(cudaStream_t s, const float* x, std::size_t c_stride, std::size_t n_stride, Conv shape, float* col);
 cudaError_t col2im(cudaStream_t s, const float* col, Conv shape, float* dx);
-/// BatchNorm's workspace, in doubles: one per CUDA backend, allocated with
-/// it (Note [No allocation during collectives]); `work` below. Kernels on
-/// one backend's compute stream use it in turn.
+/// BatchNorm's workspace, in doubles: one per stream, allocated with it
+/// (Note [One stream, one workspace], cuda_backend_impl.hpp); `work` below.
+/// The kernels of one stream use it in turn.
 std::size_t bn_workspace_doubles();
 cudaError_t bn_stats(cudaStream_t s, const float* x, int c, std::size_t m, float* sums, double* work);
 cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchNorm a, float* xhat, float* y,

@@ -12,7 +12,7 @@ void DdpConfig::validate() const {
 DdpEngine::DdpEngine(DeviceBackend& backend, Communicator& comm, const std::vector<ParamInfo>& params, float* weights,
                      float* grads, DdpConfig config)
     : backend_(backend), comm_(comm), params_(params), weights_(weights), grads_(grads),
-      bucket_of_(params.size()), comm_stream_(backend.create_stream()), done_(backend.create_event()),
+      bucket_of_(params.size()), comm_stream_(backend.create_copy_stream()), done_(backend.create_event()),
       collective_ready_(backend.create_event()), collective_done_(backend.create_event()) {
   config.validate();
   if (params_.empty()) throw ConfigError("ddp: the model has no parameters");

@@ -104,7 +104,7 @@ DeviceFeed::DeviceFeed(std::shared_ptr<DeviceBackend> backend, DeviceFeedOptions
   state_->backend = std::move(backend);
   state_->options = options;
   const auto current = state_->backend->scoped_current();
-  copy_ = state_->backend->create_stream();
+  copy_ = state_->backend->create_copy_stream();
 }
 
 DeviceFeed::~DeviceFeed() {

@@ -82,7 +82,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config,
                    std::unique_ptr<LaunchChannel> channel = nullptr)
       : comm_(comm), rank_(rank), size_(size), channel_(std::move(channel)), backend_(backend), config_(config),
-        barrier_stream_(backend.create_stream()), barrier_value_(backend.allocate(sizeof(float))),
+        barrier_stream_(backend.create_copy_stream()), barrier_value_(backend.allocate(sizeof(float))),
         watchdog_([this](const std::stop_token& st) { watch(st); }) {
     static std::once_flag once;
     std::call_once(once, [] { std::atexit([] { g_exiting = true; }); });

@@ -158,7 +158,7 @@ void Worker::make_model(int image_size) {
                          [this](Stream& s) { profiler_->mark(s, Mark::comm_last); });
   }
   compute_ = backend_.create_stream();
-  copy_ = backend_.create_stream();
+  copy_ = backend_.create_copy_stream();
   steps_per_epoch_ = loader_->batches_per_epoch() / cfg_.accumulation;
   if (steps_per_epoch_ == 0) {
     throw ConfigError(fmt::format("{} samples per rank make no step of {} x {} samples: lower the batch size or the "

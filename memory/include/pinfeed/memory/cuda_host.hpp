@@ -67,6 +67,14 @@ bool context_current() noexcept;
 /// logs the reason), CudaError for what falling back cannot fix: CUDA not
 /// available, the range already registered (a bug), a lost context.
 void host_register(void* ptr, std::size_t bytes, int device = -1);
+/// Whether the driver knows the byte at `ptr` as page-locked host memory
+/// (cudaPointerGetAttributes reads cudaMemoryTypeHost: registered or
+/// allocated pinned). This is what an async copy from `ptr` relies on, so
+/// it is the proof a pinning claim needs (bench/gpu_run.py). False without
+/// CUDA, without a device, or for pageable memory. Never throws. `device`
+/// is made current first (>= 0; DeviceGuard), so that a thread with none
+/// does not make device 0's context just to ask.
+bool host_registered(const void* ptr, int device = -1) noexcept;
 /// cudaHostUnregister with `device` current; logs (never throws) on failure,
 /// ignores driver shutdown. Both give the thread its device back (DeviceGuard).
 void host_unregister(void* ptr, int device = -1) noexcept;

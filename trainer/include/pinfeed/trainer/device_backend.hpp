@@ -21,9 +21,9 @@
 // stream's task, a collective that timed out) is sticky on that stream:
 // synchronize() and Event::wait_for() rethrow it, and later work on the
 // stream is skipped. Thread-safety: a backend may be used from several host
-// threads (the CUDA backend serializes its one cuBLAS handle's set-stream +
-// GEMM pair under a lock); one Stream must be fed by one host thread at a
-// time.
+// threads (the CUDA backend keeps a cuBLAS handle and a BatchNorm workspace
+// per stream: Note [One stream, one workspace]); one Stream must be fed by
+// one host thread at a time.
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -187,6 +187,11 @@ class DeviceBackend {
   /// Device memory (zeroed). Throws OutOfMemory / CudaError.
   virtual DeviceBuffer allocate(std::size_t bytes) = 0;
   virtual std::unique_ptr<Stream> create_stream() = 0;
+  /// A stream for copies, collectives and element-wise kernels: without the
+  /// per-stream state BatchNorm needs (Note [One stream, one workspace] in
+  /// the CUDA backend; BatchNorm on it throws). A plain stream where a
+  /// backend keeps no such state.
+  virtual std::unique_ptr<Stream> create_copy_stream() { return create_stream(); }
   virtual std::shared_ptr<Event> create_event() = 0;
 
   /// Asynchronous copies: `src` must stay valid and unchanged until an event
