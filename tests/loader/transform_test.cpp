@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -391,6 +392,84 @@ TEST(TransformTest, NonSquareOutputsHaveTheirHeightAndWidth) {
   c.crop = CropMode::random_resized;
   c.height = 1;
   EXPECT_THROW(c.validate(), ConfigError);
+}
+
+// Every instruction set the resampler and the float conversion have (AVX2,
+// SSE2, plain C++) writes the same bytes: integer sums of the same
+// products, and float x * scale + bias with two roundings everywhere.
+// Random images, sizes, crops (planned, as the decoder feeds them, and
+// whole-region), filters, layouts and flips; outputs 64-byte aligned so
+// that the SIMD stores run.
+TEST(TransformTest, EverySimdLevelWritesTheSameBytes) {
+  struct Restore {
+    SimdLevel level = simd_level();
+    ~Restore() { set_simd_level(level); }
+  } restore;
+  const std::vector<SimdLevel> levels = {SimdLevel::scalar, SimdLevel::sse2, SimdLevel::avx2};
+  std::mt19937 gen(20261206);
+  const auto uniform = [&gen](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  const std::array<Interpolation, 3> filters = {Interpolation::bilinear, Interpolation::bicubic, Interpolation::nearest};
+  const std::array<CropMode, 3> crops = {CropMode::random_resized, CropMode::center, CropMode::full};
+  std::array<int, 3> compared{};  // samples compared at each level
+  for (int trial = 0; trial < 90; ++trial) {
+    TransformConfig c;
+    c.size = std::array{224, 37, 64, 8, 150}[static_cast<std::size_t>(trial % 5)];
+    c.height = trial % 7 == 0 ? c.size / 2 + 8 : 0;
+    c.crop = crops[static_cast<std::size_t>(trial % 3)];
+    c.resize = std::max(c.out_width(), c.out_height()) + uniform(0, 40);
+    c.interpolation = filters[static_cast<std::size_t>((trial / 3) % 3)];
+    c.layout = trial % 2 == 0 ? Layout::nchw_f32 : Layout::nhwc_u8;
+    DecodedImage img;
+    img.width = uniform(8, 640);
+    img.height = uniform(8, 480);
+    img.pixels.resize(static_cast<std::size_t>(img.width) * static_cast<std::size_t>(img.height) * 4);
+    for (std::size_t i = 0; i < img.pixels.size(); ++i) {
+      // Edges and noise: every byte value, steps the cubic's lobes overshoot.
+      img.pixels[i] = static_cast<std::uint8_t>((i / 4) % 7 < 3 ? uniform(0, 255) : static_cast<int>((i / 4) % 2) * 255);
+    }
+    ImageHeader h;
+    h.width = img.width;
+    h.height = img.height;
+    SampleRng rng(5, 0, static_cast<std::uint64_t>(trial));
+    CropPlan plan;
+    try {
+      plan = plan_crop(h, c, rng);
+    } catch (const DataError&) {
+      continue;  // a shrink past kMaxShrink
+    }
+    std::vector<std::vector<std::byte>> outs;
+    for (const SimdLevel level : levels) {
+      if (set_simd_level(level) != level) continue;  // the CPU has no such level
+      std::vector<std::byte> buffer(2 * c.sample_bytes() + 128);
+      auto* base = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) / 64 * 64);
+      const std::span<std::byte> planned(base, c.sample_bytes());
+      const std::span<std::byte> whole(base + (c.sample_bytes() + 63) / 64 * 64, c.sample_bytes());
+      SampleWriter w(c);
+      w.prepare(plan, planned);
+      w.sink().begin(plan.region.width, plan.region.height);
+      for (int y = 0; y < plan.region.height; ++y) {
+        w.sink().row(img.row(plan.region.y + y) + static_cast<std::size_t>(plan.region.x) * 4);
+      }
+      ASSERT_TRUE(w.complete());
+      w.write(img, Region{}, trial % 4 < 2, whole);
+      outs.emplace_back(planned.begin(), planned.end());
+      outs.back().insert(outs.back().end(), whole.begin(), whole.end());
+      ++compared[static_cast<std::size_t>(level)];
+    }
+    for (std::size_t l = 1; l < outs.size(); ++l) {
+      ASSERT_TRUE(outs[l] == outs[0]) << "trial " << trial << ": level " << l << " differs from the scalar path ("
+                                      << img.width << "x" << img.height << " to " << c.out_width() << "x"
+                                      << c.out_height() << ", crop " << to_string(c.crop) << ", filter "
+                                      << to_string(c.interpolation) << ", " << to_string(c.layout) << ")";
+    }
+  }
+  EXPECT_GT(compared[0], 60);
+  EXPECT_EQ(compared[1], compared[0]);
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") != 0) {
+    EXPECT_EQ(compared[2], compared[0]) << "AVX2 was never compared";
+  }
+#endif
 }
 
 TEST(TransformTest, TheFlipProbabilityIsHonoured) {

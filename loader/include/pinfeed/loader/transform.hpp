@@ -135,6 +135,15 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, Sam
 /// converted and written to the sample at once. Per-thread memory is a few
 /// rows, whatever the image size; the
 /// decoded region never exists whole. One per thread.
+/// The instruction set the resampler and the float conversion use: the best
+/// the CPU has, lowered by PINFEED_SIMD=scalar|sse2 (or PINFEED_NO_AVX2=1).
+/// Every level writes the same bytes (tests compare them).
+enum class SimdLevel { scalar, sse2, avx2 };
+SimdLevel simd_level() noexcept;
+/// Every later sample uses `level`, capped at what the CPU has; returns the
+/// level now in use. For tests and benchmarks.
+SimdLevel set_simd_level(SimdLevel level) noexcept;
+
 class SampleWriter : private RowSink {
  public:
   explicit SampleWriter(const TransformConfig& config);
@@ -167,6 +176,11 @@ class SampleWriter : private RowSink {
     std::vector<std::int16_t> weights;   ///< per output pixel, `stride` of them (zero past count)
     int stride = 0;
     bool even = false;                   ///< every count is even (the SIMD path)
+    /// The AVX2 layout of `weights` (horizontal kernels, where the CPU has
+    /// AVX2): per output pixel, `quad_stride` int16s, per 4 taps the pair
+    /// (w0, w1) four times then (w2, w3) four times: one madd operand.
+    std::vector<std::int16_t> quads;
+    int quad_stride = 0;
   };
 
  private:
@@ -185,6 +199,8 @@ class SampleWriter : private RowSink {
   int rows_in_ = 0;                        // decoded rows received
   int next_out_ = 0, band_rows_ = 0;
   std::uint64_t output_ns_ = 0;
+  std::uint32_t emits_ = 0;                // emit_rows calls: one in kTimedEvery is timed
+  SimdLevel simd_ = SimdLevel::scalar;     // the sample's instruction set (simd_level() at begin)
   Kernel kx_, ky_;
   int ring_rows_ = 0;                      // capacity of the ring (the largest vertical tap count)
   // Scratch, reused: a few rows each.
