@@ -101,7 +101,9 @@ json report(const LoaderRuns& r, const pl::Loader& loader, const pl::Dataset& da
                  {"size", config.transform.size},    {"layout", pl::to_string(config.transform.layout)},
                  {"roi_decode", config.transform.roi_decode}, {"dct_scaling", config.transform.dct_scaling},
                  {"epochs", epochs},
-                 {"repeat", repeat}};
+                 {"repeat", repeat},
+                 // Note [SIMD level by core]
+                 {"simd", pl::to_string(pl::simd_level())}};
   j["loader"] = {{"images", r.images},
                  {"rounds_images_per_s", r.rates},
                  {"seconds", r.seconds},
@@ -146,10 +148,10 @@ void print_report(const json& j) {
   const json& m = j["memory"];
   const auto threads = c["threads"].get<unsigned>();
   fmt::print("pinfeed-bench loader: {}\n", j["dataset"].get<std::string>());
-  fmt::print("  config: batch {} threads {} prefetch {} crop {} size {} layout {}{}{}\n", c["batch"].get<std::size_t>(),
-             threads, c["prefetch"].get<std::size_t>(), c["crop"].get<std::string>(), c["size"].get<int>(),
-             c["layout"].get<std::string>(), c["roi_decode"].get<bool>() ? "" : " no-roi",
-             c["dct_scaling"].get<bool>() ? " dct-scale" : "");
+  fmt::print("  config: batch {} threads {} prefetch {} crop {} size {} layout {}{}{} simd {}\n",
+             c["batch"].get<std::size_t>(), threads, c["prefetch"].get<std::size_t>(), c["crop"].get<std::string>(),
+             c["size"].get<int>(), c["layout"].get<std::string>(), c["roi_decode"].get<bool>() ? "" : " no-roi",
+             c["dct_scaling"].get<bool>() ? " dct-scale" : "", c["simd"].get<std::string>());
   fmt::print("  (medians of {} rounds; each round: the ceilings, then {} epoch(s) of the loader)\n",
              c["repeat"].get<std::size_t>(), c["epochs"].get<std::size_t>());
   fmt::print("  {:<34} {:>10.1f} images/s  {:>8.1f} MB/s out  ({} images in {:.2f} s)\n", "pinfeed loader",

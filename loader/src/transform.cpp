@@ -18,6 +18,9 @@
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 #include "pinfeed/error.hpp"
 
@@ -35,23 +38,62 @@ SimdLevel cpu_simd_level() noexcept {
 #endif
 }
 
+/// Note [SIMD level by core]: AVX2 is not always the faster. AMD's Zen 1
+/// and Zen+ cores (family 17h, models below 30h: this project's machine)
+/// run each 256-bit instruction as two 128-bit halves, and the
+/// lane-crossing ones slowly: there a 300x250 -> 224 sample
+/// (pinfeed-loader-bench BM_SampleWriter, medians of 7) took 640 us at AVX2
+/// and 620 at SSE2 in float32, 358 and 342 in uint8, and the AVX2
+/// horizontal pass before issue 41 473 against 375. Those cores get SSE2;
+/// every other AVX2 core, AVX2. (Timing both at start-up was tried: on a
+/// busy 2-core machine it picked either, run to run.) Every level writes
+/// the same bytes (TransformTest.EverySimdLevelWritesTheSameBytes).
+bool avx2_runs_as_halves() noexcept {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  const bool amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
+  if (!amd || __get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+  const unsigned family = ((a >> 8) & 0xF) + ((a >> 20) & 0xFF);
+  const unsigned model = ((a >> 4) & 0xF) | (((a >> 16) & 0xF) << 4);
+  return family == 0x17 && model < 0x30;
+#else
+  return false;
+#endif
+}
+
+/// PINFEED_SIMD=scalar|sse2|avx2 (PINFEED_NO_AVX2=1: sse2), capped at the
+/// CPU's; unset: the CPU's best, but SSE2 where AVX2 runs as halves.
 SimdLevel initial_simd_level() noexcept {
-  SimdLevel level = cpu_simd_level();
+  const SimdLevel cpu = cpu_simd_level();
   const char* asked = std::getenv("PINFEED_SIMD");
   const std::string_view a = asked != nullptr ? asked : "";
-  if (a == "scalar") level = SimdLevel::scalar;
-  if ((a == "sse2" || std::getenv("PINFEED_NO_AVX2") != nullptr) && level > SimdLevel::sse2) level = SimdLevel::sse2;
-  return level;
+  if (a == "scalar") return SimdLevel::scalar;
+  if (a == "sse2" || std::getenv("PINFEED_NO_AVX2") != nullptr) return std::min(cpu, SimdLevel::sse2);
+  if (a == "avx2" || cpu < SimdLevel::avx2) return cpu;
+  return avx2_runs_as_halves() ? SimdLevel::sse2 : cpu;
 }
 
 std::atomic<SimdLevel> g_simd{initial_simd_level()};
 
-/// Read once per sample or row (relaxed: a test's change applies from the next one).
+/// Read once per sample (relaxed: a test's change applies from the next one).
 SimdLevel level() noexcept { return g_simd.load(std::memory_order_relaxed); }
 
 }  // namespace
 
 SimdLevel simd_level() noexcept { return level(); }
+
+std::string_view to_string(SimdLevel level) noexcept {
+  switch (level) {
+    case SimdLevel::scalar:
+      return "scalar";
+    case SimdLevel::sse2:
+      return "sse2";
+    case SimdLevel::avx2:
+      return "avx2";
+  }
+  return "?";
+}
 
 SimdLevel set_simd_level(SimdLevel wanted) noexcept {
   const SimdLevel l = std::min(wanted, cpu_simd_level());
@@ -436,6 +478,7 @@ int store_taps(const std::vector<double>& w, double total, int count, int size, 
 /// bicubic (the shrink capped at kMaxShrink).
 void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size, Interpolation filter, int multiple,
                  SampleWriter::Kernel& k) {
+  std::vector<double>& w = k.scratch;  // one output pixel's weights, reused: no allocation per sample
   const bool nearest = filter == Interpolation::nearest;
   // PIL: the filter is stretched by the shrink (`scale`, antialiasing), and
   // reaches filter_support(filter) of those stretched pixels each side.
@@ -450,7 +493,6 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
   k.first.assign(static_cast<std::size_t>(n), 0);
   k.count.assign(static_cast<std::size_t>(n), 0);
   k.weights.assign(static_cast<std::size_t>(n) * static_cast<std::size_t>(k.stride), 0);
-  thread_local std::vector<double> w;  // one output pixel's weights: no allocation per sample
   if (w.size() < static_cast<std::size_t>(k.stride)) w.resize(static_cast<std::size_t>(k.stride));
   for (int i = 0; i < n; ++i) {
     int first = 0, last = 0;
@@ -580,15 +622,16 @@ inline __m128i tap_sums(const std::uint8_t* src, const std::int16_t* w, int coun
 /// in the row.
 __attribute__((target("avx2"))) inline __m128i quad_sums(const std::uint8_t* src, const std::int16_t* q, int groups) {
   const __m128i pairs = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-  __m256i acc = _mm256_setzero_si256();
+  const __m128i zero = _mm_setzero_si128();
+  __m128i acc = _mm_set1_epi32(kOne / 2);
   for (int g = 0; g < groups; ++g) {
     const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * g)), pairs);
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16 * g));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_cvtepu8_epi16(v), w));
+    const __m128i w01 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * g));
+    const __m128i w23 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * g + 8));
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_cvtepu8_epi16(v), w01));
+    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), w23));
   }
-  const __m128i sum = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1)),
-                                    _mm_set1_epi32(kOne / 2));
-  return _mm_srai_epi32(sum, kWeightBits);
+  return _mm_srai_epi32(acc, kWeightBits);
 }
 
 /// The horizontal pass over one row with AVX2; returns how many output

@@ -135,11 +135,14 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, Sam
 /// converted and written to the sample at once. Per-thread memory is a few
 /// rows, whatever the image size; the
 /// decoded region never exists whole. One per thread.
-/// The instruction set the resampler and the float conversion use: the best
-/// the CPU has, lowered by PINFEED_SIMD=scalar|sse2 (or PINFEED_NO_AVX2=1).
-/// Every level writes the same bytes (tests compare them).
+/// The instruction set the resampler and the float conversion use: the
+/// CPU's best, except SSE2 on cores that run AVX2 as two halves (AMD Zen 1
+/// and Zen+: Note [SIMD level by core]); PINFEED_SIMD=scalar|sse2|avx2
+/// chooses (PINFEED_NO_AVX2=1: sse2). Every level writes the same bytes
+/// (tests compare them).
 enum class SimdLevel { scalar, sse2, avx2 };
 SimdLevel simd_level() noexcept;
+std::string_view to_string(SimdLevel level) noexcept;
 /// Every later sample uses `level`, capped at what the CPU has; returns the
 /// level now in use. For tests and benchmarks.
 SimdLevel set_simd_level(SimdLevel level) noexcept;
@@ -181,6 +184,7 @@ class SampleWriter : private RowSink {
     /// (w0, w1) four times then (w2, w3) four times: one madd operand.
     std::vector<std::int16_t> quads;
     int quad_stride = 0;
+    std::vector<double> scratch;  ///< one output pixel's weights while they are made
   };
 
  private:
