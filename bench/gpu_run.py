@@ -490,6 +490,31 @@ def thread_scaling(counts):
     return check
 
 
+def json_objects(output):
+    """Every JSON object a command printed at the start of a line, in order."""
+    dec, found, at = json.JSONDecoder(), [], 0
+    output = "\n" + output
+    while True:
+        at = output.find("\n{", at)
+        if at < 0:
+            return found
+        obj, end = dec.raw_decode(output, at + 1)
+        found.append(obj)
+        at = end
+
+
+def simd_figures(out):
+    """pinfeed-bench loader at SSE2, then at AVX2 (the same bytes: Note [SIMD
+    level by core]): which is faster on this core."""
+    runs = [j for j in json_objects(out) if "loader" in j]
+    assert len(runs) == 2, f"{len(runs)} loader results, expected 2 (sse2, avx2)"
+    levels = [r["config"]["simd"] for r in runs]
+    assert levels[0] == "sse2", f"the first run was at {levels[0]}, asked for sse2"
+    sse2, avx2 = (r["loader"]["images_per_s"] for r in runs)
+    return {"levels": levels, "images_per_second_sse2": round(sse2), "images_per_second_avx2": round(avx2),
+            "avx2_over_sse2": round(avx2 / sse2, 3)}
+
+
 def feed_figures(out):
     """python_device_bench's JSON: device= into GPU memory, the old way,
     and the same decode into host memory alone."""
@@ -616,6 +641,11 @@ def plan(ctx):
             [r.bin("pinfeed-bench"), "threads", "--data", f"{data}/mlp/train", "--size", "224", "--batch-size", "64",
              "--counts", ",".join(map(str, counts)), "--epochs", "1", "--repeat", "1", "--ceiling-files", "64",
              "--out", f"{data}/threads", "--json"], check=thread_scaling(counts)), gpu=False),
+        Step("loader sse2 vs avx2, 16 threads", 15, lambda _: cmd(
+            ["sh", "-c", " && ".join(
+                f"PINFEED_SIMD={lvl} {shlex.quote(r.bin('pinfeed-bench'))} loader --data {data}/mlp/train "
+                f"--threads {16 if not r.rehearse else 2} --epochs 1 --repeat 1 --ceiling-files 16 --json"
+                for lvl in ("sse2", "avx2"))], check=simd_figures), gpu=False),
         Step("loader to cuda vs to host, 16 threads", 25, lambda _: cmd(
             [ctx["python"] or "python3", os.path.join(ctx["repo"], "bench", "python_device_bench.py"),
              f"{data}/mlp/train", "--device", "cuda:0", "--batch-size", "256", "--size", "224", "--threads", "16",

@@ -162,3 +162,12 @@ def test_the_compute_bound_step_is_seconds_of_gpu_work_not_host_setup(gpu_run):
     assert params < 10e6  # megabytes of weights, not the 9 GB of a 3 x 32768 MLP
     # A ResNet-18 is 1.8 GFLOP forward: the resnet-shaped step is of its order.
     assert 3 < gpu_run.cnn_gflop(gpu_run.RESNET_SHAPED["channels"], 224) < 8
+
+
+def test_the_simd_step_reads_both_runs_of_its_command(gpu_run):
+    run = '{{"config": {{"simd": "{}"}}, "loader": {{"images_per_s": {}}}}}'
+    out = run.format("sse2", 1000) + "\nlog line\n" + run.format("avx2", 1100) + "\n"
+    figures = gpu_run.simd_figures(out)
+    assert figures["avx2_over_sse2"] == 1.1 and figures["levels"] == ["sse2", "avx2"]
+    with pytest.raises(AssertionError):
+        gpu_run.simd_figures(run.format("sse2", 1000))  # the second run missing
