@@ -66,12 +66,12 @@ bool avx2_runs_as_halves() noexcept {
 /// CPU's; unset: the CPU's best, but SSE2 where AVX2 runs as halves.
 SimdLevel initial_simd_level() noexcept {
   const SimdLevel cpu = cpu_simd_level();
+  if (std::getenv("PINFEED_NO_AVX2") != nullptr) return std::min(cpu, SimdLevel::sse2);
   const char* asked = std::getenv("PINFEED_SIMD");
-  const std::string_view a = asked != nullptr ? asked : "";
-  if (a == "scalar") return SimdLevel::scalar;
-  if (a == "sse2" || std::getenv("PINFEED_NO_AVX2") != nullptr) return std::min(cpu, SimdLevel::sse2);
-  if (a == "avx2" || cpu < SimdLevel::avx2) return cpu;
-  return avx2_runs_as_halves() ? SimdLevel::sse2 : cpu;
+  for (const auto& w : kSimdLevelWords) {  // an unknown word: the default (this runs before any logger)
+    if (asked != nullptr && w.word == asked) return std::min(cpu, w.value);
+  }
+  return cpu == SimdLevel::avx2 && avx2_runs_as_halves() ? SimdLevel::sse2 : cpu;
 }
 
 std::atomic<SimdLevel> g_simd{initial_simd_level()};
@@ -83,17 +83,7 @@ SimdLevel level() noexcept { return g_simd.load(std::memory_order_relaxed); }
 
 SimdLevel simd_level() noexcept { return level(); }
 
-std::string_view to_string(SimdLevel level) noexcept {
-  switch (level) {
-    case SimdLevel::scalar:
-      return "scalar";
-    case SimdLevel::sse2:
-      return "sse2";
-    case SimdLevel::avx2:
-      return "avx2";
-  }
-  return "?";
-}
+std::string_view to_string(SimdLevel level) noexcept { return enum_word(kSimdLevelWords, level); }
 
 SimdLevel set_simd_level(SimdLevel wanted) noexcept {
   const SimdLevel l = std::min(wanted, cpu_simd_level());
@@ -616,9 +606,10 @@ inline __m128i tap_sums(const std::uint8_t* src, const std::int16_t* w, int coun
 
 /// One output pixel's four channel sums (shifted back to 0..255), four taps
 /// per step: 16 bytes of pixels rearranged by one shuffle into channel
-/// pairs (b0 b1 g0 g1 r0 r1 a0 a1 | b2 b3 ...), widened to 16 bits, one
-/// madd against the kernel's ready quad (Kernel::quads), the two halves
-/// added at the end. Reads 4 * groups pixels: the caller checked they are
+/// pairs (b0 b1 g0 g1 r0 r1 a0 a1 | b2 b3 ...), each half widened to 16
+/// bits and madded against the kernel's ready quad (Kernel::quads), 128-bit
+/// throughout (no lane crossing, slow where AVX2 runs as halves). Reads
+/// 4 * groups pixels: the caller checked they are
 /// in the row.
 __attribute__((target("avx2"))) inline __m128i quad_sums(const std::uint8_t* src, const std::int16_t* q, int groups) {
   const __m128i pairs = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);

@@ -141,6 +141,8 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, Sam
 /// chooses (PINFEED_NO_AVX2=1: sse2). Every level writes the same bytes
 /// (tests compare them).
 enum class SimdLevel { scalar, sse2, avx2 };
+inline constexpr std::array<EnumWord<SimdLevel>, 3> kSimdLevelWords{
+    {{SimdLevel::scalar, "scalar"}, {SimdLevel::sse2, "sse2"}, {SimdLevel::avx2, "avx2"}}};
 SimdLevel simd_level() noexcept;
 std::string_view to_string(SimdLevel level) noexcept;
 /// Every later sample uses `level`, capped at what the CPU has; returns the
