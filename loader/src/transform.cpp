@@ -533,24 +533,26 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
   k.quad_stride = 0;
 }
 
-/// The AVX2 layout of a horizontal kernel's weights (Kernel::quads): per 4
-/// taps, (w0, w1) x 4 then (w2, w3) x 4, zeros past the count.
+/// The AVX2 layout of a horizontal kernel's weights (Kernel::quads): per
+/// pair of output pixels (2p, 2p + 1) and per 4 taps, two 256-bit madd
+/// operands: (w0, w1) four times for pixel 2p (low lane) and four times for
+/// 2p + 1 (high lane), then the same of (w2, w3); zeros past each count.
 void make_quads(SampleWriter::Kernel& k) {
   const std::size_t n = k.first.size(), stride = static_cast<std::size_t>(k.stride);
   const std::size_t groups = (stride + 3) / 4;
-  k.quad_stride = static_cast<int>(groups * 16);
-  k.quads.assign(n * groups * 16, 0);
-  for (std::size_t i = 0; i < n; ++i) {
+  k.quad_stride = static_cast<int>(groups * 32);
+  k.quads.assign(n / 2 * groups * 32, 0);
+  for (std::size_t i = 0; i < n - n % 2; ++i) {  // an odd last pixel is left to the SSE2 loop
     const std::int16_t* w = k.weights.data() + i * stride;
-    std::int16_t* q = k.quads.data() + i * groups * 16;
+    std::int16_t* q = k.quads.data() + i / 2 * groups * 32 + (i % 2) * 8;
     const auto count = static_cast<std::size_t>(k.count[i]);
     const auto tap = [&](std::size_t t) { return t < count ? w[t] : std::int16_t{0}; };
     for (std::size_t g = 0; g < (count + 3) / 4; ++g) {
       for (std::size_t p = 0; p < 4; ++p) {
-        q[g * 16 + 2 * p] = tap(4 * g);
-        q[g * 16 + 2 * p + 1] = tap(4 * g + 1);
-        q[g * 16 + 8 + 2 * p] = tap(4 * g + 2);
-        q[g * 16 + 8 + 2 * p + 1] = tap(4 * g + 3);
+        q[g * 32 + 2 * p] = tap(4 * g);
+        q[g * 32 + 2 * p + 1] = tap(4 * g + 1);
+        q[g * 32 + 16 + 2 * p] = tap(4 * g + 2);
+        q[g * 32 + 16 + 2 * p + 1] = tap(4 * g + 3);
       }
     }
   }
@@ -604,30 +606,39 @@ inline __m128i tap_sums(const std::uint8_t* src, const std::int16_t* w, int coun
 /// the same bytes), more of it per instruction. The build targets baseline
 /// x86-64; only these functions are compiled for AVX2, and none for FMA.
 
-/// One output pixel's four channel sums (shifted back to 0..255), four taps
-/// per step: 16 bytes of pixels rearranged by one shuffle into channel
-/// pairs (b0 b1 g0 g1 r0 r1 a0 a1 | b2 b3 ...), each half widened to 16
-/// bits and madded against the kernel's ready quad (Kernel::quads), 128-bit
-/// throughout (no lane crossing, slow where AVX2 runs as halves). Reads
-/// 4 * groups pixels: the caller checked they are
-/// in the row.
-__attribute__((target("avx2"))) inline __m128i quad_sums(const std::uint8_t* src, const std::int16_t* q, int groups) {
-  const __m128i pairs = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
-  const __m128i zero = _mm_setzero_si128();
-  __m128i acc = _mm_set1_epi32(kOne / 2);
+/// Two output pixels at once, one per 128-bit lane, four taps per step:
+/// 16 bytes of each pixel's source (`a`, `b`) in the two lanes, one
+/// in-lane shuffle into channel pairs (b0 b1 g0 g1 r0 r1 a0 a1 | b2 b3 ...),
+/// each half widened to 16 bits and madded against the pair's ready quads
+/// (Kernel::quads). No lane crossing until the end, where the two pixels'
+/// sums are shifted back to 0..255 and packed: returns a's BGRA then b's in
+/// the low 8 bytes. Reads 4 * groups pixels from each: the caller checked
+/// they are in the row.
+__attribute__((target("avx2"))) inline __m128i pair_sums(const std::uint8_t* a, const std::uint8_t* b,
+                                                         const std::int16_t* q, int groups) {
+  const __m256i pairs = _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,  //
+                                         0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i acc = _mm256_set1_epi32(kOne / 2);
   for (int g = 0; g < groups; ++g) {
-    const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * g)), pairs);
-    const __m128i w01 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * g));
-    const __m128i w23 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * g + 8));
-    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_cvtepu8_epi16(v), w01));
-    acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), w23));
+    const __m256i both =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16 * g))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * g)), 1);
+    const __m256i v = _mm256_shuffle_epi8(both, pairs);
+    const __m256i w01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * g));
+    const __m256i w23 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * g + 16));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(v, zero), w01));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(v, zero), w23));
   }
-  return _mm_srai_epi32(acc, kWeightBits);
+  acc = _mm256_srai_epi32(acc, kWeightBits);
+  const __m128i sums = _mm_packs_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+  return _mm_packus_epi16(sums, sums);
 }
 
-/// The horizontal pass over one row with AVX2; returns how many output
-/// pixels it did (all but the last few whose 4-tap groups would read past
-/// the row, left to the SSE2 loop).
+/// The horizontal pass over one row with AVX2, two output pixels per step;
+/// returns how many output pixels it did (all but the last few whose 4-tap
+/// groups would read past the row, and an odd last one, left to the SSE2
+/// loop).
 __attribute__((target("avx2"))) int resample_row_avx2(const std::uint8_t* in, int size, const SampleWriter::Kernel& k,
                                                       std::uint8_t* out) {
   const int n = static_cast<int>(k.first.size());
@@ -635,13 +646,12 @@ __attribute__((target("avx2"))) int resample_row_avx2(const std::uint8_t* in, in
   int i = 0;
   for (; i + 2 <= n; i += 2) {
     const auto ui = static_cast<std::size_t>(i);
-    const int ga = (k.count[ui] + 3) / 4, gb = (k.count[ui + 1] + 3) / 4;
-    if (k.first[ui] + 4 * ga > size || k.first[ui + 1] + 4 * gb > size) break;
-    const __m128i a = quad_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), k.quads.data() + ui * qs, ga);
-    const __m128i b = quad_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]), k.quads.data() + (ui + 1) * qs,
-                                gb);
-    const __m128i px = _mm_packs_epi32(a, b);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 4 * static_cast<std::ptrdiff_t>(i)), _mm_packus_epi16(px, px));
+    const int groups = (std::max(k.count[ui], k.count[ui + 1]) + 3) / 4;
+    if (k.first[ui] + 4 * groups > size || k.first[ui + 1] + 4 * groups > size) break;
+    const __m128i px = pair_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]),
+                                 in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]), k.quads.data() + ui / 2 * qs,
+                                 groups);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 4 * static_cast<std::ptrdiff_t>(i)), px);
   }
   return i;
 }

@@ -182,8 +182,9 @@ class SampleWriter : private RowSink {
     int stride = 0;
     bool even = false;                   ///< every count is even (the SIMD path)
     /// The AVX2 layout of `weights` (horizontal kernels, where the CPU has
-    /// AVX2): per output pixel, `quad_stride` int16s, per 4 taps the pair
-    /// (w0, w1) four times then (w2, w3) four times: one madd operand.
+    /// AVX2): per pair of output pixels, `quad_stride` int16s; per 4 taps
+    /// (w0, w1) four times for each of the two pixels, then (w2, w3) the
+    /// same: two 256-bit madd operands, one 128-bit lane per pixel.
     std::vector<std::int16_t> quads;
     int quad_stride = 0;
     std::vector<double> scratch;  ///< one output pixel's weights while they are made
