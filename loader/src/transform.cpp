@@ -30,6 +30,8 @@ namespace {
 
 SimdLevel cpu_simd_level() noexcept {
 #if defined(__x86_64__) && defined(__GNUC__)
+  // libgcc's answer counts the OS's support too (XCR0: the zmm state saved).
+  if (__builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0) return SimdLevel::avx512;
   return __builtin_cpu_supports("avx2") != 0 ? SimdLevel::avx2 : SimdLevel::sse2;
 #elif defined(__SSE2__)
   return SimdLevel::sse2;
@@ -62,8 +64,9 @@ bool avx2_runs_as_halves() noexcept {
 #endif
 }
 
-/// PINFEED_SIMD=scalar|sse2|avx2 (PINFEED_NO_AVX2=1: sse2), capped at the
-/// CPU's; unset: the CPU's best, but SSE2 where AVX2 runs as halves.
+/// PINFEED_SIMD=scalar|sse2|avx2|avx512 (PINFEED_NO_AVX2=1: sse2), capped
+/// at the CPU's; unset: the CPU's best, but SSE2 where AVX2 runs as halves
+/// (those cores have no AVX-512).
 SimdLevel initial_simd_level() noexcept {
   const SimdLevel cpu = cpu_simd_level();
   if (std::getenv("PINFEED_NO_AVX2") != nullptr) return std::min(cpu, SimdLevel::sse2);
@@ -326,18 +329,59 @@ __attribute__((target("avx2"))) int bgra_row_to_planes_avx2(const std::uint8_t* 
 }
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593: see resample_row_avx512
+/// Sixteen pixels at a time, the same arithmetic; rows 64-byte aligned.
+/// AVX-512F implies FMA to GCC, and GCC writes _mm512_mul_ps and
+/// _mm512_add_ps as plain vector arithmetic that it may contract into one
+/// fused multiply-add (one rounding, other floats than every other path's):
+/// the _round forms are builtins it leaves alone, with the default rounding.
+__attribute__((target("avx512f"))) int bgra_row_to_planes_avx512(const std::uint8_t* px, int n, bool flip,
+                                                                 const std::array<float, 3>& scale,
+                                                                 const std::array<float, 3>& bias, float* r, float* g,
+                                                                 float* b) {
+  constexpr int kNear = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512i mask = _mm512_set1_epi32(0xff);
+  const __m512i reverse = _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 sr = _mm512_set1_ps(scale[0]), sg = _mm512_set1_ps(scale[1]), sb = _mm512_set1_ps(scale[2]);
+  const __m512 br = _mm512_set1_ps(bias[0]), bg = _mm512_set1_ps(bias[1]), bb = _mm512_set1_ps(bias[2]);
+  int x = 0;
+  for (; x + 16 <= n; x += 16) {
+    __m512i v;
+    if (flip) {  // outputs x..x+15 are source pixels n-1-x down to n-16-x
+      v = _mm512_permutexvar_epi32(reverse, _mm512_loadu_si512(px + 4 * (n - 16 - x)));
+    } else {
+      v = _mm512_loadu_si512(px + 4 * x);
+    }
+    const __m512 fb = _mm512_cvtepi32_ps(_mm512_and_si512(v, mask));
+    const __m512 fg = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8), mask));
+    const __m512 fr = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16), mask));
+    _mm512_stream_ps(r + x, _mm512_add_round_ps(_mm512_mul_round_ps(fr, sr, kNear), br, kNear));
+    _mm512_stream_ps(g + x, _mm512_add_round_ps(_mm512_mul_round_ps(fg, sg, kNear), bg, kNear));
+    _mm512_stream_ps(b + x, _mm512_add_round_ps(_mm512_mul_round_ps(fb, sb, kNear), bb, kNear));
+  }
+  return x;
+}
+#pragma GCC diagnostic pop
+#endif
+
 void bgra_row_to_planes(const std::uint8_t* px, int n, bool flip, const std::array<float, 3>& scale,
                         const std::array<float, 3>& bias, float* r, float* g, float* b, SimdLevel simd) {
   int x = 0;
+  [[maybe_unused]] const auto aligned = [](const float* p, std::uintptr_t to) {
+    return reinterpret_cast<std::uintptr_t>(p) % to == 0;
+  };
 #if defined(__x86_64__) && defined(__GNUC__)
-  const auto aligned32 = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % 32 == 0; };
-  if (simd >= SimdLevel::avx2 && aligned32(r) && aligned32(g) && aligned32(b)) {
-    x = bgra_row_to_planes_avx2(px, n, flip, scale, bias, r, g, b);
+  if (simd >= SimdLevel::avx512 && aligned(r, 64) && aligned(g, 64) && aligned(b, 64)) {
+    x = bgra_row_to_planes_avx512(px, n, flip, scale, bias, r, g, b);
+  }
+  if (simd >= SimdLevel::avx2 && aligned(r + x, 32) && aligned(g + x, 32) && aligned(b + x, 32)) {
+    x += bgra_row_to_planes_avx2(px + 4 * (flip ? 0 : x), n - x, flip, scale, bias, r + x, g + x, b + x);
   }
 #endif
 #if defined(__SSE2__)
-  const auto aligned = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  if (simd >= SimdLevel::sse2 && aligned(r + x) && aligned(g + x) && aligned(b + x)) {
+  if (simd >= SimdLevel::sse2 && aligned(r + x, 16) && aligned(g + x, 16) && aligned(b + x, 16)) {
     const __m128i mask = _mm_set1_epi32(0xff);
     const __m128 sr = _mm_set1_ps(scale[0]), sg = _mm_set1_ps(scale[1]), sb = _mm_set1_ps(scale[2]);
     const __m128 br = _mm_set1_ps(bias[0]), bg = _mm_set1_ps(bias[1]), bb = _mm_set1_ps(bias[2]);
@@ -531,28 +575,32 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
   }
   k.even = std::all_of(k.count.begin(), k.count.end(), [](int c) { return c % 2 == 0; });
   k.quad_stride = 0;
+  k.lanes = 0;
 }
 
-/// The AVX2 layout of a horizontal kernel's weights (Kernel::quads): per
-/// pair of output pixels (2p, 2p + 1) and per 4 taps, two 256-bit madd
-/// operands: (w0, w1) four times for pixel 2p (low lane) and four times for
-/// 2p + 1 (high lane), then the same of (w2, w3); zeros past each count.
-void make_quads(SampleWriter::Kernel& k) {
+/// The wide layout of a horizontal kernel's weights (Kernel::quads): per
+/// `lanes` output pixels (2 for AVX2, 4 for AVX-512) and per 4 taps, two
+/// madd operands: (w0, w1) four times for each pixel (pixel j of the group
+/// in 128-bit lane j), then the same of (w2, w3); zeros past each count.
+/// The last n % lanes pixels are left to the SSE2 loop.
+void make_quads(SampleWriter::Kernel& k, int lanes) {
   const std::size_t n = k.first.size(), stride = static_cast<std::size_t>(k.stride);
-  const std::size_t groups = (stride + 3) / 4;
-  k.quad_stride = static_cast<int>(groups * 32);
-  k.quads.assign(n / 2 * groups * 32, 0);
-  for (std::size_t i = 0; i < n - n % 2; ++i) {  // an odd last pixel is left to the SSE2 loop
+  const auto l = static_cast<std::size_t>(lanes);
+  const std::size_t groups = (stride + 3) / 4, step = 16 * l;  // int16s per group of 4 taps
+  k.lanes = lanes;
+  k.quad_stride = static_cast<int>(groups * step);
+  k.quads.assign(n / l * groups * step, 0);
+  for (std::size_t i = 0; i < n - n % l; ++i) {
     const std::int16_t* w = k.weights.data() + i * stride;
-    std::int16_t* q = k.quads.data() + i / 2 * groups * 32 + (i % 2) * 8;
+    std::int16_t* q = k.quads.data() + i / l * groups * step + (i % l) * 8;
     const auto count = static_cast<std::size_t>(k.count[i]);
     const auto tap = [&](std::size_t t) { return t < count ? w[t] : std::int16_t{0}; };
     for (std::size_t g = 0; g < (count + 3) / 4; ++g) {
       for (std::size_t p = 0; p < 4; ++p) {
-        q[g * 32 + 2 * p] = tap(4 * g);
-        q[g * 32 + 2 * p + 1] = tap(4 * g + 1);
-        q[g * 32 + 16 + 2 * p] = tap(4 * g + 2);
-        q[g * 32 + 16 + 2 * p + 1] = tap(4 * g + 3);
+        q[g * step + 2 * p] = tap(4 * g);
+        q[g * step + 2 * p + 1] = tap(4 * g + 1);
+        q[g * step + 8 * l + 2 * p] = tap(4 * g + 2);
+        q[g * step + 8 * l + 2 * p + 1] = tap(4 * g + 3);
       }
     }
   }
@@ -656,11 +704,95 @@ __attribute__((target("avx2"))) int resample_row_avx2(const std::uint8_t* in, in
   return i;
 }
 
-/// The vertical pass, 32 bytes at a time; returns how many bytes it did.
-__attribute__((target("avx2"))) std::size_t resample_rows_avx2(const std::uint8_t* const* rows, const std::int16_t* w,
-                                                               int count, std::size_t bytes, std::uint8_t* out) {
-  const __m256i zero = _mm256_setzero_si256();
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_epi32() as the unused
+// merge source, which -Wmaybe-uninitialized reports (GCC bug 105593, fixed
+// in GCC 13): silenced for these functions only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/// AVX-512 (F and BW): four output pixels at once, one per 128-bit lane,
+/// as pair_sums does two; writes their 16 bytes.
+__attribute__((target("avx512f,avx512bw"))) inline void quad_pixel_sums(const std::uint8_t* const* src,
+                                                                        const std::int16_t* q, int groups,
+                                                                        std::uint8_t* out) {
+  const __m512i pairs = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15));
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i acc = _mm512_set1_epi32(kOne / 2);
+  for (int g = 0; g < groups; ++g) {
+    __m512i all = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[0] + 16 * g)));
+    all = _mm512_inserti32x4(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[1] + 16 * g)), 1);
+    all = _mm512_inserti32x4(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[2] + 16 * g)), 2);
+    all = _mm512_inserti32x4(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[3] + 16 * g)), 3);
+    const __m512i v = _mm512_shuffle_epi8(all, pairs);
+    const __m512i w01 = _mm512_loadu_si512(q + 64 * g);
+    const __m512i w23 = _mm512_loadu_si512(q + 64 * g + 32);
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_unpacklo_epi8(v, zero), w01));
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_unpackhi_epi8(v, zero), w23));
+  }
+  acc = _mm512_srai_epi32(acc, kWeightBits);
+  // Pixel j's four sums are 32-bit lanes 4j..4j+3: saturate to bytes in order.
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtusepi32_epi8(_mm512_max_epi32(acc, zero)));
+}
+
+/// The horizontal pass over one row with AVX-512, four output pixels per
+/// step (Kernel::lanes 4); returns how many it did, as resample_row_avx2.
+__attribute__((target("avx512f,avx512bw"))) int resample_row_avx512(const std::uint8_t* in, int size,
+                                                                    const SampleWriter::Kernel& k, std::uint8_t* out) {
+  const int n = static_cast<int>(k.first.size());
+  const auto qs = static_cast<std::size_t>(k.quad_stride);
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const auto ui = static_cast<std::size_t>(i);
+    const int widest = std::max(std::max(k.count[ui], k.count[ui + 1]), std::max(k.count[ui + 2], k.count[ui + 3]));
+    const int groups = (widest + 3) / 4;
+    std::array<const std::uint8_t*, 4> src{};
+    bool inside = true;
+    for (std::size_t j = 0; j < 4; ++j) {
+      inside = inside && k.first[ui + j] + 4 * groups <= size;
+      src[j] = in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + j]);
+    }
+    if (!inside) break;
+    quad_pixel_sums(src.data(), k.quads.data() + ui / 4 * qs, groups, out + 4 * static_cast<std::ptrdiff_t>(i));
+  }
+  return i;
+}
+
+/// The vertical pass, 64 bytes at a time; returns how many bytes it did.
+/// The unpacks and packs work within 128-bit lanes, as in AVX2 and SSE2:
+/// the bytes come back in order.
+__attribute__((target("avx512f,avx512bw"))) std::size_t resample_rows_avx512(const std::uint8_t* const* rows,
+                                                                             const std::int16_t* w, int count,
+                                                                             std::size_t bytes, std::uint8_t* out) {
+  const __m512i zero = _mm512_setzero_si512();
   std::size_t x = 0;
+  for (; x + 64 <= bytes; x += 64) {
+    __m512i a0 = _mm512_set1_epi32(kOne / 2), a1 = a0, a2 = a0, a3 = a0;
+    for (int t = 0; t < count; t += 2) {
+      const bool pair = t + 1 < count;
+      const __m512i a = _mm512_loadu_si512(rows[t] + x);
+      const __m512i b = pair ? _mm512_loadu_si512(rows[t + 1] + x) : zero;
+      const auto wb = pair ? static_cast<std::uint16_t>(w[t + 1]) : std::uint16_t{0};
+      const __m512i ww = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint16_t>(w[t]) |
+                                                                     (static_cast<std::uint32_t>(wb) << 16)));
+      const __m512i lo = _mm512_unpacklo_epi8(a, b), hi = _mm512_unpackhi_epi8(a, b);
+      a0 = _mm512_add_epi32(a0, _mm512_madd_epi16(_mm512_unpacklo_epi8(lo, zero), ww));
+      a1 = _mm512_add_epi32(a1, _mm512_madd_epi16(_mm512_unpackhi_epi8(lo, zero), ww));
+      a2 = _mm512_add_epi32(a2, _mm512_madd_epi16(_mm512_unpacklo_epi8(hi, zero), ww));
+      a3 = _mm512_add_epi32(a3, _mm512_madd_epi16(_mm512_unpackhi_epi8(hi, zero), ww));
+    }
+    const __m512i lo16 = _mm512_packs_epi32(_mm512_srai_epi32(a0, kWeightBits), _mm512_srai_epi32(a1, kWeightBits));
+    const __m512i hi16 = _mm512_packs_epi32(_mm512_srai_epi32(a2, kWeightBits), _mm512_srai_epi32(a3, kWeightBits));
+    _mm512_storeu_si512(out + x, _mm512_packus_epi16(lo16, hi16));
+  }
+  return x;
+}
+#pragma GCC diagnostic pop
+
+/// The vertical pass, 32 bytes at a time from byte `x`; returns where it
+/// stopped.
+__attribute__((target("avx2"))) std::size_t resample_rows_avx2(const std::uint8_t* const* rows, const std::int16_t* w,
+                                                               int count, std::size_t bytes, std::uint8_t* out,
+                                                               std::size_t x) {
+  const __m256i zero = _mm256_setzero_si256();
   for (; x + 32 <= bytes; x += 32) {
     __m256i a0 = _mm256_set1_epi32(kOne / 2), a1 = a0, a2 = a0, a3 = a0;
     for (int t = 0; t < count; t += 2) {
@@ -693,7 +825,8 @@ void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& 
   const auto stride = static_cast<std::size_t>(k.stride);
   int i = 0;
 #if defined(PINFEED_AVX2)
-  if (simd >= SimdLevel::avx2 && k.quad_stride > 0) i = resample_row_avx2(in, size, k, out);
+  if (simd >= SimdLevel::avx512 && k.lanes == 4) i = resample_row_avx512(in, size, k, out);
+  if (simd >= SimdLevel::avx2 && k.lanes == 2) i = resample_row_avx2(in, size, k, out);
 #endif
 #if defined(__SSE2__)
   if (simd >= SimdLevel::sse2 && k.even) {
@@ -728,7 +861,8 @@ void resample_rows(const std::uint8_t* const* rows, const std::int16_t* w, int c
                    std::uint8_t* out, SimdLevel simd) {
   std::size_t x = 0;
 #if defined(PINFEED_AVX2)
-  if (simd >= SimdLevel::avx2) x = resample_rows_avx2(rows, w, count, bytes, out);
+  if (simd >= SimdLevel::avx512) x = resample_rows_avx512(rows, w, count, bytes, out);
+  if (simd >= SimdLevel::avx2) x = resample_rows_avx2(rows, w, count, bytes, out, x);
 #endif
 #if defined(__SSE2__)
   const __m128i zero = _mm_setzero_si128();
@@ -777,7 +911,7 @@ void SampleWriter::begin(int width, int height) {
     make_kernel(crop_axis(0, height, nh), nh, 1, 0, height, filter, 1, ky_);
   }
   simd_ = level();
-  if (simd_ >= SimdLevel::avx2) make_quads(kx_);
+  if (simd_ >= SimdLevel::avx2) make_quads(kx_, simd_ >= SimdLevel::avx512 ? 4 : 2);
   ring_rows_ = *std::max_element(ky_.count.begin(), ky_.count.end());
   ensure(ring_, static_cast<std::size_t>(ring_rows_) * un_bytes(nw));
   rows_in_ = 0;

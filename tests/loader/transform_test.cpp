@@ -405,12 +405,12 @@ TEST(TransformTest, EverySimdLevelWritesTheSameBytes) {
     SimdLevel level = simd_level();
     ~Restore() { set_simd_level(level); }
   } restore;
-  const std::vector<SimdLevel> levels = {SimdLevel::scalar, SimdLevel::sse2, SimdLevel::avx2};
+  const std::vector<SimdLevel> levels = {SimdLevel::scalar, SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512};
   std::mt19937 gen(20261206);
   const auto uniform = [&gen](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
   const std::array<Interpolation, 3> filters = {Interpolation::bilinear, Interpolation::bicubic, Interpolation::nearest};
   const std::array<CropMode, 3> crops = {CropMode::random_resized, CropMode::center, CropMode::full};
-  std::array<int, 3> compared{};  // samples compared at each level
+  std::array<int, 4> compared{};  // samples compared at each level
   for (int trial = 0; trial < 90; ++trial) {
     TransformConfig c;
     c.size = std::array{224, 37, 64, 8, 150}[static_cast<std::size_t>(trial % 5)];
@@ -457,10 +457,11 @@ TEST(TransformTest, EverySimdLevelWritesTheSameBytes) {
       ++compared[static_cast<std::size_t>(level)];
     }
     for (std::size_t l = 1; l < outs.size(); ++l) {
+      const auto at = std::mismatch(outs[l].begin(), outs[l].end(), outs[0].begin()).first - outs[l].begin();
       ASSERT_TRUE(outs[l] == outs[0]) << "trial " << trial << ": level " << l << " differs from the scalar path ("
                                       << img.width << "x" << img.height << " to " << c.out_width() << "x"
                                       << c.out_height() << ", crop " << to_string(c.crop) << ", filter "
-                                      << to_string(c.interpolation) << ", " << to_string(c.layout) << ")";
+                                      << to_string(c.interpolation) << ", " << to_string(c.layout) << ", first difference at byte " << at << " of " << outs[l].size() << ")";
     }
   }
   EXPECT_GT(compared[0], 60);
@@ -468,6 +469,9 @@ TEST(TransformTest, EverySimdLevelWritesTheSameBytes) {
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx2") != 0) {
     EXPECT_EQ(compared[2], compared[0]) << "AVX2 was never compared";
+  }
+  if (__builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0) {
+    EXPECT_EQ(compared[3], compared[0]) << "AVX-512 was never compared";
   }
 #endif
 }

@@ -137,12 +137,14 @@ CropPlan plan_crop(const ImageHeader& header, const TransformConfig& config, Sam
 /// decoded region never exists whole. One per thread.
 /// The instruction set the resampler and the float conversion use: the
 /// CPU's best, except SSE2 on cores that run AVX2 as two halves (AMD Zen 1
-/// and Zen+: Note [SIMD level by core]); PINFEED_SIMD=scalar|sse2|avx2
-/// chooses (PINFEED_NO_AVX2=1: sse2). Every level writes the same bytes
-/// (tests compare them).
-enum class SimdLevel { scalar, sse2, avx2 };
-inline constexpr std::array<EnumWord<SimdLevel>, 3> kSimdLevelWords{
-    {{SimdLevel::scalar, "scalar"}, {SimdLevel::sse2, "sse2"}, {SimdLevel::avx2, "avx2"}}};
+/// and Zen+: Note [SIMD level by core]); avx512 is AVX-512 F and BW.
+/// PINFEED_SIMD=scalar|sse2|avx2|avx512 chooses (PINFEED_NO_AVX2=1: sse2).
+/// Every level writes the same bytes (tests compare them).
+enum class SimdLevel { scalar, sse2, avx2, avx512 };
+inline constexpr std::array<EnumWord<SimdLevel>, 4> kSimdLevelWords{{{SimdLevel::scalar, "scalar"},
+                                                                     {SimdLevel::sse2, "sse2"},
+                                                                     {SimdLevel::avx2, "avx2"},
+                                                                     {SimdLevel::avx512, "avx512"}}};
 SimdLevel simd_level() noexcept;
 std::string_view to_string(SimdLevel level) noexcept;
 /// Every later sample uses `level`, capped at what the CPU has; returns the
@@ -181,12 +183,13 @@ class SampleWriter : private RowSink {
     std::vector<std::int16_t> weights;   ///< per output pixel, `stride` of them (zero past count)
     int stride = 0;
     bool even = false;                   ///< every count is even (the SIMD path)
-    /// The AVX2 layout of `weights` (horizontal kernels, where the CPU has
-    /// AVX2): per pair of output pixels, `quad_stride` int16s; per 4 taps
-    /// (w0, w1) four times for each of the two pixels, then (w2, w3) the
-    /// same: two 256-bit madd operands, one 128-bit lane per pixel.
+    /// The AVX2 and AVX-512 layout of `weights` (horizontal kernels): per
+    /// `lanes` output pixels (2 or 4), `quad_stride` int16s; per 4 taps
+    /// (w0, w1) four times for each pixel, then (w2, w3) the same: two madd
+    /// operands, one 128-bit lane per pixel.
     std::vector<std::int16_t> quads;
     int quad_stride = 0;
+    int lanes = 0;
     std::vector<double> scratch;  ///< one output pixel's weights while they are made
   };
 
