@@ -166,8 +166,9 @@ def test_the_compute_bound_step_is_seconds_of_gpu_work_not_host_setup(gpu_run):
 
 def test_the_simd_step_reads_both_runs_of_its_command(gpu_run):
     run = '{{"config": {{"simd": "{}"}}, "loader": {{"images_per_s": {}}}}}'
-    out = run.format("sse2", 1000) + "\nlog line\n" + run.format("avx2", 1100) + "\n"
-    figures = gpu_run.simd_figures(out)
-    assert figures["avx2_over_sse2"] == 1.1 and figures["levels"] == ["sse2", "avx2"]
+    out = run.format("sse2", 1000) + "\nlog line\n" + run.format("avx2", 1100) + "\n" + run.format("avx2", 1100)
+    figures = gpu_run.simd_figures(out)  # a CPU without AVX-512: the third run says avx2
+    assert figures["avx2_over_sse2"] == 1.1 and figures["levels"] == ["sse2", "avx2", "avx2"]
+    assert figures["avx512_ran_at"] == "avx2" and "avx2_ran_at" not in figures
     with pytest.raises(AssertionError):
-        gpu_run.simd_figures(run.format("sse2", 1000))  # the second run missing
+        gpu_run.simd_figures(run.format("sse2", 1000) + "\n" + run.format("avx2", 1100))  # the third run missing
