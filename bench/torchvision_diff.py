@@ -23,12 +23,14 @@ def main() -> None:
     p.add_argument("--data", required=True, help="ImageFolder root")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--limit", type=int, default=0, help="compare only the first N samples (0: all)")
+    p.add_argument("--dct-scaling", action="store_true",
+                   help="pinfeed's opt-in fast path (decode at 1/2-1/8 where the crop allows): how far it moves the pixels")
     a = p.parse_args()
 
     tf = transforms.Compose([transforms.Resize(a.size * 256 // 224), transforms.CenterCrop(a.size)])
     ref = torchvision.datasets.ImageFolder(a.data, transform=tf)
     ours = pinfeed.Loader(a.data, batch_size=64, transform="center", size=a.size, resize=a.size * 256 // 224,
-                          layout="nhwc-u8", shuffle=False)
+                          layout="nhwc-u8", shuffle=False, dct_scaling=a.dct_scaling)
     if len(ours.samples) != len(ref):
         raise SystemExit(f"torchvision_diff: {len(ours.samples)} samples against torchvision's {len(ref)}")
     total, signed, count, i = 0.0, 0.0, 0, 0
@@ -51,7 +53,7 @@ def main() -> None:
                       "mean_signed_diff_vs_torchvision": signed / count,
                       "worst_image_abs": {"diff": worst_abs[0], "path": worst_abs[1]},
                       "worst_image_signed": {"diff": worst_signed[0], "path": worst_signed[1]},
-                      "torchvision": torchvision.__version__}))
+                      "dct_scaling": a.dct_scaling, "torchvision": torchvision.__version__}))
 
 
 if __name__ == "__main__":
