@@ -1,5 +1,6 @@
 #include "pinfeed/loader/transform.hpp"
 
+#include "pinfeed/env.hpp"
 #include "pinfeed/loader/options.hpp"
 
 #include <fmt/format.h>
@@ -71,10 +72,10 @@ bool avx2_runs_as_halves() noexcept {
 /// (those cores have no AVX-512).
 SimdLevel initial_simd_level() noexcept {
   const SimdLevel cpu = cpu_simd_level();
-  if (std::getenv("PINFEED_NO_AVX2") != nullptr) return std::min(cpu, SimdLevel::sse2);
-  const char* asked = std::getenv("PINFEED_SIMD");
-  for (const auto& w : kSimdLevelWords) {  // an unknown word: the default (this runs before any logger)
-    if (asked != nullptr && w.word == asked) return std::min(cpu, w.value);
+  if (pinfeed::env::get("PINFEED_NO_AVX2")) return std::min(cpu, SimdLevel::sse2);
+  const std::optional<std::string> asked = pinfeed::env::get("PINFEED_SIMD");
+  for (const auto& w : kSimdLevelWords) {  // an unknown word: the default
+    if (asked && w.word == *asked) return std::min(cpu, w.value);
   }
   return cpu == SimdLevel::avx2 && avx2_runs_as_halves() ? SimdLevel::sse2 : cpu;
 }

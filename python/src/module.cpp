@@ -26,6 +26,7 @@
 #include <system_error>
 
 #include "pinfeed/memory/cuda_host.hpp"
+#include "pinfeed/env.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
 #include "pinfeed/loader/loader.hpp"
@@ -726,7 +727,7 @@ py::dict launch_env_dict(const std::optional<std::pair<int, int>>& group) {
     view->rank = group->first;
     view->world_size = group->second;
   }
-  const pinfeed::LaunchEnv e = group ? pinfeed::read_launch_env([](const char* n) -> const char* { return std::getenv(n); }, view)
+  const pinfeed::LaunchEnv e = group ? pinfeed::read_launch_env([](const char* n) { return pinfeed::env::raw(n); }, view)
                                      : pinfeed::read_launch_env();
   py::dict d;
   d["rank"] = e.rank;

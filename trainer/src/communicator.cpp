@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "pinfeed/env.hpp"
 #include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 
@@ -27,8 +28,7 @@ std::string timeout_reason(std::chrono::milliseconds timeout) {
 namespace {
 
 bool store_named() {
-  const char* addr = std::getenv("MASTER_ADDR");
-  return addr != nullptr && *addr != '\0' && std::getenv("MASTER_PORT") != nullptr;
+  return pinfeed::env::get("MASTER_ADDR") && pinfeed::env::get("MASTER_PORT");
 }
 
 /// mpirun and srun launches, except on a build without MPI (the wheel) when

@@ -32,6 +32,7 @@
 #include <string_view>
 #include <utility>
 
+#include "pinfeed/env.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
@@ -160,8 +161,8 @@ std::string address_toward(const std::string& host, int port) {
 /// resolves to 127.0.1.1 or to an interface the peers cannot reach.
 std::shared_ptr<gloo::transport::Device> make_device(const detail::TcpStore& store) {
   gloo::transport::tcp::attr attr;
-  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface != '\0') {
-    attr.iface = iface;
+  if (const std::optional<std::string> iface = pinfeed::env::get("GLOO_SOCKET_IFNAME")) {
+    attr.iface = *iface;
     return gloo::transport::tcp::CreateDevice(attr);
   }
   std::string local = address_toward(store.options().host, store.options().port);

@@ -56,6 +56,7 @@
 #include <thread>
 #include <utility>
 
+#include "pinfeed/env.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/log.hpp"
@@ -256,18 +257,16 @@ TcpStore::TcpStore(Options options) : options_(std::move(options)) {
     throw ConfigError(fmt::format("rendezvous store: port {} is not a port (1..65535)", options_.port));
   }
   if (options_.serve) {
-    const char* bind = std::getenv("PINFEED_STORE_BIND");
-    const std::string where = bind != nullptr && *bind != '\0' ? std::string(bind)
-                              : options_.bind.empty()          ? options_.host
-                                                               : options_.bind;
+    const std::string where = pinfeed::env::get("PINFEED_STORE_BIND").value_or(options_.bind.empty() ? options_.host
+                                                                                              : options_.bind);
     server_ = std::make_unique<TcpStoreServer>(where, options_.port, options_.limits);
   }
   dialect_ = options_.dialect;
   if (dialect_ == Dialect::automatic) {
     // An operator who knows the server skips the probe (and its wait on a
     // server that neither answers nor closes).
-    if (const char* forced = std::getenv("PINFEED_STORE_DIALECT"); forced != nullptr && *forced != '\0') {
-      const std::string_view f(forced);
+    if (const std::optional<std::string> forced = pinfeed::env::get("PINFEED_STORE_DIALECT")) {
+      const std::string_view f(*forced);
       if (f == "v1") {
         dialect_ = Dialect::v1;
       } else if (f == "v2") {
@@ -518,26 +517,26 @@ bool resolves_to_loopback_only(const std::string& host) {
 }  // namespace
 
 std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
-  const char* addr = std::getenv("MASTER_ADDR");
-  const char* port_text = std::getenv("MASTER_PORT");
-  if (addr == nullptr || port_text == nullptr || *addr == '\0') {
+  const std::optional<std::string> addr = pinfeed::env::get("MASTER_ADDR");
+  const std::optional<std::string> port_text = pinfeed::env::get("MASTER_PORT");
+  if (!addr || !port_text) {
     throw ConfigError(fmt::format("{} launched {} processes, but MASTER_ADDR and MASTER_PORT (the rendezvous store) are "
                                   "not set: launch with torchrun, or with mpirun on a build with MPI",
                                   env.launcher, env.world_size));
   }
   int port = 0;
-  const std::string_view pt(port_text);
+  const std::string_view pt(*port_text);
   const auto [end, ec] = std::from_chars(pt.data(), pt.data() + pt.size(), port);
   if (ec != std::errc() || end != pt.data() + pt.size() || port < 1 || port > 65535) {
     throw ConfigError(fmt::format("environment variable MASTER_PORT='{}' is not a port (1..65535)", pt));
   }
-  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  const char* run = std::getenv("TORCHELASTIC_RUN_ID");
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const std::optional<std::string> agent = pinfeed::env::get("TORCHELASTIC_USE_AGENT_STORE");
+  const std::string run = pinfeed::env::get("TORCHELASTIC_RUN_ID").value_or("run");
+  const std::string restart = pinfeed::env::get("TORCHELASTIC_RESTART_COUNT").value_or("0");
   TcpStore::Options o;
-  o.host = addr;
+  o.host = *addr;
   o.port = port;
-  o.serve = !(agent != nullptr && std::string_view(agent) == "True") && env.rank == 0;
+  o.serve = agent != "True" && env.rank == 0;
   o.timeout = timeout;
   o.rank = env.rank;
   // A launch over several hosts whose MASTER_ADDR resolves to loopback
@@ -553,8 +552,8 @@ std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono
   // A few connections per rank (pinfeed's own, and torch's when a script
   // shares the store), and room for tools that look at it.
   o.limits.max_connections = 4 * static_cast<std::size_t>(std::max(env.world_size, 1)) + 16;
-  if (const char* every = std::getenv("PINFEED_WAIT_LOG_S"); every != nullptr && *every != '\0') {
-    const std::string_view e(every);
+  if (const std::optional<std::string> every = pinfeed::env::get("PINFEED_WAIT_LOG_S")) {
+    const std::string_view e(*every);
     int s = 0;
     const auto [last, bad] = std::from_chars(e.data(), e.data() + e.size(), s);
     if (bad != std::errc() || last != e.data() + e.size() || s < 1 || s > 3600) {
@@ -562,7 +561,7 @@ std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono
     }
     o.progress = std::chrono::seconds(s);
   }
-  o.prefix = fmt::format("/pinfeed/{}/{}/", run != nullptr ? run : "run", restart != nullptr ? restart : "0");
+  o.prefix = fmt::format("/pinfeed/{}/{}/", run, restart);
   pinfeed::detail::log().debug("rendezvous: {} the store at {}:{}", o.serve ? "serving" : "using", o.host, o.port);
   return std::make_unique<TcpStore>(std::move(o));
 }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "pinfeed/env.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
 
@@ -260,7 +261,7 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& getenv,
 }
 
 LaunchEnv read_launch_env() {
-  return read_launch_env([](const char* name) -> const char* { return std::getenv(name); });
+  return read_launch_env([](const char* name) { return pinfeed::env::raw(name); });
 }
 
 }  // namespace pinfeed

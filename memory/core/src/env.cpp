@@ -1,0 +1,47 @@
+#include "pinfeed/env.hpp"
+
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "pinfeed/log.hpp"
+
+namespace pinfeed::env {
+
+namespace {
+
+/// Logs NAME=value the first time NAME is read in this process. The set
+/// and its lock are function statics: a variable may be read while another
+/// translation unit's statics are initialized (the resampler's SIMD level).
+void note_once(const char* name, const char* value) {
+  static std::mutex lock;
+  static std::set<std::string, std::less<>> seen;
+  {
+    const std::lock_guard<std::mutex> hold(lock);
+    if (!seen.emplace(name).second) return;
+  }
+  if (std::string_view(name).starts_with("PINFEED_")) {
+    detail::log().info("environment: {}={} overrides a default", name, value);
+  } else {
+    detail::log().debug("environment: {}={}", name, value);
+  }
+}
+
+}  // namespace
+
+const char* raw(const char* name) {
+  const char* value = std::getenv(name);  // the one call (Note [one environment reader])
+  if (value != nullptr && *value != '\0') note_once(name, value);
+  return value;
+}
+
+std::optional<std::string> get(const char* name) {
+  const char* value = raw(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+}  // namespace pinfeed::env
