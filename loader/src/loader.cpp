@@ -603,21 +603,7 @@ memory::BufferPool::Config pool_config(const LoaderConfig& c) {
   pc.min_live_slots = c.pressure_floor;
   pc.held_warning_bytes = c.held_warning != 0 ? c.held_warning : pc.slots * round_up_to_page(pc.slot_bytes);
   pc.held_limit_bytes = c.held_limit;
-  if (c.watch_pressure) {
-    // A released slot comes back only while the host (or cgroup) keeps room
-    // above the level at which "elevated" would clear, after it: growing
-    // back must not bring the pressure back (Note [Pool policy]).
-    pc.may_grow = [p = c.pressure](std::uint64_t bytes) -> std::optional<std::string> {
-      const auto s = memory::MemorySnapshot::read(p.root);
-      const std::uint64_t total = s.effective_total(), available = s.effective_available();
-      const double keep = p.elevated.available_fraction / p.hysteresis;
-      const double after = total == 0 || available < bytes ? 0.0
-                                                            : static_cast<double>(available - bytes) / static_cast<double>(total);
-      if (after > keep) return std::nullopt;
-      return fmt::format("{} available of {}: {:.1f}% after {} more, not above {:.1f}%", format_bytes(available),
-                         format_bytes(total), after * 100, format_bytes(bytes), keep * 100);
-    };
-  }
+  if (c.watch_pressure) pc.may_grow = memory::PressureMonitor::regrow_rule(c.pressure);  // Note [Pool policy]
   return pc;
 }
 

@@ -7,11 +7,20 @@
 
 #include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/memory/memory_snapshot.hpp"
+#include "pinfeed/memory/pool_policy.hpp"
 #include "pinfeed/memory/pressure_events.hpp"
 
 namespace pinfeed::memory {
 
 std::string_view to_string(PressureLevel level) noexcept { return enum_word(kPressureLevelWords, level); }
+
+std::function<std::optional<std::string>(std::uint64_t)> PressureMonitor::regrow_rule(const Config& config) {
+  return [root = config.root, keep = config.elevated.available_fraction / config.hysteresis](std::uint64_t bytes) {
+    const MemorySnapshot s = MemorySnapshot::read(root);
+    return regrow_refusal(s.effective_total(), s.effective_available(), bytes, keep);
+  };
+}
 
 void PressureMonitor::Config::validate() const {
   if (period.count() < 10 || period.count() > 60'000) {

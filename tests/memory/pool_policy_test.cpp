@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "checking_resource.hpp"
+#include "fixtures.hpp"
 #include "pinfeed/memory/buffer_pool.hpp"
 #include "pinfeed/memory/pageable_resource.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 #include "pinfeed/memory/pool_policy.hpp"
+#include "pinfeed/memory/pressure_monitor.hpp"
 #include "pinfeed/units.hpp"
 
 namespace pinfeed::memory {
@@ -154,6 +156,32 @@ TEST(PoolPolicyTest, ASettledPoolIsNotWokenByReleasesInTheCasesThatUsedToDisagre
     EXPECT_EQ(pool.stats().pinned_slots, 2U);
     EXPECT_EQ(rounds_during_releases(pool, 100), 0U);
   }
+}
+
+// Note [Pool policy]'s regrow rule, now in memory (it was a lambda in the
+// loader that recomputed the monitor's line): a slab comes back only while
+// more than the line at which "elevated" clears stays available after it.
+TEST(PoolPolicyTest, ARegrowMustLeaveMoreThanTheLineWhereElevatedClears) {
+  constexpr std::uint64_t total = 1024_MiB, available = 256_MiB;
+  EXPECT_EQ(regrow_refusal(total, available, 64_MiB, 0.125), std::nullopt);  // 18.75% left
+  const std::optional<std::string> no = regrow_refusal(total, available, 160_MiB, 0.125);  // 9.4% left
+  ASSERT_TRUE(no.has_value());
+  EXPECT_NE(no->find("9.4% after"), std::string::npos) << *no;
+  EXPECT_NE(no->find("not above 12.5%"), std::string::npos) << *no;
+  EXPECT_TRUE(regrow_refusal(total, 32_MiB, 64_MiB, 0.125).has_value()) << "more than is available";
+  EXPECT_TRUE(regrow_refusal(0, 0, 1, 0.125).has_value()) << "no total read";
+
+  // The monitor's rule reads the host under its root at each ask, against
+  // elevated.available_fraction / hysteresis (0.10 / 0.8 = 12.5%).
+  testing::TempDir dir;
+  testing::write_file(dir.path() / "proc" / "meminfo", "MemTotal: 1048576 kB\nMemAvailable: 262144 kB\n");
+  PressureMonitor::Config config;
+  config.root = dir.path();
+  const auto may_grow = PressureMonitor::regrow_rule(config);
+  EXPECT_EQ(may_grow(64_MiB), std::nullopt);
+  EXPECT_TRUE(may_grow(160_MiB).has_value());
+  testing::write_file(dir.path() / "proc" / "meminfo", "MemTotal: 1048576 kB\nMemAvailable: 1048576 kB\n");
+  EXPECT_EQ(may_grow(160_MiB), std::nullopt) << "read again at each ask";
 }
 
 }  // namespace

@@ -27,7 +27,9 @@
 #include <string_view>
 
 #include "pinfeed/enum_words.hpp"
-#include "pinfeed/memory/pressure_monitor.hpp"
+#include <string>
+
+#include "pinfeed/memory/pressure_level.hpp"
 
 namespace pinfeed::memory {
 
@@ -76,6 +78,15 @@ template <class Slabs>
   }
   return t;
 }
+
+/// Whether a released slab of `bytes` may come back now (nullopt), or why
+/// not: growing back must not bring the pressure back, so the host (or the
+/// cgroup) must keep more than `keep_fraction` of `total` available after
+/// it. `keep_fraction` is the line at which "elevated" clears (the
+/// monitor's elevated.available_fraction / hysteresis:
+/// PressureMonitor::regrow_rule).
+[[nodiscard]] std::optional<std::string> regrow_refusal(std::uint64_t total, std::uint64_t available,
+                                                        std::uint64_t bytes, double keep_fraction);
 
 /// Whether slab `slab`, draining, should still be released (false: put its
 /// slots back in service): the level is critical and the live slots are at

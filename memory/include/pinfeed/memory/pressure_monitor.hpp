@@ -32,13 +32,9 @@
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/enum_words.hpp"
 #include "pinfeed/units.hpp"
+#include "pinfeed/memory/pressure_level.hpp"
 
 namespace pinfeed::memory {
-
-enum class PressureLevel { normal = 0, elevated = 1, critical = 2 };
-inline constexpr std::array<EnumWord<PressureLevel>, 3> kPressureLevelWords{
-    {{PressureLevel::normal, "normal"}, {PressureLevel::elevated, "elevated"}, {PressureLevel::critical, "critical"}}};
-std::string_view to_string(PressureLevel level) noexcept;
 
 /// A level is entered when ANY signal reaches its threshold.
 struct PressureThresholds {
@@ -92,6 +88,11 @@ class PressureMonitor {
     bool operator==(const Config&) const = default;
   };
   using Subscriber = std::function<void(PressureLevel from, PressureLevel to, const PressureReading& reading)>;
+  /// The pool's regrow rule (BufferPool::Config::may_grow) for these
+  /// thresholds: reads the host (config.root) at each ask and answers with
+  /// regrow_refusal (pool_policy.hpp) against the line at which "elevated"
+  /// clears, elevated.available_fraction / hysteresis.
+  static std::function<std::optional<std::string>(std::uint64_t bytes)> regrow_rule(const Config& config);
   using SubscriptionId = std::uint64_t;
 
   explicit PressureMonitor(Config config);
