@@ -14,7 +14,7 @@
 # in the bundle finds them through RUNPATH ($ORIGIN), so nothing on the
 # device needs LD_LIBRARY_PATH but CUDA's pip folders.
 #
-# Then, from the repo root, the device call (README, "On a GPU"):
+# Then, from the repo root, the device call (docs/operations.md, "On a GPU"):
 #   run(command='python3 bench/gpu_run.py --bundle .gpu/pinfeed-gpu.tar.xz --out "$OUT"',
 #       carry=['.gpu'], timeout_s=420)
 # and here, the same steps without a GPU (bench/gpu_check.sh does both halves):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, in the two halves a lent device machine needs (README,
+# The GPU checks, in the two halves a lent device machine needs (docs/operations.md,
 # "On a GPU"): the device has a GPU, CUDA 13, cuBLAS/NCCL pip wheels and
 # torch, but no Debian packages and no network, so everything is built here
 # and carried there as one bundle.

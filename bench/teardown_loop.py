@@ -10,7 +10,7 @@ reports how long each exit took and how many did not end within --limit s:
                               at interpreter exit, no destroy_process_group
     no-loader-no-destroy      the same without pinfeed (torch alone)
     loader-alive-destroy      loader alive, destroy_process_group() at the end
-    del-loader-then-destroy   the README's order: del it, del loader, destroy
+    del-loader-then-destroy   docs/usage.md's order: del it, del loader, destroy
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/teardown_loop.py DATA [--runs 10] [--limit 60]
 """

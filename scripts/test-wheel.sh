@@ -84,7 +84,7 @@ work=$(mktemp -d)
 "$venv/bin/pinfeed-diag" --json --sample-ms 0 >/dev/null
 "$venv/bin/pinfeed-train" --help | head -n 1
 "$venv/bin/pinfeed-data" -q make --out "$work/data" --classes 2 --per-class 16 --seed 1
-# torch 1.13 on Python 3.11 needs non-zero --redirects/--tee (README, Launching).
+# torch 1.13 on Python 3.11 needs non-zero --redirects/--tee (docs/usage.md, Launching).
 torchrun --redirects 9:1 --tee 9:1 --master_port 29541 --nproc_per_node 2 --no_python "$venv/bin/pinfeed-train" \
   --data "$work/data/train" --devices cpu:1 --epochs 1 --batch-size 8 --size 16 --pool 2 --threads 1 --json >"$work/run.json"
 "$venv/bin/python" -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['world_size']==2 and j['communicator']=='gloo', j" "$work/run.json"

@@ -553,7 +553,7 @@ def _place_in_launch(rank, world_size, local_rank, options):
 class Loader:
     """An iterable over (images, labels) batches, like torch.utils.data.DataLoader
     with a DistributedSampler; DataLoader's argument names mean what they mean
-    there (the README's migration table).
+    there (docs/porting.md's migration table).
 
     data: an ImageFolder root, a file list ("relative/path label" lines), or
         tar shards ("train-{000000..000099}.tar"); a torch.utils.data.Subset
@@ -1376,7 +1376,7 @@ class Loader:
             return [("cuda", torch.cuda.current_device() if index is None else index, int(self._stream.cuda_stream))]
         if self._cuda_seen or (torch.cuda.is_available() and torch.cuda.is_initialized()):
             self._cuda_seen = True
-            # The current device's stream, and local_rank's (the README's
+            # The current device's stream, and local_rank's (docs/usage.md's
             # images.cuda(loader.local_rank, non_blocking=True)) when they differ.
             devices = {torch.cuda.current_device()}
             if self.local_rank < torch.cuda.device_count():

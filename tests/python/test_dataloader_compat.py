@@ -1,5 +1,5 @@
 """DataLoader's argument names mean what they mean in DataLoader: every row
-of the README's migration table, through the real loader."""
+of the migration table (docs/porting.md), through the real loader."""
 import os
 import warnings
 

@@ -147,7 +147,7 @@ def clean_env(**extra):
 
 
 def torchrun(nnodes, rdzv, program):
-    # --redirects/--tee 9:1: torch 1.13's dodge for its crash on Python 3.11 (README, "Launching").
+    # --redirects/--tee 9:1: torch 1.13's dodge for its crash on Python 3.11 (docs/usage.md, "Launching").
     base = [sys.executable, "-m", "torch.distributed.run", "--redirects", "9:1", "--tee", "9:1"]
     if nnodes == 1:
         return base + ["--standalone", "--nproc_per_node", "4", *program]

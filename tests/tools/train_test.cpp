@@ -370,7 +370,7 @@ TEST_F(TrainToolTest, UnderTorchrunTwoProcessesTrainWithoutMpiAndAFailingRankEnd
   GTEST_SKIP() << "built without Gloo, without torchrun (python3-torch), or under a sanitizer";
 #else
   // torch 1.13 on Python 3.11 crashes on --redirects/--tee 0 (their
-  // default); 9:1 names a local rank that does not exist (README, "Launching").
+  // default); 9:1 names a local rank that does not exist (docs/usage.md, "Launching").
   // The static rendezvous on a port of its own: --standalone's fixed port
   // belongs to DdpLaunchTest.UnderTorchrunStandalone, which may run meanwhile.
   const auto torchrun = [](const std::string& args) {
