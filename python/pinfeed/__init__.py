@@ -45,7 +45,8 @@ _HOME = {"Error": "_pinfeed", "ConfigError": "_pinfeed", "DataError": "_pinfeed"
 
 def __getattr__(name):
     # Submodules by importlib: `from . import x` would ask this hook first.
-    if name in ("_api", "_base", "_data", "_pinfeed", "_tools"):
+    if name in ("_api", "_base", "_compat", "_data", "_device", "_launch", "_options", "_order", "_pinfeed", "_state",
+                "_tools"):
         return _submodule(name)
     if name not in _HOME:  # a typo or a probe must not import torch
         raise AttributeError(f"module 'pinfeed' has no attribute {name!r}")

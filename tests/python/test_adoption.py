@@ -105,7 +105,7 @@ def test_mean_and_std_take_torchvisions_forms(dataset):
 
 
 def test_num_workers_zero_says_it_is_automatic(dataset, monkeypatch):
-    monkeypatch.setattr(pinfeed._api, "_warned_num_workers", False)
+    monkeypatch.setattr(pinfeed._compat, "_warned_num_workers", False)
     with pytest.warns(UserWarning, match="num_workers=0 .*load in the main process.* automatic"):
         loader(dataset, num_workers=0, threads=None)
 

@@ -148,7 +148,7 @@ def test_state_dict_after_a_completed_epoch_resumes_at_the_next(dataset):
 
 
 def test_num_workers_is_taken_as_threads_with_one_warning(dataset):
-    pinfeed._api._warned_num_workers = False
+    pinfeed._compat._warned_num_workers = False
     with pytest.warns(UserWarning, match="num_workers=3 is taken as threads=3"):
         l = loader(dataset, threads=None, num_workers=3)
     assert l.num_workers == 3

@@ -16,7 +16,7 @@ from test_loader import _Config
 OPTIONS = {o["name"]: o for o in _pinfeed.loader_options()}
 # Table name -> Loader's keyword, where Loader takes another word (the
 # module's own table: the checks and the docstring read it too).
-KEYWORD_FOR = pinfeed._api._KEYWORD_FOR
+KEYWORD_FOR = pinfeed._options._KEYWORD_FOR
 # Python keyword -> table name, where Python keeps the torchvision-like word.
 PY_NAMES = {"transform": "crop"}
 
@@ -51,7 +51,7 @@ def test_python_keyword_defaults_are_the_tables():
         keyword = KEYWORD_FOR.get(o["name"], o["name"])
         default = o["default"]
         if isinstance(default, float):  # the float32 default's shortest form (0.08, not 0.07999999821186066)
-            default = pinfeed._api._shortest(default)
+            default = pinfeed._options._shortest(default)
             assert struct.pack("f", default) == struct.pack("f", o["default"])
         shown = keyword if "=" in keyword else f"{keyword}={default!r}"
         assert any(line.startswith(f"{shown}: ") for line in doc_lines), shown
