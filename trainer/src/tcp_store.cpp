@@ -60,7 +60,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/log.hpp"
-#include "pinfeed/trainer/communicator.hpp"
+#include "pinfeed/trainer/comm_error.hpp"
 #include "tcp_store_protocol.hpp"
 
 namespace pinfeed::trainer::detail {

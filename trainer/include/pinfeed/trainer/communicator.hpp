@@ -37,6 +37,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
+#include "pinfeed/trainer/comm_error.hpp"
 #include "pinfeed/trainer/device_backend.hpp"
 
 namespace pinfeed::trainer {
@@ -45,24 +46,6 @@ class CpuBackend;
 
 enum class ReduceOp { sum, average };
 
-/// A collective failed: which rank, which operation, how many bytes.
-class CommError : public Error {
- public:
-  CommError(int rank, std::string op, std::size_t bytes, const std::string& reason);
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] const std::string& op() const noexcept { return op_; }
-  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-
- private:
-  int rank_;
-  std::string op_;
-  std::size_t bytes_;
-};
-
-/// Every communicator's words for a collective past its timeout: "did not
-/// complete within 4 s: a rank stopped, hung or was lost" (ms when the
-/// timeout is not whole seconds).
-std::string timeout_reason(std::chrono::milliseconds timeout);
 
 struct CommConfig {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< a collective not done by then is an error
