@@ -334,7 +334,9 @@ __attribute__((target("avx2"))) int bgra_row_to_planes_avx2(const std::uint8_t* 
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // clang has no such warning group, and no such bug
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593: see resample_row_avx512
+#endif
 /// Sixteen pixels at a time, the same arithmetic; rows 64-byte aligned.
 /// AVX-512F implies FMA to GCC, and GCC writes _mm512_mul_ps and
 /// _mm512_add_ps as plain vector arithmetic that it may contract into one
@@ -711,7 +713,9 @@ __attribute__((target("avx2"))) int resample_row_avx2(const std::uint8_t* in, in
 // merge source, which -Wmaybe-uninitialized reports (GCC bug 105593, fixed
 // in GCC 13): silenced for these functions only.
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // clang has no such warning group, and no such bug
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /// AVX-512 (F and BW): four output pixels at once, one per 128-bit lane,
 /// as pair_sums does two; writes their 16 bytes.
 __attribute__((target("avx512f,avx512bw"))) inline void quad_pixel_sums(const std::uint8_t* const* src,
