@@ -13,6 +13,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/nccl_communicator.hpp"
 #include "pinfeed/trainer/model.hpp"
 #include "pinfeed/trainer/trainer.hpp"
 

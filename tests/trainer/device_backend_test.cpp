@@ -326,7 +326,7 @@ TEST(DeviceTypeTest, CallersMakeBackendsAndCommunicatorsThroughTheTypeTheyWereGi
   auto b = cpu.make_backend(4, BackendOptions{});
   EXPECT_EQ(a->name(), "cpu:3");
   EXPECT_EQ(a->host_pin_method(), memory::PinMethod::mlock) << "a CPU copy is memcpy: nothing to register";
-  const auto group = cpu.make_group({a.get(), b.get()}, CommConfig{});
+  const auto group = comm_type(BackendKind::cpu).make_group({a.get(), b.get()}, CommConfig{});
   ASSERT_EQ(group.size(), 2U);
   EXPECT_EQ(group[1]->rank(), 1);
   EXPECT_EQ(group[1]->name(), "threads");

@@ -724,10 +724,6 @@ void CpuBackend::consumer_record(std::uintptr_t consumer, Event& e) {
 
 namespace {
 int cpu_workers_possible() noexcept { return 256; }
-/// The launch's bootstrap decides (communicator.hpp, launch_bootstraps()).
-std::unique_ptr<Communicator> make_cpu_launched(DeviceBackend& backend, CommConfig config, const LaunchEnv& env) {
-  return launch_bootstrap(env).make_cpu(backend, config, env);
-}
 std::unique_ptr<DeviceBackend> make_cpu_backend(int index, const BackendOptions& options) {
   CpuBackendConfig c;
   c.index = index;
@@ -737,8 +733,7 @@ std::unique_ptr<DeviceBackend> make_cpu_backend(int index, const BackendOptions&
 }  // namespace
 
 const DeviceType& cpu_device_type() {
-  static const DeviceType type{BackendKind::cpu, "cpu", false, &cpu_workers_possible, &make_cpu_backend,
-                               &make_thread_group, &make_cpu_launched};
+  static const DeviceType type{BackendKind::cpu, "cpu", false, &cpu_workers_possible, &make_cpu_backend};
   return type;
 }
 

@@ -11,14 +11,4 @@ std::unique_ptr<DeviceBackend> make_cuda_backend(int device, bool /*keep_caller_
   throw CudaError(fmt::format("cuda:{}: this pinfeed was built without CUDA (rebuild with the toolkit installed)", device));
 }
 
-bool nccl_available() noexcept { return false; }
-
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<DeviceBackend*>& /*backends*/, CommConfig) {
-  throw CudaError("NCCL: this pinfeed was built without CUDA");
-}
-
-std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& /*backend*/, CommConfig, const LaunchEnv&) {
-  throw CudaError("NCCL: this pinfeed was built without CUDA");
-}
-
 }  // namespace pinfeed::trainer

@@ -1,6 +1,6 @@
-// The CUDA device type (device_type.hpp): its factories are cuda_backend.cpp's
-// and nccl_communicator.cpp's, or cuda_absent.cpp's in a build without the
-// toolkit (which say so). Built in both.
+// The CUDA device type (device_type.hpp): its factory is cuda_backend.cpp's,
+// or cuda_absent.cpp's in a build without the toolkit (which says so). Built
+// in both.
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/device_type.hpp"
 
@@ -12,8 +12,7 @@ std::unique_ptr<DeviceBackend> make_cuda_device(int index, const BackendOptions&
 }  // namespace
 
 const DeviceType& cuda_device_type() {
-  static const DeviceType type{BackendKind::cuda, "cuda", true, &cuda_device_count, &make_cuda_device,
-                               &make_nccl_group, &make_nccl_communicator_launched};
+  static const DeviceType type{BackendKind::cuda, "cuda", true, &cuda_device_count, &make_cuda_device};
   return type;
 }
 

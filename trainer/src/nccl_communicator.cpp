@@ -22,6 +22,7 @@
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/nccl_communicator.hpp"
 namespace pinfeed::trainer {
 namespace {
 

@@ -101,7 +101,7 @@ std::vector<std::unique_ptr<Communicator>> make_communicators(const TrainConfig&
                                                               const std::vector<std::unique_ptr<DeviceBackend>>& backends) {
   std::vector<std::unique_ptr<Communicator>> comms;
   if (env.world_size > 1) {
-    comms.push_back(type.make_launched(*backends[0], config.comm, env));
+    comms.push_back(comm_type(type.kind).make_launched(*backends[0], config.comm, env));
     if (comms[0]->size() != env.world_size || comms[0]->rank() != env.rank) {
       throw ConfigError(fmt::format("{} ({}) says rank {} of {}, but the {} communicator sees rank {} of {}",
                                     env.launcher, env.source, env.rank, env.world_size, comms[0]->name(),
@@ -112,7 +112,7 @@ std::vector<std::unique_ptr<Communicator>> make_communicators(const TrainConfig&
   } else {
     std::vector<DeviceBackend*> raw;
     for (const auto& b : backends) raw.push_back(b.get());
-    comms = type.make_group(raw, config.comm);
+    comms = comm_type(type.kind).make_group(raw, config.comm);
   }
   return comms;
 }

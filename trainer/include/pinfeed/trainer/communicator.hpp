@@ -127,4 +127,21 @@ std::span<const LaunchBootstrap> launch_bootstraps() noexcept;
 /// The row `env`'s launch uses.
 const LaunchBootstrap& launch_bootstrap(const LaunchEnv& env);
 
+/// The communicators of one device kind: the comm half of a DeviceType
+/// (device_type.hpp), kept here so that devices do not depend on
+/// communicators. CPU: threads in one process, the launch's bootstrap
+/// (Gloo or MPI) across processes; CUDA: NCCL (nccl_communicator.hpp).
+struct CommType {
+  BackendKind kind = BackendKind::cpu;
+  /// One communicator per backend of this process, rank i driving backends[i].
+  std::vector<std::unique_ptr<Communicator>> (*make_group)(const std::vector<DeviceBackend*>& backends,
+                                                           CommConfig config) = nullptr;
+  /// This process's rank in a multi-process launch (mpirun, srun, torchrun).
+  std::unique_ptr<Communicator> (*make_launched)(DeviceBackend& backend, CommConfig config,
+                                                 const LaunchEnv& env) = nullptr;
+};
+
+/// The communicators for backends of `kind` (comm_type.cpp).
+const CommType& comm_type(BackendKind kind);
+
 }  // namespace pinfeed::trainer

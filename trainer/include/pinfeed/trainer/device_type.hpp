@@ -1,17 +1,17 @@
 #pragma once
 // DeviceType: one implementation per kind of device, the way PyTorch
-// registers one per device type. Callers (train(), compare, the benchmarks)
-// make backends and communicators through the type of the device they were
+// registers one per device type. Callers (train(), compare, the benchmarks,
+// the Python module) make backends through the type of the device they were
 // given, and never switch on the kind or name a backend class: the CUDA
-// backend and NCCL are named only by their own translation units
-// (cuda_backend.cpp and nccl_communicator.cpp, or cuda_absent.cpp when
-// pinfeed is built without the toolkit).
+// backend is named only by its own translation units (cuda_backend.cpp, or
+// cuda_absent.cpp when pinfeed is built without the toolkit). The
+// communicators of each kind are the comm layer's (communicator.hpp,
+// comm_type()): a device type knows nothing of them.
 #include <chrono>
 #include <memory>
 #include <string_view>
 #include <vector>
 
-#include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/device_backend.hpp"
 
 namespace pinfeed::trainer {
@@ -35,12 +35,6 @@ struct DeviceType {
   /// A backend on device `index` (an indexed type), or worker `index` (shown
   /// as its name). Throws ConfigError / CudaError with the reason.
   std::unique_ptr<DeviceBackend> (*make_backend)(int index, const BackendOptions& options) = nullptr;
-  /// One communicator per backend of this process, rank i driving backends[i].
-  std::vector<std::unique_ptr<Communicator>> (*make_group)(const std::vector<DeviceBackend*>& backends,
-                                                           CommConfig config) = nullptr;
-  /// This process's rank in a multi-process launch (mpirun, srun, torchrun).
-  std::unique_ptr<Communicator> (*make_launched)(DeviceBackend& backend, CommConfig config,
-                                                 const LaunchEnv& env) = nullptr;
 };
 
 /// Every type pinfeed knows, CPU first.
