@@ -9,17 +9,21 @@ include(CMakePackageConfigHelpers)
 set_target_properties(pinfeed_core PROPERTIES EXPORT_NAME core)
 set_target_properties(pinfeed_memory PROPERTIES EXPORT_NAME memory)
 set_target_properties(pinfeed_loader PROPERTIES EXPORT_NAME loader)
-set_target_properties(pinfeed_trainer PROPERTIES EXPORT_NAME trainer)
+foreach(part device launch comm model trainer)
+  set_target_properties(pinfeed_${part} PROPERTIES EXPORT_NAME ${part})
+endforeach()
 set_target_properties(pinfeed_c PROPERTIES EXPORT_NAME c)
 set_target_properties(pinfeed_libyuv PROPERTIES EXPORT_NAME libyuv)
 
-install(TARGETS pinfeed_core pinfeed_memory pinfeed_loader pinfeed_trainer pinfeed_c pinfeed_libyuv
+install(TARGETS pinfeed_core pinfeed_memory pinfeed_loader pinfeed_device pinfeed_launch pinfeed_comm pinfeed_model
+                pinfeed_trainer pinfeed_c pinfeed_libyuv
         EXPORT pinfeedTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-foreach(dir memory/core/include memory/include loader/include trainer/include capi/include)
+foreach(dir memory/core/include memory/include loader/include trainer/device/include trainer/launch/include
+            trainer/comm/include trainer/model/include trainer/include capi/include)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()
 install(TARGETS pinfeed-diag pinfeed-data pinfeed-train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,5 +1,5 @@
 """device=: batches delivered on a device by the loader's own copy stream
-(Note [Consumer streams] in trainer/include/pinfeed/trainer/device_feed.hpp).
+(Note [Consumer streams] in trainer/device/include/pinfeed/trainer/device_feed.hpp).
 Here the device is the CPU backend ("cpu": real memory, a copy thread per
 stream, copies delayed on demand), so the whole mechanism runs: the copy
 from the pool slot, the slot's return after the copy's event, normalization

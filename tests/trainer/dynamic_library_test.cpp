@@ -1,4 +1,4 @@
-// DynamicLibrary (trainer/src/dynamic_library.hpp): how cuBLAS and NCCL are
+// DynamicLibrary (trainer/device/src/dynamic_library.hpp): how cuBLAS and NCCL are
 // loaded, shown with libraries every machine has.
 #include <gtest/gtest.h>
 
