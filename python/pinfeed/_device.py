@@ -5,6 +5,10 @@ import torch  # pinfeed._api imported it first, or said why it cannot
 
 from . import _pinfeed
 
+# The tests' CPU stand-in for a CUDA stream (built with the tests only; the
+# wheel has none, and isinstance(x, ()) is False).
+_TEST_CONSUMER = getattr(_pinfeed, "CpuConsumer", ())
+
 
 def _parse_device(device, local_rank):
     """A torch.device for device=, or None (CPU tensors over the slots).
@@ -40,7 +44,7 @@ class _DeviceMixin:
         """(layout, feed): what the C++ loader is asked for with device= (uint8
         slots, and the feed's settings), or the layout as it is and None."""
         if self._device is None:
-            if stream is not None and not (hasattr(stream, "cuda_stream") or isinstance(stream, _pinfeed.CpuConsumer)):
+            if stream is not None and not (hasattr(stream, "cuda_stream") or isinstance(stream, _TEST_CONSUMER)):
                 raise TypeError(f"stream must be a torch.cuda.Stream, not {type(stream).__name__}")
             if dtype not in (None, torch.float32) or memory_format not in (None, torch.contiguous_format):
                 raise ValueError("dtype= and memory_format= go with device= (convert CPU batches yourself)")
@@ -93,7 +97,7 @@ class _DeviceMixin:
         after the tensor is gone, so the slot goes back only after an event
         recorded on that stream when the tensors die."""
         if self._stream is not None:
-            if isinstance(self._stream, _pinfeed.CpuConsumer):
+            if isinstance(self._stream, _TEST_CONSUMER):
                 return self._stream
             index = self._stream.device.index
             return [("cuda", torch.cuda.current_device() if index is None else index, int(self._stream.cuda_stream))]

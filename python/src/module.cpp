@@ -252,6 +252,8 @@ pl::LoaderConfig to_config(const py::dict& d) {
   return c;
 }
 
+#if PINFEED_TEST_HOOKS
+// Built with the tests only (PINFEED_BUILD_TESTS): the wheel does not ship it.
 /// A consumer for tests of the non_blocking rule on the CPU backend: a
 /// stream that reads memory asynchronously, `delay` after it is asked to, as
 /// a queued tensor.cuda(non_blocking=True) copy does.
@@ -299,6 +301,7 @@ class CpuConsumer {
   std::unique_ptr<pt::Stream> stream_;
   std::vector<std::shared_ptr<std::string>> results_;
 };
+#endif
 
 class PyLoader {
  public:
@@ -592,10 +595,12 @@ class PyLoader {
   /// None, a CpuConsumer, or a list of ("cuda", device, cudaStream_t).
   std::vector<pt::ConsumerStream> to_consumers(const py::object& consumer) {
     if (consumer.is_none()) return {};
+#if PINFEED_TEST_HOOKS
     if (py::isinstance<CpuConsumer>(consumer)) {
       auto& cpu = consumer.cast<CpuConsumer&>();
       return {pt::ConsumerStream{cpu.backend, cpu.handle()}};
     }
+#endif
     std::vector<pt::ConsumerStream> out;
     for (const auto& item : consumer.cast<py::list>()) out.push_back(cuda_consumer(item.cast<py::tuple>()));
     return out;
@@ -689,11 +694,13 @@ void bind_errors(py::module_& m) {
 }
 
 void bind_loader(py::module_& m) {
+#if PINFEED_TEST_HOOKS
   py::class_<CpuConsumer>(m, "CpuConsumer")
       .def(py::init<std::int64_t>(), py::arg("delay_us"))
       .def("read", &CpuConsumer::read)
       .def("synchronize", &CpuConsumer::synchronize)
       .def("result", &CpuConsumer::result);
+#endif
   py::class_<PyLoader>(m, "Loader")
       .def(py::init<const py::dict&, const py::object&>(), py::arg("config"), py::arg("device") = py::none())
       .def("next_device", &PyLoader::next_device)

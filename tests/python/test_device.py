@@ -5,6 +5,8 @@ stream, copies delayed on demand), so the whole mechanism runs: the copy
 from the pool slot, the slot's return after the copy's event, normalization
 on the "device", the hand-over to the consumer and the reuse of the device
 buffers. bench/gpu_check.sh runs the CUDA twin of these checks."""
+import os
+
 import pytest
 import torch
 
@@ -134,6 +136,8 @@ def test_without_a_device_a_slot_outlives_its_tensors_until_the_consumers_copy(d
     # 15 ms after it is asked for. Were the slot returned when the tensors
     # die, the decoders would refill it first and the reads would see later
     # batches.
+    if not hasattr(pinfeed._pinfeed, "CpuConsumer"):
+        pytest.skip("CpuConsumer is built with the tests only (PINFEED_BUILD_TESTS); an installed wheel has none")
     kw = dict(transform="random", seed=4, prefetch=2, shuffle=True)
     want = reference(dataset, **kw)
     consumer = pinfeed._pinfeed.CpuConsumer(15000)
@@ -193,3 +197,10 @@ def test_diag_reports_a_loaders_copy_stream(dataset):
     assert pinfeed.diag(sample_ms=0, loader=loader(dataset))["copy_stream"]["device"] is None
     with pytest.raises(TypeError, match="pinfeed.Loader"):
         pinfeed.diag(sample_ms=0, loader="x")
+
+
+def test_the_test_hook_is_in_the_build_tree_and_not_in_the_wheel():
+    # CpuConsumer is compiled with the tests (PINFEED_BUILD_TESTS), which
+    # pyproject.toml turns off: an installed wheel must not carry it.
+    installed = bool(os.environ.get("PINFEED_EXPECT_INSTALLED"))
+    assert hasattr(pinfeed._pinfeed, "CpuConsumer") != installed
