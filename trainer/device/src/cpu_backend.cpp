@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "batch_norm_stats.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/device_type.hpp"
@@ -608,17 +609,7 @@ void CpuBackend::bn_forward(Stream& s, const float* x, const float* sums, const 
   note_thread();
   post(s, [=] {
     for (int r = 0; r < a.c; ++r) {
-      double mean = 0, var = 0;
-      if (sums != nullptr) {
-        mean = static_cast<double>(sums[r]) / a.count;
-        var = std::max(0.0, static_cast<double>(sums[a.c + r]) / a.count - mean * mean);
-        const double unbiased = a.count > 1 ? var * a.count / (a.count - 1) : var;
-        a.running_mean[r] = static_cast<float>((1 - a.momentum) * a.running_mean[r] + a.momentum * mean);
-        a.running_var[r] = static_cast<float>((1 - a.momentum) * a.running_var[r] + a.momentum * unbiased);
-      } else {
-        mean = a.running_mean[r];
-        var = a.running_var[r];
-      }
+      const auto [mean, var] = batch_norm_moments(sums, a, r);
       const auto inv = static_cast<float>(1.0 / std::sqrt(var + a.eps));
       a.invstd[r] = inv;
       const auto mu = static_cast<float>(mean);

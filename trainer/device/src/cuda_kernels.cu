@@ -4,6 +4,8 @@
 // gradients are deterministic; only the loss/accuracy statistics use atomics.
 #include "cuda_kernels.hpp"
 
+#include "batch_norm_stats.hpp"
+
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -246,17 +248,8 @@ __global__ void bn_stats_finish_kernel(const double* part, int c, int chunks, fl
 __global__ void bn_finalize_kernel(const float* sums, BatchNorm a, float* mean_out) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= a.c) return;
-  double mean = 0, var = 0;
-  if (sums != nullptr) {
-    mean = static_cast<double>(sums[r]) / a.count;
-    var = fmax(0.0, static_cast<double>(sums[a.c + r]) / a.count - mean * mean);
-    const double unbiased = a.count > 1 ? var * a.count / (a.count - 1) : var;
-    a.running_mean[r] = static_cast<float>((1 - a.momentum) * a.running_mean[r] + a.momentum * mean);
-    a.running_var[r] = static_cast<float>((1 - a.momentum) * a.running_var[r] + a.momentum * unbiased);
-  } else {
-    mean = a.running_mean[r];
-    var = a.running_var[r];
-  }
+  const ChannelMoments m = batch_norm_moments(sums, a, r);
+  const double mean = m.mean, var = m.var;
   mean_out[r] = static_cast<float>(mean);
   a.invstd[r] = static_cast<float>(1.0 / sqrt(var + a.eps));
 }
