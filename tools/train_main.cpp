@@ -35,39 +35,6 @@ using json = nlohmann::ordered_json;
 std::string percent(double x) { return std::isnan(x) ? "-" : fmt::format("{:.1f}%", 100 * x); }
 std::string number(double x) { return std::isnan(x) ? "-" : fmt::format("{:.4f}", x); }
 
-json epoch_json(const pt::EpochSummary& e) {
-  json j = json{{"epoch", e.epoch},
-              {"steps", e.steps},
-              {"samples", e.samples},
-              {"loss", e.loss},
-              {"accuracy", e.accuracy},
-              {"val_loss", std::isnan(e.val_loss) ? json(nullptr) : json(e.val_loss)},
-              {"val_accuracy", std::isnan(e.val_accuracy) ? json(nullptr) : json(e.val_accuracy)},
-              {"seconds", e.seconds},
-              {"images_per_second", e.images_per_second},
-              {"data_wait_fraction", e.data_wait_fraction},
-              {"lr", e.lr},
-              {"pinned_batches", e.pinned_batches},
-              {"pageable_batches", e.pageable_batches},
-              {"replaced", e.replaced},
-              {"pool_pinned_bytes", e.pool_pinned_bytes},
-              {"pool_pageable_bytes", e.pool_pageable_bytes},
-              {"pool_transitions", e.pool_transitions},
-              {"pool_slots", e.pool_slots},
-              {"pool_released_slots", e.pool_released_slots},
-              {"pool_given_back_bytes", e.pool_given_back_bytes},
-              {"pool_release_seconds", e.pool_release_seconds},
-              {"pressure", e.pressure},
-              {"step_loss", e.step_loss}};
-  if (e.profile.measured) {
-    const pt::StepProfile& p = e.profile;
-    j["profile_seconds_per_step"] = {{"wait", p.wait}, {"copy", p.copy}, {"forward", p.forward},
-                                     {"backward", p.backward}, {"allreduce", p.allreduce},
-                                     {"allreduce_exposed", p.allreduce_exposed}, {"optimizer", p.optimizer}};
-  }
-  return j;
-}
-
 /// Progress on stderr: a bar per epoch on a terminal (progress.hpp), nothing
 /// otherwise (the per-epoch line says it all in logs).
 pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
@@ -131,9 +98,7 @@ int run_compare(const pt::TrainConfig& config, int workers, const pt::TrainCallb
   json j = json::array();
   for (const auto& c : curves) {
     const auto& last = c.result.epochs.back();
-    j.push_back(json{{"label", c.label}, {"global_batch", c.global_batch}, {"peak_lr", c.peak_lr},
-                     {"steps", c.result.steps}, {"final_loss", last.loss}, {"final_accuracy", last.accuracy},
-                     {"final_val_accuracy", std::isnan(last.val_accuracy) ? json(nullptr) : json(last.val_accuracy)}});
+    j.push_back(c);
     if (!as_json) {
       fmt::print("{:<50} batch {:>5}  steps {:>5}  final loss {:.4f}  acc {}\n", c.label, c.global_batch, c.result.steps,
                  last.loss, percent(last.accuracy));
@@ -152,18 +117,7 @@ int run_training(const pt::TrainConfig& config, const pt::TrainCallbacks& cb, bo
   const pt::TrainResult r = pt::train(config, cb);
   if (r.rank != 0) return 0;  // in multi-process runs, rank 0 reports
   if (as_json) {
-    json epochs = json::array();
-    for (const auto& e : r.epochs) epochs.push_back(epoch_json(e));
-    fmt::print("{}\n", json{{"devices", r.devices},
-                            {"world_size", r.world_size},
-                            {"communicator", r.communicator},
-                            {"global_batch", config.global_batch},
-                            {"steps", r.steps},
-                            {"steps_per_epoch", r.steps_per_epoch},
-                            {"seconds", r.seconds},
-                            {"parameters", r.weights.size()},
-                            {"epochs", epochs}}
-                           .dump(2));
+    fmt::print("{}\n", json(r).dump(2));
   } else {
     fmt::print("trained on {} ({} workers, {}): {} steps in {:.1f} s\n", r.devices, r.world_size, r.communicator,
                r.steps, r.seconds);

@@ -174,6 +174,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   group.result.world_size = group.world;
   group.result.rank = group.first_rank;
   group.result.communicator = comms[0]->name();
+  group.result.global_batch = config.global_batch;
   for (std::size_t i = 0; i < backends.size(); ++i) {
     group.result.devices += (i ? ", " : "") + backends[i]->name();
   }

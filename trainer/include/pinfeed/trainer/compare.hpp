@@ -37,6 +37,19 @@ struct Curve {
   TrainResult result;
 };
 
+/// One run's line of pinfeed-train --compare --json (nlohmann's to_json).
+template <class Json>
+void to_json(Json& j, const Curve& c) {
+  const EpochSummary& last = c.result.epochs.back();
+  j = Json{{"label", c.label},
+           {"global_batch", c.global_batch},
+           {"peak_lr", c.peak_lr},
+           {"steps", c.result.steps},
+           {"final_loss", last.loss},
+           {"final_accuracy", last.accuracy},
+           {"final_val_accuracy", last.val_accuracy != last.val_accuracy ? Json(nullptr) : Json(last.val_accuracy)}};
+}
+
 /// Runs the configurations above. `config.devices` names the device
 /// kind; the runs use 1 and `workers` of it. Throws what train() throws.
 std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const TrainCallbacks& callbacks = {});

@@ -121,11 +121,66 @@ struct TrainResult {
   std::string devices;                  ///< "cpu:0, cpu:1", "cuda:0 (NVIDIA H200)"
   std::string communicator;             ///< Communicator::name(): "solo", "threads", "mpi", "gloo", "nccl"
   std::uint64_t steps = 0;              ///< optimizer steps done in all (including before a resume)
+  std::size_t global_batch = 0;         ///< TrainConfig::global_batch
   std::uint64_t steps_per_epoch = 0;
   double seconds = 0;
   unsigned loader_threads = 0;          ///< decode threads of every loader of this process (each worker has its own)
   int local_workers = 1;                ///< workers in this process
 };
+
+/// The one JSON form of each result (nlohmann's to_json, as PoolStats has:
+/// `json j = result;`), used by pinfeed-train --json. NaN (no validation
+/// set) is written as null. Templates, so this header needs no JSON library.
+template <class Json>
+void to_json(Json& j, const StepProfile& p) {
+  j = Json{{"wait", p.wait},         {"copy", p.copy},           {"forward", p.forward},
+           {"backward", p.backward}, {"allreduce", p.allreduce}, {"allreduce_exposed", p.allreduce_exposed},
+           {"optimizer", p.optimizer}};
+}
+
+template <class Json>
+void to_json(Json& j, const EpochSummary& e) {
+  const auto or_null = [](double x) { return x != x ? Json(nullptr) : Json(x); };
+  j = Json{{"epoch", e.epoch},
+           {"steps", e.steps},
+           {"samples", e.samples},
+           {"loss", e.loss},
+           {"accuracy", e.accuracy},
+           {"val_loss", or_null(e.val_loss)},
+           {"val_accuracy", or_null(e.val_accuracy)},
+           {"seconds", e.seconds},
+           {"images_per_second", e.images_per_second},
+           {"data_wait_fraction", e.data_wait_fraction},
+           {"lr", e.lr},
+           {"pinned_batches", e.pinned_batches},
+           {"pageable_batches", e.pageable_batches},
+           {"replaced", e.replaced},
+           {"pool_pinned_bytes", e.pool_pinned_bytes},
+           {"pool_pageable_bytes", e.pool_pageable_bytes},
+           {"pool_transitions", e.pool_transitions},
+           {"pool_slots", e.pool_slots},
+           {"pool_released_slots", e.pool_released_slots},
+           {"pool_given_back_bytes", e.pool_given_back_bytes},
+           {"pool_release_seconds", e.pool_release_seconds},
+           {"pressure", e.pressure},
+           {"step_loss", e.step_loss}};
+  if (e.profile.measured) j["profile_seconds_per_step"] = e.profile;
+}
+
+/// Without the weights (`parameters` is their count) and the per-process
+/// fields (rank, loader_threads, local_workers).
+template <class Json>
+void to_json(Json& j, const TrainResult& r) {
+  j = Json{{"devices", r.devices},
+           {"world_size", r.world_size},
+           {"communicator", r.communicator},
+           {"global_batch", r.global_batch},
+           {"steps", r.steps},
+           {"steps_per_epoch", r.steps_per_epoch},
+           {"seconds", r.seconds},
+           {"parameters", r.weights.size()},
+           {"epochs", r.epochs}};
+}
 
 struct StepProgress {
   std::uint64_t epoch = 0, step = 0, steps = 0;  ///< step within the epoch, of steps
