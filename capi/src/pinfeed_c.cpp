@@ -154,17 +154,9 @@ pinfeed_status pinfeed_options_list_json(char** json_out) {
     namespace pl = pinfeed::loader;
     const pl::LoaderConfig defaults;
     nlohmann::json list = nlohmann::json::array();
-    for (const std::string_view f : pl::loader_config_fields()) {
-      const bool rgb = f == "mean" || f == "std";
-      const bool number = f == "rank" || f == "world_size" || f == "cuda_device";
-      list.push_back({{"name", f}, {"type", rgb ? "rgb" : number ? "integer" : "text"},
-                      {"default", pl::loader_field(defaults, f)},
-                      {"range", rgb ? "R,G,B" : f == "cuda_device" ? "-1.." : number ? "0..2^32-1" : ""},
-                      {"help", f == "dataset" ? "folder (ImageFolder), file list, or tar shard pattern; required"
-                               : f == "list_root" ? "root of a file list's relative paths (empty: the list's folder)"
-                               : f == "cuda_device" ? "the GPU the pool's slots are registered with (-1: none)"
-                               : number         ? "this process's shard"
-                                                : "normalization, RGB, in [0, 1] units"}});
+    for (const pl::LoaderField& f : pl::loader_config_fields()) {
+      list.push_back({{"name", f.name}, {"type", f.type}, {"default", f.get(defaults)}, {"range", f.range},
+                      {"help", f.help}});
     }
     for (const pl::LoaderOption& o : pl::loader_options()) {
       list.push_back({{"name", o.name}, {"type", pl::to_string(o.type)}, {"default", pl::loader_field(defaults, o.name)},

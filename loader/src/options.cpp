@@ -189,12 +189,6 @@ LoaderConfig evaluation_config(const LoaderConfig& c) {
   return e;
 }
 
-const std::vector<std::string_view>& loader_config_fields() {
-  static const std::vector<std::string_view> fields = {"dataset", "list_root", "rank", "world_size", "mean", "std",
-                                                        "cuda_device"};
-  return fields;
-}
-
 namespace {
 
 unsigned parse_unsigned(std::string_view name, std::string_view value) {
@@ -223,47 +217,71 @@ std::array<float, 3> parse_rgb(std::string_view name, std::string_view value) {
   return out;
 }
 
+std::string rgb_text(const std::array<float, 3>& v) { return fmt::format("{},{},{}", v[0], v[1], v[2]); }
+
+void set_std(LoaderConfig& c, std::string_view value) {
+  const std::array<float, 3> v = parse_rgb("std", value);
+  if (!(v[0] > 0 && v[1] > 0 && v[2] > 0)) {
+    throw ConfigError(fmt::format("loader std must be three numbers > 0 (each channel is divided by it), got '{}'",
+                                  value));
+  }
+  c.transform.std = v;
+}
+
+void set_cuda_device(LoaderConfig& c, std::string_view value) {
+  int d = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), d);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || d < -1) {
+    throw ConfigError(fmt::format("loader cuda_device must be -1 (none) or a device number, got '{}'", value));
+  }
+  c.cuda_device = d;
+}
+
+constexpr std::string_view kShard = "this process's shard";
+constexpr std::string_view kNormalization = "normalization, RGB, in [0, 1] units";
+
+const std::array<LoaderField, 7> kLoaderFields{{
+    {"dataset", "text", "", "folder (ImageFolder), file list, or tar shard pattern; required",
+     [](LoaderConfig& c, std::string_view v) { c.dataset = std::string(v); },
+     [](const LoaderConfig& c) { return c.dataset; }},
+    {"list_root", "text", "", "root of a file list's relative paths (empty: the list's folder)",
+     [](LoaderConfig& c, std::string_view v) { c.list_root = std::string(v); },
+     [](const LoaderConfig& c) { return c.list_root.string(); }},
+    {"rank", "integer", "0..2^32-1", kShard,
+     [](LoaderConfig& c, std::string_view v) { c.rank = parse_unsigned("rank", v); },
+     [](const LoaderConfig& c) { return std::to_string(c.rank); }},
+    {"world_size", "integer", "0..2^32-1", kShard,
+     [](LoaderConfig& c, std::string_view v) { c.world_size = parse_unsigned("world_size", v); },
+     [](const LoaderConfig& c) { return std::to_string(c.world_size); }},
+    {"mean", "rgb", "R,G,B", kNormalization,
+     [](LoaderConfig& c, std::string_view v) { c.transform.mean = parse_rgb("mean", v); },
+     [](const LoaderConfig& c) { return rgb_text(c.transform.mean); }},
+    {"std", "rgb", "R,G,B", kNormalization, set_std, [](const LoaderConfig& c) { return rgb_text(c.transform.std); }},
+    {"cuda_device", "integer", "-1..", "the GPU the pool's slots are registered with (-1: none)", set_cuda_device,
+     [](const LoaderConfig& c) { return std::to_string(c.cuda_device); }},
+}};
+
 }  // namespace
 
+std::span<const LoaderField> loader_config_fields() { return kLoaderFields; }
+
+const LoaderField* find_loader_field(std::string_view name) {
+  for (const LoaderField& f : kLoaderFields) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
 void set_loader_field(LoaderConfig& c, std::string_view name, std::string_view value) {
-  if (name == "dataset") {
-    c.dataset = std::string(value);
-  } else if (name == "list_root") {
-    c.list_root = std::string(value);
-  } else if (name == "rank") {
-    c.rank = parse_unsigned(name, value);
-  } else if (name == "world_size") {
-    c.world_size = parse_unsigned(name, value);
-  } else if (name == "mean") {
-    c.transform.mean = parse_rgb(name, value);
-  } else if (name == "std") {
-    const std::array<float, 3> v = parse_rgb(name, value);
-    if (!(v[0] > 0 && v[1] > 0 && v[2] > 0)) {
-      throw ConfigError(fmt::format("loader std must be three numbers > 0 (each channel is divided by it), got '{}'",
-                                    value));
-    }
-    c.transform.std = v;
-  } else if (name == "cuda_device") {
-    int d = 0;
-    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), d);
-    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || d < -1) {
-      throw ConfigError(fmt::format("loader cuda_device must be -1 (none) or a device number, got '{}'", value));
-    }
-    c.cuda_device = d;
+  if (const LoaderField* f = find_loader_field(name)) {
+    f->set(c, value);
   } else {
     loader_option(name).set_text(c, value);
   }
 }
 
 std::string loader_field(const LoaderConfig& c, std::string_view name) {
-  const auto rgb = [](const std::array<float, 3>& v) { return fmt::format("{},{},{}", v[0], v[1], v[2]); };
-  if (name == "dataset") return c.dataset;
-  if (name == "list_root") return c.list_root.string();
-  if (name == "rank") return std::to_string(c.rank);
-  if (name == "world_size") return std::to_string(c.world_size);
-  if (name == "mean") return rgb(c.transform.mean);
-  if (name == "std") return rgb(c.transform.std);
-  if (name == "cuda_device") return std::to_string(c.cuda_device);
+  if (const LoaderField* f = find_loader_field(name)) return f->get(c);
   const LoaderOption& o = loader_option(name);
   // Reals in full (shortest exact form), not text()'s 6 digits: what is
   // read back sets the same value again (4/3 must not become 1.33333).

@@ -232,11 +232,7 @@ pl::LoaderConfig to_config(const py::dict& d) {
   // Every other key is an option of the table; an unknown one is an error.
   for (const auto& [key, value] : d) {
     const auto name = key.cast<std::string>();
-    if (name == "dataset" || name == "list_root" || name == "rank" || name == "world_size" || name == "mean" ||
-        name == "std" || name == "cuda_device") {
-      continue;
-    }
-    set_option(c, pl::loader_option(name), value);
+    if (pl::find_loader_field(name) == nullptr) set_option(c, pl::loader_option(name), value);
   }
   if (d.contains("mean")) {
     const auto mean = d["mean"].cast<std::vector<float>>();

@@ -77,6 +77,22 @@ TEST(LoaderOptionsTest, EveryOptionAndFieldIsSetAndReadBackByName) {
     set_loader_field(probe, o.name, loader_field(defaults, o.name));
     EXPECT_EQ(loader_field(probe, o.name), loader_field(defaults, o.name)) << o.name;
   }
+  // The fields outside the table: each row's text sets the value it reads,
+  // every row names its type and help, and no row shadows an option.
+  for (const LoaderField& f : loader_config_fields()) {
+    EXPECT_EQ(find_loader_field(f.name), &f);
+    EXPECT_TRUE(f.type == "text" || f.type == "integer" || f.type == "rgb") << f.name;
+    EXPECT_FALSE(f.help.empty()) << f.name;
+    EXPECT_THROW((void)loader_option(f.name), ConfigError) << f.name;
+    if (f.name == "dataset" || f.name == "list_root") continue;
+    LoaderConfig probe;
+    set_loader_field(probe, f.name, f.type == "rgb" ? "0.25,0.5,1" : "2");
+    EXPECT_EQ(loader_field(probe, f.name), f.type == "rgb" ? "0.25,0.5,1" : "2") << f.name;
+    set_loader_field(probe, f.name, f.get(defaults));
+    EXPECT_EQ(loader_field(probe, f.name), loader_field(defaults, f.name)) << f.name;
+  }
+  EXPECT_EQ(loader_config_fields().size(), 7U);
+  EXPECT_EQ(find_loader_field("flip_p"), nullptr);
   LoaderConfig ratio;
   set_loader_field(ratio, "ratio_max", loader_field(defaults, "ratio_max"));
   EXPECT_EQ(ratio.transform.ratio_max, defaults.transform.ratio_max);

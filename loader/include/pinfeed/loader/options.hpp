@@ -10,6 +10,7 @@
 // The default of an option is the value in a default-constructed
 // LoaderConfig; the table never restates it.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,11 +76,23 @@ void check_transform_options(const TransformConfig& t);
 /// as in `c`.
 LoaderConfig evaluation_config(const LoaderConfig& c);
 
-/// The fields of LoaderConfig outside the table (what to load and which
-/// shard, the normalization), set by name like the options: "dataset",
-/// "list_root", "rank", "world_size", "mean", "std" ("0.485,0.456,0.406"),
-/// "cuda_device" (the GPU the slots are registered with; -1: none).
-const std::vector<std::string_view>& loader_config_fields();
+/// A field of LoaderConfig outside the option table (what to load and which
+/// shard, the normalization, the GPU), set by name like the options. Its
+/// row is the one place that names it: the setters and getters below, the
+/// C ABI's option list and the Python module's config all read the rows.
+struct LoaderField {
+  std::string_view name;
+  std::string_view type;   ///< "text", "integer" or "rgb" ("0.485,0.456,0.406")
+  std::string_view range;  ///< as LoaderOption::range_text() words it ("" for text)
+  std::string_view help;
+  void (*set)(LoaderConfig& c, std::string_view value);  ///< ConfigError naming the field
+  std::string (*get)(const LoaderConfig& c);
+};
+/// The rows: "dataset", "list_root", "rank", "world_size", "mean", "std",
+/// "cuda_device" (-1: none).
+std::span<const LoaderField> loader_config_fields();
+/// The row named `name`, or nullptr when it is an option (or nothing).
+const LoaderField* find_loader_field(std::string_view name);
 /// Sets any option or field of `c` by name from text, with the table's own
 /// parser and range check: the one entry point of the C ABI and of any
 /// front end that speaks text. ConfigError naming the name and the reason.
