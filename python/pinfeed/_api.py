@@ -10,6 +10,7 @@ import operator
 import os
 import threading
 import warnings
+from typing import TYPE_CHECKING
 
 try:
     import torch
@@ -24,11 +25,14 @@ from ._data import FakeData
 from ._compat import _INSTEAD, _check_arguments, _dataloader_alias
 from ._device import _DeviceMixin, _parse_device
 from ._launch import _place_in_launch, launch_env
-from ._options import (_IMAGENET_MEAN, _IMAGENET_STD, _LAYOUT_ALIASES, _OPTIONS, _check_device_arguments, _default,
-                       _fold_transform_arguments, _hooks, _int_arg, _normalization, _options_doc)
+from ._options import (_IMAGENET_MEAN, _IMAGENET_STD, _LAYOUT_ALIASES, _OPTIONS, LoaderOptions, _check_device_arguments,
+                       _default, _fold_transform_arguments, _hooks, _int_arg, _normalization, _options_doc)
 from ._order import (DistributedSampler, _OrderMixin, _digest,
                      _iterated, _reconcile_sampler)
 from ._state import _StateMixin
+
+if TYPE_CHECKING:  # for IDEs and type checkers: **options' keywords (PEP 692)
+    from typing_extensions import Unpack
 
 
 class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
@@ -189,7 +193,8 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
                  return_indices=False, return_paths=False, list_root=None, local_rank=None, classes=None,
                  max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
                  device=None, stream=None, labels_device=True, dtype=None, memory_format=None, order=None,
-                 batch_transform=None, batch_fn=None, indices=None, _copy_delay_us=0, **options):
+                 batch_transform=None, batch_fn=None, indices=None, _copy_delay_us=0,
+                 **options: "Unpack[LoaderOptions]"):
         given = data
         data, self._subset, folder = _data.resolve(data, indices)
         _check_arguments(data, pin_memory, transform, persistent_workers, options)
@@ -570,12 +575,16 @@ def _fake_loader(data, batch_size=_default("batch_size"), shuffle=None, sampler=
     return out
 
 
-# help() and IDEs show __init__'s arguments, not __new__'s (data, *args,
-# **kwargs: it only routes a FakeData to its loader).
+# help() shows __init__'s arguments (not __new__'s, which routes FakeData),
+# **options spelled out (a keyword per LoaderOptions row, the table's
+# default) and the private test knobs (_copy_delay_us) left out.
 def _init_signature():
     import inspect  # pylint: disable=import-outside-toplevel
     sig = inspect.signature(Loader.__init__)
-    return sig.replace(parameters=list(sig.parameters.values())[1:])
+    params = [p for p in list(sig.parameters.values())[1:] if p.kind is not p.VAR_KEYWORD and p.name[0] != "_"]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_default(name), annotation=kind)
+               for name, kind in LoaderOptions.__annotations__.items()]
+    return sig.replace(parameters=params)
 
 
 Loader.__signature__ = _init_signature()

@@ -5,6 +5,7 @@ the conversions of torchvision's and DataLoader's argument forms into it."""
 import numbers
 import struct
 import warnings
+from typing import Literal, TypedDict
 
 import torch  # pinfeed._api imported it first, or said why it cannot
 
@@ -30,6 +31,32 @@ def _shortest(v):
 
 _IMAGENET_MEAN, _IMAGENET_STD = ([_shortest(v) for v in t] for t in _pinfeed.default_normalization())
 _LAYOUT_ALIASES = {"float32": "nchw-f32", "uint8": "nhwc-u8"}
+
+
+class LoaderOptions(TypedDict, total=False):
+    """The option table's rows that Loader takes by their own name only (its
+    other rows are among Loader's named arguments, some in DataLoader's or
+    torchvision's spelling: _KEYWORD_FOR). Loader's signature ends with
+    ``**options: Unpack[LoaderOptions]``, so IDEs and type checkers know
+    every keyword; help(pinfeed.Loader) shows each with its default.
+    tests/python/test_options.py holds this list to the C++ table."""
+    height: int
+    scale_min: float
+    scale_max: float
+    ratio_min: float
+    ratio_max: float
+    flip_p: float
+    dct_scaling: bool
+    roi_decode: bool
+    max_replacements: int
+    max_image_pixels: int
+    pin_method: Literal["auto", "mlock", "cuda"]
+    pinned_fraction: float
+    local_ranks: int
+    watch_pressure: bool
+    pressure_floor: int
+    held_warning: int
+    held_limit: int
 
 
 def _default(name):

@@ -137,3 +137,26 @@ def test_the_package_imports_without_docstrings():
     import subprocess
     import sys
     subprocess.run([sys.executable, "-OO", "-c", "import pinfeed"], check=True, env=dict(os.environ))
+
+
+def test_every_option_is_in_the_signature_with_the_tables_default_and_type():
+    # help(pinfeed.Loader) and IDEs see every row: Loader's named arguments
+    # plus LoaderOptions (the **options of PEP 692), which is exactly the
+    # rows that have no named argument, each typed as the table types it.
+    import typing
+    from pinfeed._options import LoaderOptions
+    explicit = set(inspect.signature(pinfeed.Loader.__init__).parameters)
+    named_elsewhere = {name for name in OPTIONS if name in explicit or name in KEYWORD_FOR}
+    assert set(LoaderOptions.__annotations__) == set(OPTIONS) - named_elsewhere
+    python_type = {"boolean": bool, "integer": int, "real": float}
+    for name, kind in LoaderOptions.__annotations__.items():
+        row = OPTIONS[name]
+        if row["type"] == "choice":
+            assert typing.get_origin(kind) is typing.Literal and list(typing.get_args(kind)) == row["choices"], name
+        else:
+            assert kind is python_type[row["type"]], name
+    shown = inspect.signature(pinfeed.Loader).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in shown.values())
+    for name in LoaderOptions.__annotations__:
+        assert shown[name].kind is inspect.Parameter.KEYWORD_ONLY and shown[name].default == OPTIONS[name]["default"]
+    assert "held_limit: int = 0" in str(inspect.signature(pinfeed.Loader))
