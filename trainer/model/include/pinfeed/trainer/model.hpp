@@ -42,7 +42,8 @@ struct ModelConfig {
 class Model;
 
 /// The model registry, as DeviceType is the devices': one row per kind,
-/// registered by the model's own translation unit (mlp.cpp, cnn.cpp). Every
+/// defined by the model's own translation unit (mlp.cpp, cnn.cpp) and listed
+/// in model_types() (model.cpp). Every
 /// caller that decides something by the kind (validation, --model, the
 /// flags that belong to one kind, --sync-bn, --compare's SyncBN curves, a
 /// checkpoint's shape) asks the row, so a new model is one row and its class.
