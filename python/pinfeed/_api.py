@@ -10,7 +10,6 @@ import operator
 import os
 import threading
 import warnings
-from typing import TYPE_CHECKING
 
 try:
     import torch
@@ -22,7 +21,7 @@ except ImportError as e:  # an operator's host: the tools work, the loader needs
 
 from . import _data, _pinfeed
 from ._data import FakeData
-from ._compat import _INSTEAD, _check_arguments, _dataloader_alias
+from ._compat import _DATALOADER_DEFAULTS, _INSTEAD, _check_arguments, _dataloader_alias
 from ._device import _DeviceMixin, _parse_device
 from ._launch import _place_in_launch, launch_env
 from ._options import (_IMAGENET_MEAN, _IMAGENET_STD, _LAYOUT_ALIASES, _OPTIONS, LoaderOptions, _check_device_arguments,
@@ -31,8 +30,10 @@ from ._order import (DistributedSampler, _OrderMixin, _digest,
                      _iterated, _reconcile_sampler)
 from ._state import _StateMixin
 
-if TYPE_CHECKING:  # for IDEs and type checkers: **options' keywords (PEP 692)
-    from typing_extensions import Unpack
+try:  # PEP 692's Unpack, for **options (typing's from 3.11; type checkers bring typing_extensions)
+    from typing import Unpack
+except ImportError:
+    Unpack = None
 
 
 class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
@@ -575,15 +576,14 @@ def _fake_loader(data, batch_size=_default("batch_size"), shuffle=None, sampler=
     return out
 
 
-# help() shows __init__'s arguments (not __new__'s, which routes FakeData),
-# **options spelled out (a keyword per LoaderOptions row, the table's
-# default) and the private test knobs (_copy_delay_us) left out.
+# help() shows __init__'s arguments (not __new__'s, which routes FakeData), **options spelled
+# out (a keyword per LoaderOptions row, its default) and no private test knob (_copy_delay_us).
 def _init_signature():
     import inspect  # pylint: disable=import-outside-toplevel
     sig = inspect.signature(Loader.__init__)
     params = [p for p in list(sig.parameters.values())[1:] if p.kind is not p.VAR_KEYWORD and p.name[0] != "_"]
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_default(name), annotation=kind)
-               for name, kind in LoaderOptions.__annotations__.items()]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=_DATALOADER_DEFAULTS[
+        name] if name in _DATALOADER_DEFAULTS else _default(name)) for name, kind in LoaderOptions.__annotations__.items()]
     return sig.replace(parameters=params)
 
 

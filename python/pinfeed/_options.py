@@ -5,7 +5,7 @@ the conversions of torchvision's and DataLoader's argument forms into it."""
 import numbers
 import struct
 import warnings
-from typing import Literal, TypedDict
+from typing import Any, Callable, Literal, Optional, TypedDict
 
 import torch  # pinfeed._api imported it first, or said why it cannot
 
@@ -57,6 +57,17 @@ class LoaderOptions(TypedDict, total=False):
     pressure_floor: int
     held_warning: int
     held_limit: int
+    # DataLoader's arguments that Loader accepts only at DataLoader's default
+    # (so that **loader_kwargs written for DataLoader pass through):
+    # _compat._DATALOADER_DEFAULTS, and _INSTEAD says what to use instead.
+    collate_fn: Optional[Callable[..., Any]]
+    batch_sampler: Any
+    worker_init_fn: Optional[Callable[[int], None]]
+    generator: Any
+    timeout: float
+    multiprocessing_context: Any
+    pin_memory_device: str
+    in_order: bool
 
 
 def _default(name):

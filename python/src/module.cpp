@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
@@ -229,10 +230,18 @@ pl::LoaderConfig to_config(const py::dict& d) {
     const int dev = d["cuda_device"].cast<int>();
     c.cuda_device = dev >= 0 && dev < pinfeed::memory::cuda::runtime_status().device_count ? dev : -1;
   }
-  // Every other key is an option of the table; an unknown one is an error.
+  // Every other key is an option of the table (an unknown one is an error)
+  // or a field row (loader_config_fields()): those above and mean/std below
+  // take Python's types; a row added later is set from its text.
+  static constexpr std::array<std::string_view, 7> kTyped{"dataset", "list_root", "rank", "world_size",
+                                                          "cuda_device", "mean", "std"};
   for (const auto& [key, value] : d) {
     const auto name = key.cast<std::string>();
-    if (pl::find_loader_field(name) == nullptr) set_option(c, pl::loader_option(name), value);
+    if (const pl::LoaderField* f = pl::find_loader_field(name)) {
+      if (std::find(kTyped.begin(), kTyped.end(), name) == kTyped.end()) f->set(c, py::str(value).cast<std::string>());
+    } else {
+      set_option(c, pl::loader_option(name), value);
+    }
   }
   if (d.contains("mean")) {
     const auto mean = d["mean"].cast<std::vector<float>>();

@@ -142,21 +142,33 @@ def test_the_package_imports_without_docstrings():
 def test_every_option_is_in_the_signature_with_the_tables_default_and_type():
     # help(pinfeed.Loader) and IDEs see every row: Loader's named arguments
     # plus LoaderOptions (the **options of PEP 692), which is exactly the
-    # rows that have no named argument, each typed as the table types it.
+    # rows that have no named argument, each typed as the table types it,
+    # and DataLoader's arguments that Loader accepts at their default.
     import typing
+    from pinfeed._compat import _DATALOADER_DEFAULTS
     from pinfeed._options import LoaderOptions
     explicit = set(inspect.signature(pinfeed.Loader.__init__).parameters)
     named_elsewhere = {name for name in OPTIONS if name in explicit or name in KEYWORD_FOR}
-    assert set(LoaderOptions.__annotations__) == set(OPTIONS) - named_elsewhere
+    assert set(LoaderOptions.__annotations__) == (set(OPTIONS) - named_elsewhere) | set(_DATALOADER_DEFAULTS)
     python_type = {"boolean": bool, "integer": int, "real": float}
     for name, kind in LoaderOptions.__annotations__.items():
-        row = OPTIONS[name]
+        row = OPTIONS.get(name)
+        if row is None:
+            continue  # DataLoader's
         if row["type"] == "choice":
             assert typing.get_origin(kind) is typing.Literal and list(typing.get_args(kind)) == row["choices"], name
         else:
             assert kind is python_type[row["type"]], name
     shown = inspect.signature(pinfeed.Loader).parameters
-    assert not any(p.kind is p.VAR_KEYWORD for p in shown.values())
+    assert not any(p.kind is p.VAR_KEYWORD or p.name.startswith("_") for p in shown.values())
     for name in LoaderOptions.__annotations__:
-        assert shown[name].kind is inspect.Parameter.KEYWORD_ONLY and shown[name].default == OPTIONS[name]["default"]
+        want = OPTIONS[name]["default"] if name in OPTIONS else _DATALOADER_DEFAULTS[name]
+        assert shown[name].kind is inspect.Parameter.KEYWORD_ONLY and shown[name].default == want, name
     assert "held_limit: int = 0" in str(inspect.signature(pinfeed.Loader))
+    # What DataLoader code forwards binds, and what nothing takes does not.
+    inspect.signature(pinfeed.Loader).bind("data", timeout=0, collate_fn=None, held_limit=1)
+    with pytest.raises(TypeError):
+        inspect.signature(pinfeed.Loader).bind("data", no_such_option=1)
+    # Run-time introspection (jsonargparse, LightningCLI) resolves the hints.
+    hints = typing.get_type_hints(pinfeed.Loader.__init__)
+    assert "options" in hints

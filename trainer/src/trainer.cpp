@@ -95,7 +95,7 @@ void place_workers(const TrainConfig& config, const LaunchEnv& env, int workers,
 }
 
 /// One communicator per backend: solo for one worker, the launcher's for
-/// one rank per process, else the device type's group.
+/// one rank per process, else the group of the kind's CommType (comm_type()).
 std::vector<std::unique_ptr<Communicator>> make_communicators(const TrainConfig& config, const LaunchEnv& env,
                                                               const DeviceType& type,
                                                               const std::vector<std::unique_ptr<DeviceBackend>>& backends) {

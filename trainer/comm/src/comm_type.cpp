@@ -1,6 +1,7 @@
 // The communicators of each device kind (communicator.hpp, CommType): the
 // comm half of the device registry, so that device types need no
 // communicator.
+#include "pinfeed/error.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/nccl_communicator.hpp"
 
@@ -16,7 +17,15 @@ std::unique_ptr<Communicator> make_cpu_launched(DeviceBackend& backend, CommConf
 const CommType& comm_type(BackendKind kind) {
   static const CommType cpu{BackendKind::cpu, &make_thread_group, &make_cpu_launched};
   static const CommType cuda{BackendKind::cuda, &make_nccl_group, &make_nccl_communicator_launched};
-  return kind == BackendKind::cuda ? cuda : cpu;
+  // No default: a new BackendKind is a -Wswitch error here until it names
+  // its communicators, never the CPU ones by omission.
+  switch (kind) {
+    case BackendKind::cpu:
+      return cpu;
+    case BackendKind::cuda:
+      return cuda;
+  }
+  throw ConfigError("comm_type: unknown backend kind");
 }
 
 }  // namespace pinfeed::trainer

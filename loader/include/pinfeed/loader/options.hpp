@@ -78,8 +78,9 @@ LoaderConfig evaluation_config(const LoaderConfig& c);
 
 /// A field of LoaderConfig outside the option table (what to load and which
 /// shard, the normalization, the GPU), set by name like the options. Its
-/// row is the one place that names it: the setters and getters below, the
-/// C ABI's option list and the Python module's config all read the rows.
+/// row is the one place that names it: the setters and getters below and
+/// the C ABI's option list read the rows; the Python module gives the seven
+/// Python's types and sets any later row from its text.
 struct LoaderField {
   std::string_view name;
   std::string_view type;   ///< "text", "integer" or "rgb" ("0.485,0.456,0.406")

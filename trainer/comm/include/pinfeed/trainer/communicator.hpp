@@ -105,7 +105,12 @@ std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& backend, Comm
 
 /// How the ranks of a multi-process launch find each other.
 enum class Bootstrap { mpi, store };
-class LaunchChannel;
+class LaunchChannel;  // launch_channel.hpp
+
+/// The LaunchChannel of an mpirun/srun launch: MPI initialized (once), rank
+/// and size from MPI_COMM_WORLD. ConfigError on a build without MPI. Here,
+/// not in launch/, because MPI lives in comm/ (mpi_communicator.cpp).
+std::unique_ptr<LaunchChannel> open_mpi_channel(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
 /// One row per bootstrap, tried in order: the first that serves a launch
 /// is the one its ranks use (every rank reads the same environment, so all

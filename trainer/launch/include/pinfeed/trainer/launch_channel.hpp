@@ -6,7 +6,9 @@
 // launch after a fatal error. Each LaunchBootstrap row (communicator.hpp)
 // opens its own: MPI_COMM_WORLD (mpi_communicator.cpp; mpi_absent.cpp says
 // MPI is missing) and torchrun's rendezvous store (tcp_store.cpp). A new
-// bootstrap is a row and a channel; the NCCL code does not change.
+// bootstrap is a row and a channel; the NCCL code does not change. The MPI
+// channel is declared in communicator.hpp and defined beside the MPI
+// communicator (comm/), which initializes MPI for both.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -29,9 +31,6 @@ class LaunchChannel {
   [[noreturn]] virtual void end_launch(const std::string& why) noexcept = 0;
 };
 
-/// The channel of an mpirun/srun launch: MPI initialized (once), rank and
-/// size from MPI_COMM_WORLD. ConfigError on a build without MPI.
-std::unique_ptr<LaunchChannel> open_mpi_channel(const LaunchEnv& env, std::chrono::milliseconds timeout);
 /// The channel of a torchrun launch: its rendezvous store (connect_launch_store).
 std::unique_ptr<LaunchChannel> open_store_channel(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
