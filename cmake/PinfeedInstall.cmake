@@ -6,12 +6,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set_target_properties(pinfeed_core PROPERTIES EXPORT_NAME core)
-set_target_properties(pinfeed_memory PROPERTIES EXPORT_NAME memory)
-set_target_properties(pinfeed_loader PROPERTIES EXPORT_NAME loader)
-foreach(part device launch comm model trainer)
-  set_target_properties(pinfeed_${part} PROPERTIES EXPORT_NAME ${part})
-endforeach()
+# The modules' libraries name themselves (pinfeed_library, cmake/PinfeedLibrary.cmake).
 set_target_properties(pinfeed_c PROPERTIES EXPORT_NAME c)
 set_target_properties(pinfeed_libyuv PROPERTIES EXPORT_NAME libyuv)
 
