@@ -55,14 +55,21 @@ def run_neighbour(mode, cgroup_dir, version):
         print(f"neighbour: holding {len(blocks) * STEP // MiB} MiB", flush=True)
         time.sleep(20.0 if mode == "stall" else 3.0)
         return 0
-    # steady: keep the cgroup's free share between 5 and 10% for 30 s.
+    # steady: keep the cgroup's free share between 5 and 10% for 30 s, free
+    # counted as the loader's monitor counts it (limit - usage + inactive
+    # file): page cache charged here (a cold cache) is not mistaken for
+    # pressure, nor is the room it leaves mistaken for none.
     usage_file = os.path.join(cgroup_dir, "memory.usage_in_bytes" if version == "v1" else "memory.current")
+    inactive_key = "total_inactive_file" if version == "v1" else "inactive_file"
     chunk = 4 * MiB
     end = time.time() + 30
     first = None
     while time.time() < end:
         with open(usage_file) as f:
-            free = (LIMIT - int(f.read())) / LIMIT
+            usage = int(f.read())
+        with open(os.path.join(cgroup_dir, "memory.stat")) as f:
+            inactive = next((int(v) for k, v in (line.split() for line in f) if k == inactive_key), 0)
+        free = (LIMIT - usage + min(inactive, usage)) / LIMIT
         if free > 0.09:
             blocks.append(touch(chunk))
         elif free < 0.06 and blocks:
@@ -71,11 +78,14 @@ def run_neighbour(mode, cgroup_dir, version):
             first = time.time()
             print(f"neighbour: cgroup at {free * 100:.1f}% free holding {len(blocks) * chunk // MiB} MiB", flush=True)
         time.sleep(0.02)
+    print(f"neighbour: held {len(blocks) * chunk // MiB} MiB at the end", flush=True)
     return 0
 
 
 def run_consumer(data, out, stop_file):
     import pinfeed
+    pinfeed.set_log_level("debug")  # the pool's slab moves, stamped: what a failure report shows
+    progress = os.open(out + ".progress", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     loader = pinfeed.Loader(data, batch_size=BATCH, size=SIZE, prefetch=SLOTS, threads=2, pressure_floor=FLOOR,
                             seed=0, return_indices=True, shuffle=True)
     times, epochs = [], []
@@ -85,6 +95,7 @@ def run_consumer(data, out, stop_file):
             float(images[0, 0, 0, 0])
             seen.extend(indices.tolist())
             times.append(time.time())
+            os.pwrite(progress, b"%-20.3f\n" % times[-1], 0)  # the watcher's view of the loop
         epochs.append(sorted(seen))
         if len(epochs) == 1:
             with open(out + ".ready", "w") as f:
@@ -92,6 +103,39 @@ def run_consumer(data, out, stop_file):
     with open(out, "w") as f:
         json.dump({"times": times, "epochs": epochs, "n": len(loader.samples), "pool": loader.stats()["pool"]}, f)
     return 0
+
+
+def watch(pid, progress, neighbour, cg):
+    """Waits for the neighbour. The first time the consumer's loop goes 3 s
+    without a batch, takes what the kernel says each of its threads is doing
+    (wchan, kernel stack) and the cgroup's memory.stat: a stall's report
+    says where it was, not only that it was."""
+    report = []
+    while neighbour.poll() is None:
+        time.sleep(0.2)
+        try:
+            with open(progress) as f:
+                last = float(f.read().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if report or not last or time.time() - last < 3.0:
+            continue
+        report.append(f"stall: no batch for {time.time() - last:.1f} s; the consumer's threads:")
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            base = f"/proc/{pid}/task/{tid}"
+            try:
+                comm = open(f"{base}/comm").read().strip()
+                state = open(f"{base}/stat").read().rsplit(")", 1)[1].split()[0]
+                wchan = open(f"{base}/wchan").read().strip()
+                stack = " <- ".join(line.split()[-1] for line in open(f"{base}/stack").read().splitlines()[:8])
+            except OSError as e:
+                comm, state, wchan, stack = "?", "?", "?", str(e)
+            report.append(f"  {tid} {comm} {state} wchan={wchan} {stack}")
+        keys = ("total_rss", "total_cache", "total_inactive_file", "total_active_file", "total_pgmajfault", "anon",
+                "file", "inactive_file", "active_file", "pgmajfault")
+        stat = {k: v for k, v in (line.split() for line in cg.read("memory.stat").splitlines()) if k in keys}
+        report.append(f"  cgroup memory.stat: {stat}")
+    return report
 
 
 def one_run(args, mode):
@@ -123,7 +167,7 @@ def one_run(args, mode):
         neighbour = subprocess.Popen([sys.executable, __file__, "_neighbour", "--mode", mode, "--cgroup", cg.path,
                                       "--version", cg.version], stdout=logf, stderr=subprocess.STDOUT,
                                      preexec_fn=cg.enter())
-        neighbour.wait()
+        stuck = watch(consumer.pid, out + ".progress", neighbour, cg)
         t_end = time.time()
         time.sleep(1.0)
         open(stop, "w").close()
@@ -161,8 +205,11 @@ def one_run(args, mode):
         for line in text.splitlines():
             if "-> critical" in line or "gave" in line or "neighbour:" in line or "held by" in line:
                 print(f"  {line}")
+        if mode == "steady" and not any(m in text for m in ("-> critical", "-> elevated")):
+            failures.append("premise: the loader's monitor never saw pressure: nothing is tested")
         if failures:
             print("\n".join(text.splitlines()[-30:]))
+            print("\n".join(stuck) if stuck else "(the batches never stopped for 3 s while the neighbour ran)")
     finally:
         for p in (consumer, neighbour):
             if p and p.poll() is None:
