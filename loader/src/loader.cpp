@@ -169,6 +169,11 @@ struct EpochRun {
   // it is in here (a batch of an earlier run has none of this run's).
   std::set<std::size_t> held_slots;
   std::atomic<std::size_t> parked{0};  // read without the lock by next()
+  // Note [Lent slots]: since when next()'s wait has seen the wanted batch
+  // stuck, and the pool starved, without a break. Kept here, not in one
+  // wait: Python waits in 50 ms slices (to take signals), and a count that
+  // restarted with each slice never reached the 0.5 s of starving.
+  std::optional<std::chrono::steady_clock::time_point> stuck_since, starved_since;
   /// Slot `slot`'s batch gives its token back (dropped, or lent out). False:
   /// it holds none of this run's.
   bool return_token(std::size_t slot) {
@@ -380,16 +385,25 @@ struct EpochRun {
       }
       b->labels.resize(job.count);
       b->indices.resize(job.count);
-      oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, job.count),
-                                [&](const oneapi::tbb::blocked_range<std::size_t>& r) {
-                                  auto& slot = scratch->local();
-                                  if (!slot) slot = std::make_unique<SampleScratch>(config.transform, config.max_image_pixels);
-                                  StageTimes t;
-                                  for (std::size_t i = r.begin(); i != r.end(); ++i) fill(*b, i, *slot, t);
-                                  read_ns += t.read_ns;
-                                  decode_ns += t.decode_ns;
-                                  transform_ns += t.transform_ns;
-                                });
+      // Note [Isolated batches]: a thread waiting for this batch's chunks
+      // runs only this batch's chunks, never another batch's task nested on
+      // its stack. Nested, that batch could block in acquire() for a slot
+      // only this batch's delivery frees: under critical pressure at the
+      // floor, every batch stopped until the pressure lifted (CI, 28 s).
+      oneapi::tbb::this_task_arena::isolate([&] {
+        oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, job.count),
+                                  [&](const oneapi::tbb::blocked_range<std::size_t>& r) {
+                                    auto& slot = scratch->local();
+                                    if (!slot) {
+                                      slot = std::make_unique<SampleScratch>(config.transform, config.max_image_pixels);
+                                    }
+                                    StageTimes t;
+                                    for (std::size_t i = r.begin(); i != r.end(); ++i) fill(*b, i, *slot, t);
+                                    read_ns += t.read_ns;
+                                    decode_ns += t.decode_ns;
+                                    transform_ns += t.transform_ns;
+                                  });
+      });
       samples += job.count;
       (b->lease.pinned() ? pinned_batches : pageable_batches) += 1;
     } catch (const Cancelled&) {
@@ -628,7 +642,7 @@ std::string host_page_tables_note(int cuda_device) {
 
 Loader::Loader(LoaderConfig config)
     : config_((check_worker_threads_usable("pinfeed loader"), config.validate(), std::move(config))),
-      dataset_(open_dataset(config_.dataset, config_.list_root, config_.max_classes)),
+      dataset_(open_dataset(config_.dataset, config_.list_root, config_.max_classes, config_.remote)),
       sampler_(sampler_config(config_, dataset_->size())),
       pinned_(pinned_config(config_)) {
   const unsigned local_ranks =
@@ -781,22 +795,33 @@ bool Loader::wait_ready_until(std::optional<std::chrono::steady_clock::time_poin
   // replaced, instead of waiting for a release that may never come. Seen
   // twice, 2 ms apart, so a batch about to be dropped (a device copy
   // finishing) is not lent for nothing.
-  int stalled = 0, starved_long = 0;
+  using namespace std::chrono_literals;
+  const auto held_for = [](std::optional<std::chrono::steady_clock::time_point>& since, bool now_true,
+                           std::chrono::steady_clock::time_point now) {
+    if (!now_true) {
+      since.reset();
+      return std::chrono::steady_clock::duration::zero();
+    }
+    if (!since) since = now;
+    return now - *since;
+  };
   while (!ready()) {
-    if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (deadline && now >= *deadline) return false;
     const std::size_t wanted = run.delivered;  // the seq next() waits for
     lock.unlock();
     // Starved only counts when the acquire waiting is the wanted batch's: a
     // later batch waiting while the wanted one is assembled is ordinary
     // back-pressure (lending then cost a fresh slot per batch at the floor).
     const bool stuck = run.tokens_all_held() || (run.awaiting_slot(wanted) && pool_->starved());
-    stalled = stuck ? stalled + 1 : 0;
+    const auto stuck_for = held_for(run.stuck_since, stuck, now);
     // A later batch's acquire starving for long (both workers blocked, one
     // in acquire, one waiting its turn) is resolved the same way, after 0.5 s.
-    starved_long = pool_->starved() ? starved_long + 1 : 0;
+    const auto starved_for = held_for(run.starved_since, pool_->starved(), now);
     std::size_t slot = 0;
-    if ((stalled >= 2 || starved_long >= 250) && pool_->lend_held(&slot) > 0) {
-      stalled = starved_long = 0;
+    if (((stuck && stuck_for >= 2ms) || starved_for >= 500ms) && pool_->lend_held(&slot) > 0) {
+      run.stuck_since.reset();
+      run.starved_since.reset();
       run.return_token(slot);  // the lent batch's token, if it is this run's: its Batch will not return it (was_lent)
     }
     lock.lock();
