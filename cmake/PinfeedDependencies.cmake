@@ -14,7 +14,8 @@ find_package(TBB REQUIRED)
 # one word here and its -dev package in scripts/install-deps.sh.
 set(PINFEED_CODEC_MODULES LIBJPEG:libjpeg TURBOJPEG:libturbojpeg SPNG:spng LIBWEBP:libwebp)
 # OPENBLAS: the trainer's CPU matrix products.
-set(PINFEED_PKG_MODULES HWLOC:hwloc LIBCAP:libcap ${PINFEED_CODEC_MODULES} OPENBLAS:openblas)
+# CURL: remote shards (HTTP(S), S3 through its AWS SigV4).
+set(PINFEED_PKG_MODULES HWLOC:hwloc LIBCAP:libcap ${PINFEED_CODEC_MODULES} OPENBLAS:openblas CURL:libcurl)
 set(PINFEED_CODEC_TARGETS)
 foreach(module IN LISTS PINFEED_PKG_MODULES)
   string(REPLACE ":" ";" pair ${module})

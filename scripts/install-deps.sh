@@ -15,6 +15,8 @@ packages=(
   libhwloc-dev          # NUMA topology, memory binding
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
+  libcurl4-openssl-dev  # remote shards: HTTP(S) with Range resume, S3 (AWS SigV4 is built in)
+  nginx-light           # remote shards' tests: a real HTTP server on loopback (started by the tests)
   libcap-dev            # drop CAP_IPC_LOCK in the memlock-denial test
   clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz preset)
   libopenblas-dev       # trainer: the CPU backend's matrix products (cblas_sgemm)

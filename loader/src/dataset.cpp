@@ -498,6 +498,13 @@ std::vector<TarShards::Member> TarShards::scan(const fs::path& tar) {
   return scan_fd(file.fd(), file.size(), tar);
 }
 
+TarShards::TarShards(std::vector<fs::path> shards, std::vector<std::string> sources, std::shared_ptr<const void> keep,
+                     std::size_t max_classes)
+    : TarShards(std::move(shards), max_classes) {
+  sources_ = std::move(sources);
+  keep_ = std::move(keep);
+}
+
 TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : shards_(std::move(shards)) {
   check_max_classes(max_classes);
   if (shards_.empty()) throw ConfigError("tar shards: no shard given");
@@ -589,7 +596,7 @@ std::string TarShards::relative_name(std::size_t i) const {
 
 std::string TarShards::describe(std::size_t i) const {
   const Sample& s = samples_.at(i);
-  return fmt::format("{}:{}", shards_[s.shard].string(), s.key);
+  return fmt::format("{}:{}", sources_.empty() ? shards_[s.shard].string() : sources_[s.shard], s.key);
 }
 
 void TarShards::read(std::size_t i, std::vector<std::byte>& out) const {
@@ -674,8 +681,8 @@ std::shared_ptr<const UniqueFd> TarShards::shard_fd(std::uint32_t s) const {
 }
 
 std::string TarShards::summary() const {
-  return fmt::format("tar shards ({} files, first {}): {} images, {} classes", shards_.size(), shards_.front().string(),
-                     samples_.size(), num_classes_);
+  return fmt::format("tar shards ({} files, first {}): {} images, {} classes", shards_.size(),
+                     sources_.empty() ? shards_.front().string() : sources_.front(), samples_.size(), num_classes_);
 }
 
 // ---------------------------------------------------------------- opening
@@ -814,9 +821,53 @@ std::string describe_change(const DatasetFingerprint& was, const DatasetFingerpr
   return out;
 }
 
-std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& root, std::size_t max_classes) {
+namespace {
+
+/// Shards some of which are URLs: those are staged (remote.hpp), and a
+/// shard's error names its URL, not the cache's file.
+std::unique_ptr<Dataset> open_remote_shards(const std::vector<fs::path>& expanded, std::size_t max_classes,
+                                            const RemoteConfig& remote) {
+  std::vector<std::string> urls, sources;
+  for (const fs::path& p : expanded) {
+    if (is_remote_url(p.string())) urls.push_back(p.string());
+  }
+  StagedShards staged = stage_shards(urls, remote);
+  std::vector<fs::path> local;
+  std::size_t next = 0;
+  for (const fs::path& p : expanded) {
+    const bool url = is_remote_url(p.string());
+    local.push_back(url ? staged.local[next++] : p);
+    sources.push_back(p.string());
+  }
+  try {
+    return std::make_unique<TarShards>(local, std::move(sources), staged.keep, max_classes);
+  } catch (const DataError& e) {
+    for (std::size_t i = 0; i < local.size(); ++i) {
+      if (local[i] == e.path() && local[i] != expanded[i]) throw DataError(expanded[i], e.reason());
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& root, std::size_t max_classes,
+                                      const RemoteConfig& remote) {
   std::error_code ec;
   if (spec.empty()) throw ConfigError("dataset: no path given");
+  if (is_remote_url(spec) || spec.find(",http") != std::string::npos || spec.find(",s3://") != std::string::npos ||
+      spec.find(",pipe:") != std::string::npos) {
+    check_max_classes(max_classes);
+    const std::vector<fs::path> expanded = expand_shard_pattern(spec);
+    for (const fs::path& p : expanded) {
+      const std::string s = p.string();
+      if (!is_remote_url(s) && lower(p.extension().string()) != ".tar") {
+        throw ConfigError(fmt::format("dataset '{}': '{}' is not a tar shard (URLs name WebDataset shards)", spec, s));
+      }
+      if (is_remote_url(s) && !s.starts_with("pipe:")) (void)remote_shard_name(s);  // a URL naming no file, said now
+    }
+    return open_remote_shards(expanded, max_classes, remote);
+  }
   if (fs::is_directory(spec, ec)) return std::make_unique<ImageFolder>(spec, max_classes);
   check_max_classes(max_classes);
   const bool tar = spec.find('{') != std::string::npos || spec.find(',') != std::string::npos ||

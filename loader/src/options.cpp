@@ -142,6 +142,15 @@ std::vector<LoaderOption> make_options() {
                                 "(0: the pool's size)"),
       integer<&L::held_limit>("held_limit", 0, u64_max,
                               "bytes of batches the program may keep before next() raises (0: no limit)"),
+      integer<&L::remote, &RemoteConfig::cache_limit>("cache_limit", 0, u64_max,
+                                                      "bytes of remote shards cache_dir may keep; least recently used "
+                                                      "go first (0: no bound)"),
+      real<&L::remote, &RemoteConfig::read_timeout>("remote_timeout", 0, true, 86400,
+                                                    "seconds a remote transfer may stall (or take to connect, at "
+                                                    "most 10) before it is retried"),
+      integer<&L::remote, &RemoteConfig::retries>("remote_retries", 0, 100,
+                                                  "retries of a failed remote transfer (backoff 0.5 s doubling, "
+                                                  "with jitter); 403/404 fail at once"),
   };
 }
 
@@ -240,7 +249,7 @@ void set_cuda_device(LoaderConfig& c, std::string_view value) {
 constexpr std::string_view kShard = "this process's shard";
 constexpr std::string_view kNormalization = "normalization, RGB, in [0, 1] units";
 
-const std::array<LoaderField, 7> kLoaderFields{{
+const std::array<LoaderField, 8> kLoaderFields{{
     {"dataset", "text", "", "folder (ImageFolder), file list, or tar shard pattern; required",
      [](LoaderConfig& c, std::string_view v) { c.dataset = std::string(v); },
      [](const LoaderConfig& c) { return c.dataset; }},
@@ -259,6 +268,10 @@ const std::array<LoaderField, 7> kLoaderFields{{
     {"std", "rgb", "R,G,B", kNormalization, set_std, [](const LoaderConfig& c) { return rgb_text(c.transform.std); }},
     {"cuda_device", "integer", "-1..", "the GPU the pool's slots are registered with (-1: none)", set_cuda_device,
      [](const LoaderConfig& c) { return std::to_string(c.cuda_device); }},
+    {"cache_dir", "text", "", "where remote shards (http://, https://, s3://, pipe:) are kept across runs and shared "
+     "by the ranks of a node (empty: a private folder removed at the end)",
+     [](LoaderConfig& c, std::string_view v) { c.remote.cache_dir = std::string(v); },
+     [](const LoaderConfig& c) { return c.remote.cache_dir.string(); }},
 }};
 
 }  // namespace

@@ -78,6 +78,15 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
         pool lends its slot out and takes fresh memory, so the loop never
         stops for it; labels are never views of a slot. held_warning /
         held_limit (bytes) warn or refuse (HeldLimitError) past a bound.
+    Shards in object storage: data= may name http://, https://, s3://bucket/
+        key and pipe:COMMAND shards (brace patterns too). Each is fetched
+        whole (Range resume, retries: remote_timeout, remote_retries) into
+        cache_dir (kept across runs, shared by a node's ranks, bounded by
+        cache_limit bytes) or a private folder removed at the end; order,
+        fingerprint and resume are those of the same shards on disk. S3 takes
+        AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials),
+        AWS_REGION, AWS_ENDPOINT_URL. A transfer that fails for good raises
+        pinfeed.Error naming the URL and the HTTP status.
     Threads and processes: a Loader may be shared by threads. Batches are
         taken one at a time, each whole; iter() on one thread while another
         waits in next() lets that batch finish, then restarts the epoch, and
@@ -194,7 +203,7 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
                  return_indices=False, return_paths=False, list_root=None, local_rank=None, classes=None,
                  max_classes=_default("max_classes"), max_replaced_share=_default("max_replaced_share"),
                  device=None, stream=None, labels_device=True, dtype=None, memory_format=None, order=None,
-                 batch_transform=None, batch_fn=None, indices=None, _copy_delay_us=0,
+                 batch_transform=None, batch_fn=None, indices=None, cache_dir=None, _copy_delay_us=0,
                  **options: "Unpack[LoaderOptions]"):
         given = data
         data, self._subset, folder = _data.resolve(data, indices)
@@ -234,7 +243,8 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
             "drop_last": sampler_trim, "drop_last_batch": drop_last, "seed": seed, "crop": transform,
             "size": size, "resize": resize, "flip": flip, "layout": layout, "bad_sample": bad_sample,
             "pin": pin_memory is not False, "require_pinned": pin_memory == "require",
-            "max_classes": max_classes, "max_replaced_share": max_replaced_share, **options,
+            "max_classes": max_classes, "max_replaced_share": max_replaced_share,
+            **({} if cache_dir is None else {"cache_dir": os.fspath(cache_dir)}), **options,
         }, feed)
         self.batch_size, self.drop_last, self.shuffle = batch_size, drop_last, shuffle
         self.rank, self.world_size, self.seed = rank, world_size, seed

@@ -57,6 +57,9 @@ class LoaderOptions(TypedDict, total=False):
     pressure_floor: int
     held_warning: int
     held_limit: int
+    cache_limit: int
+    remote_timeout: float
+    remote_retries: int
     # DataLoader's arguments that Loader accepts only at DataLoader's default
     # (so that **loader_kwargs written for DataLoader pass through):
     # _compat._DATALOADER_DEFAULTS, and _INSTEAD says what to use instead.

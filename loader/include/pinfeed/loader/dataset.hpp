@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "pinfeed/file_io.hpp"
+#include "pinfeed/loader/remote.hpp"
 
 namespace pinfeed::loader {
 
@@ -151,6 +152,10 @@ class TarShards final : public Dataset {
   /// an image without a label, a label at or over max_classes, a shard that
   /// is not a regular file or has no end-of-archive blocks, no samples.
   explicit TarShards(std::vector<std::filesystem::path> shards, std::size_t max_classes = kDefaultMaxClasses);
+  /// Remote shards staged into local files (remote.hpp): messages name
+  /// sources[i] instead of shards[i]; `keep` lives as long as the dataset.
+  TarShards(std::vector<std::filesystem::path> shards, std::vector<std::string> sources, std::shared_ptr<const void> keep,
+            std::size_t max_classes = kDefaultMaxClasses);
   ~TarShards() override;
   [[nodiscard]] std::size_t size() const noexcept override { return samples_.size(); }
   [[nodiscard]] std::int64_t label(std::size_t i) const override { return samples_.at(i).label; }
@@ -192,6 +197,8 @@ class TarShards final : public Dataset {
   [[nodiscard]] std::shared_ptr<const UniqueFd> shard_fd(std::uint32_t s) const;
 
   std::vector<std::filesystem::path> shards_;
+  std::vector<std::string> sources_;  ///< URLs of staged remote shards (empty: local)
+  std::shared_ptr<const void> keep_;
   std::vector<Identity> identity_;
   // Open descriptors, at most max_open_ (a quarter of RLIMIT_NOFILE's soft
   // limit, at least 8): a dataset of more shards than the process may open
@@ -222,7 +229,9 @@ void check_same_class_names(const std::vector<std::string>& train, const std::ve
 /// Opens a dataset by what `spec` names: a directory -> ImageFolder; a .tar
 /// file, a brace pattern or a comma list of them -> TarShards; any other file
 /// -> FileList with paths relative to the list's folder (or `root` if given).
+/// Shards may be URLs (http://, https://, s3://, pipe:; remote.hpp), staged
+/// per `remote` before they are indexed.
 std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::filesystem::path& root = {},
-                                      std::size_t max_classes = kDefaultMaxClasses);
+                                      std::size_t max_classes = kDefaultMaxClasses, const RemoteConfig& remote = {});
 
 }  // namespace pinfeed::loader

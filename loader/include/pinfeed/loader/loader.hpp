@@ -95,6 +95,7 @@ struct LoaderConfig {
   std::uint64_t held_warning = 0;
   std::uint64_t held_limit = 0;
   memory::PressureMonitor::Config pressure;  ///< its root, period, thresholds
+  RemoteConfig remote;                       ///< URL shards: cache_dir, cache_limit, timeouts, retries (remote.hpp)
   void validate() const;                     ///< ConfigError naming the field
 
   /// A pool slot holds the batch's samples, then (at a 64-byte boundary) its

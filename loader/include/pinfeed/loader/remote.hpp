@@ -1,0 +1,91 @@
+#pragma once
+// Shards in object storage (issue 43): http://, https://, s3://bucket/key and
+// WebDataset's pipe:COMMAND, wherever a shard path is accepted. The transport
+// is libcurl (HTTP(S) with Range resume; S3 through its built-in AWS
+// Signature V4), never a client of our own.
+//
+// This first step stages each remote shard whole into a cache folder
+// (cache_dir, or a private temporary one removed when the dataset closes) and
+// reads it as a local shard, so sample order, torch order, fingerprints and
+// resume are those of the same shards on disk. Note [Remote staging]
+// (remote.cpp) says what a file in the cache promises and how ranks share it.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pinfeed/error.hpp"
+
+namespace pinfeed::loader {
+
+/// A transfer that failed for good: after the retry budget, or at once for
+/// an answer no retry changes (400, 401, 403, 404). Names the URL and the
+/// HTTP status (0: none, a transport error). Fatal: never replaced by a
+/// substitute sample, since the whole shard is missing.
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string url, long status, const std::string& reason);
+  [[nodiscard]] const std::string& url() const noexcept { return url_; }
+  [[nodiscard]] long status() const noexcept { return status_; }
+
+ private:
+  std::string url_;
+  long status_ = 0;
+};
+
+struct RemoteConfig {
+  std::filesystem::path cache_dir;  ///< shards kept across runs (empty: a private folder removed at close)
+  std::uint64_t cache_limit = 0;    ///< bytes the cache may hold; least recently used shards go first (0: no bound)
+  double connect_timeout = 10.0;    ///< seconds to connect
+  double read_timeout = 30.0;       ///< seconds a transfer may go without a byte before it is retried
+  unsigned retries = 5;             ///< tries after the first, with exponential backoff and jitter
+  double backoff = 0.5;             ///< seconds before the first retry (doubling, at most 8 s)
+  unsigned parallel = 8;            ///< shards fetched at once
+};
+
+/// "http://", "https://", "s3://" or "pipe:".
+[[nodiscard]] bool is_remote_url(std::string_view spec) noexcept;
+
+/// Where an s3:// URL is fetched from: AWS_ENDPOINT_URL (path style:
+/// endpoint/bucket/key) or https://bucket.s3.REGION.amazonaws.com/key.
+/// Other URLs are returned as they are.
+[[nodiscard]] std::string http_url(const std::string& url);
+
+/// The name a remote shard keeps in fingerprints and messages: its URL's
+/// last path component ("train-000001.tar"); for pipe:, the command's
+/// argument that ends in .tar.
+[[nodiscard]] std::string remote_shard_name(const std::string& url);
+
+struct FetchResult {
+  std::uint64_t bytes = 0;   ///< the file's size
+  std::string etag;          ///< the server's, when it gave one
+  unsigned attempts = 0;     ///< transfers made (1: no retry)
+  std::uint64_t resumed = 0; ///< bytes not fetched again thanks to Range requests
+};
+
+/// Fetches `url` into `dest` (written as dest + ".part", renamed when
+/// complete and as long as the server said). Retries per `config`; throws
+/// RemoteError naming the URL and the status.
+FetchResult fetch_url(const std::string& url, const std::filesystem::path& dest, const RemoteConfig& config);
+
+/// Uploads `file` to `url` (http(s) PUT, or s3:// signed), with the same
+/// retries. Throws RemoteError.
+void upload_file(const std::filesystem::path& file, const std::string& url, const RemoteConfig& config);
+
+/// Remote shards staged into a cache folder: local[i] is urls[i]'s file,
+/// named by remote_shard_name in a folder per URL prefix. While it lives,
+/// each file holds a shared lock, so no other process evicts it.
+struct StagedShards {
+  std::vector<std::string> urls;
+  std::vector<std::filesystem::path> local;
+  std::uint64_t fetched_bytes = 0, reused_bytes = 0;
+  std::shared_ptr<const void> keep;  ///< the locks, and a private folder's removal
+};
+
+/// Stages every URL (parallel fetches; a valid cached copy is reused after
+/// the server confirms its size and ETag). Throws RemoteError.
+[[nodiscard]] StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config);
+
+}  // namespace pinfeed::loader

@@ -1,0 +1,641 @@
+#include "pinfeed/loader/remote.hpp"
+
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "pinfeed/file_io.hpp"
+#include "pinfeed/log.hpp"
+
+extern char** environ;
+
+namespace pinfeed::loader {
+
+namespace fs = std::filesystem;
+
+RemoteError::RemoteError(std::string url, long status, const std::string& reason)
+    : Error(fmt::format("{}: {}", url, reason)), url_(std::move(url)), status_(status) {}
+
+bool is_remote_url(std::string_view spec) noexcept {
+  return spec.starts_with("http://") || spec.starts_with("https://") || spec.starts_with("s3://") ||
+         spec.starts_with("pipe:");
+}
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::string(v) : std::string();
+}
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+/// One section of an AWS INI file (~/.aws/credentials, ~/.aws/config).
+std::map<std::string, std::string> aws_profile(const fs::path& file, const std::string& section) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(file);
+  std::string line, current;
+  while (std::getline(in, line)) {
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      current = trim(line.substr(1, line.size() - 2));
+      if (current.starts_with("profile ")) current = trim(current.substr(8));
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (current == section && eq != std::string::npos) out[trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
+  }
+  return out;
+}
+
+struct AwsCredentials {
+  std::string key, secret, token, region;
+};
+
+/// The standard places, in the AWS CLI's order: the environment, then the
+/// profile (AWS_PROFILE, else "default") of ~/.aws/credentials and
+/// ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE move them).
+AwsCredentials aws_credentials() {
+  AwsCredentials c{env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN"), env("AWS_REGION")};
+  if (c.region.empty()) c.region = env("AWS_DEFAULT_REGION");
+  const std::string home = env("HOME");
+  const std::string profile = env("AWS_PROFILE").empty() ? "default" : env("AWS_PROFILE");
+  if (c.key.empty() || c.secret.empty()) {
+    const fs::path file = env("AWS_SHARED_CREDENTIALS_FILE").empty() ? fs::path(home) / ".aws" / "credentials"
+                                                                      : fs::path(env("AWS_SHARED_CREDENTIALS_FILE"));
+    auto p = aws_profile(file, profile);
+    c.key = p["aws_access_key_id"];
+    c.secret = p["aws_secret_access_key"];
+    c.token = p["aws_session_token"];
+  }
+  if (c.region.empty()) {
+    const fs::path file = env("AWS_CONFIG_FILE").empty() ? fs::path(home) / ".aws" / "config" : fs::path(env("AWS_CONFIG_FILE"));
+    c.region = aws_profile(file, profile)["region"];
+  }
+  if (c.region.empty()) c.region = "us-east-1";
+  return c;
+}
+
+void curl_init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct EasyDeleter {
+  void operator()(CURL* h) const noexcept { curl_easy_cleanup(h); }
+};
+struct ListDeleter {
+  void operator()(curl_slist* l) const noexcept { curl_slist_free_all(l); }
+};
+using Easy = std::unique_ptr<CURL, EasyDeleter>;
+using HeaderList = std::unique_ptr<curl_slist, ListDeleter>;
+
+/// What one transfer saw.
+struct Transfer {
+  int fd = -1;                    ///< the body goes here (2xx only)
+  bool resuming = false;          ///< a Range request: 206 appends, 200 starts over
+  std::uint64_t written = 0;      ///< body bytes written by this transfer
+  bool restarted = false;         ///< the server ignored the Range: the file was truncated
+  std::string error_body;         ///< the start of a non-2xx body, for the message
+  std::string etag;
+  std::string write_error;
+  CURL* handle = nullptr;
+};
+
+long response_code(CURL* h) {
+  long code = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+  return code;
+}
+
+std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
+  auto& t = *static_cast<Transfer*>(user);
+  const std::size_t bytes = size * n;
+  const long code = response_code(t.handle);
+  if (code < 200 || code >= 300) {
+    t.error_body.append(data, std::min(bytes, std::size_t{512} - std::min<std::size_t>(512, t.error_body.size())));
+    return bytes;
+  }
+  if (t.fd < 0) return bytes;  // a HEAD's (empty) body
+  if (t.resuming && code == 200 && t.written == 0 && !t.restarted) {
+    // Note [Remote staging]: no Range support: the whole body comes again.
+    if (::ftruncate(t.fd, 0) != 0 || ::lseek(t.fd, 0, SEEK_SET) != 0) {
+      t.write_error = std::strerror(errno);
+      return 0;
+    }
+    t.restarted = true;
+  }
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t w = ::write(t.fd, data + done, bytes - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      t.write_error = std::strerror(errno);
+      return 0;  // curl stops with CURLE_WRITE_ERROR
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  t.written += bytes;
+  return bytes;
+}
+
+std::size_t on_header(char* data, std::size_t size, std::size_t n, void* user) {
+  auto& t = *static_cast<Transfer*>(user);
+  const std::string line(data, size * n);
+  if (line.size() > 5 && strncasecmp(line.c_str(), "etag:", 5) == 0) t.etag = trim(line.substr(5));
+  return size * n;
+}
+
+/// A handle set up for `url` (s3:// signed), with the timeouts.
+Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList& headers) {
+  curl_init_once();
+  Easy h(curl_easy_init());
+  if (!h) throw RemoteError(url, 0, "libcurl could not make a handle");
+  CURL* e = h.get();
+  const std::string target = http_url(url);
+  curl_easy_setopt(e, CURLOPT_URL, target.c_str());
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "pinfeed");
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(std::min(config.connect_timeout, config.read_timeout) * 1000));
+  // A stalled body (under 1 byte/s for read_timeout) ends the transfer, which
+  // is then resumed with a Range request.
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(std::ceil(config.read_timeout))));
+  if (url.starts_with("s3://")) {
+    static std::mutex m;
+    static std::optional<AwsCredentials> cached;
+    AwsCredentials c;
+    {
+      const std::scoped_lock lock(m);
+      if (!cached) cached = aws_credentials();
+      c = *cached;
+    }
+    if (c.key.empty() || c.secret.empty()) {
+      throw RemoteError(url, 0, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile "
+                                "in ~/.aws/credentials (AWS_PROFILE picks one)");
+    }
+    const std::string sigv4 = "aws:amz:" + c.region + ":s3";
+    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4.c_str());  // copied by libcurl
+    curl_easy_setopt(e, CURLOPT_USERNAME, c.key.c_str());
+    curl_easy_setopt(e, CURLOPT_PASSWORD, c.secret.c_str());
+    curl_slist* l = curl_slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (!c.token.empty()) l = curl_slist_append(l, ("x-amz-security-token: " + c.token).c_str());
+    headers.reset(l);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, l);
+  }
+  return h;
+}
+
+/// 4xx answers no retry changes (429, 408 and 5xx are retried).
+bool final_status(long code) { return code >= 400 && code < 500 && code != 408 && code != 429 && code != 416; }
+
+std::string status_text(long code, const std::string& body) {
+  std::string reason = fmt::format("HTTP status {}", code);
+  // S3's XML error: <Code>NoSuchKey</Code><Message>...</Message>.
+  for (const char* tag : {"Code", "Message"}) {
+    const std::string open = fmt::format("<{}>", tag), close = fmt::format("</{}>", tag);
+    const auto a = body.find(open), b = body.find(close);
+    if (a != std::string::npos && b != std::string::npos && b > a) reason += " " + body.substr(a + open.size(), b - a - open.size());
+  }
+  return reason;
+}
+
+void sleep_backoff(const RemoteConfig& config, unsigned attempt) {
+  thread_local std::mt19937 rng{std::random_device{}()};
+  const double base = std::min(8.0, config.backoff * std::pow(2.0, attempt));
+  const double jittered = base * std::uniform_real_distribution<double>(0.5, 1.5)(rng);  // no thundering herd of ranks
+  std::this_thread::sleep_for(std::chrono::duration<double>(jittered));
+}
+
+std::uint64_t file_size_of(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
+}
+
+/// pipe:COMMAND: `sh -c COMMAND` with its stdout into fd; its exit status.
+int run_pipe(const std::string& command, int fd) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fd, STDOUT_FILENO);
+  const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, "/bin/sh", &actions, nullptr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct Head {
+  std::uint64_t size = 0;
+  bool size_known = false;
+  std::string etag;
+};
+
+/// The server's size and ETag for `url` (HEAD), with the retries.
+Head head_url(const std::string& url, const RemoteConfig& config) {
+  std::string last;
+  for (unsigned attempt = 0;; ++attempt) {
+    HeaderList headers;
+    Easy h = make_handle(url, config, headers);
+    Transfer t;
+    t.handle = h.get();
+    curl_easy_setopt(h.get(), CURLOPT_NOBODY, 1L);
+    curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
+    curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+    const CURLcode rc = curl_easy_perform(h.get());
+    const long code = response_code(h.get());
+    if (rc == CURLE_OK && code >= 200 && code < 300) {
+      Head out;
+      curl_off_t length = -1;
+      curl_easy_getinfo(h.get(), CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+      out.size_known = length >= 0;
+      out.size = length >= 0 ? static_cast<std::uint64_t>(length) : 0;
+      out.etag = t.etag;
+      return out;
+    }
+    if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
+    last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, t.error_body);
+    if (attempt >= config.retries) {
+      throw RemoteError(url, rc == CURLE_OK ? code : 0, fmt::format("{} (after {} tries)", last, attempt + 1));
+    }
+    sleep_backoff(config, attempt);
+  }
+}
+
+}  // namespace
+
+std::string http_url(const std::string& url) {
+  if (!url.starts_with("s3://")) return url;
+  const std::string rest = url.substr(5);
+  const auto slash = rest.find('/');
+  const std::string bucket = rest.substr(0, slash), key = slash == std::string::npos ? "" : rest.substr(slash + 1);
+  if (bucket.empty()) throw ConfigError(fmt::format("'{}': no bucket (s3://bucket/key)", url));
+  std::string endpoint = env("AWS_ENDPOINT_URL_S3");
+  if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
+  if (!endpoint.empty()) {
+    while (endpoint.ends_with('/')) endpoint.pop_back();
+    return fmt::format("{}/{}/{}", endpoint, bucket, key);  // path style: what S3-compatible stores serve
+  }
+  std::string region = env("AWS_REGION");
+  if (region.empty()) region = aws_credentials().region;
+  return fmt::format("https://{}.s3.{}.amazonaws.com/{}", bucket, region, key);
+}
+
+std::string remote_shard_name(const std::string& url) {
+  std::string path = url;
+  if (url.starts_with("pipe:")) {
+    // The command's argument naming the shard: `aws s3 cp s3://b/x-000001.tar -`.
+    std::istringstream words(url.substr(5));
+    std::string w, found;
+    while (words >> w) {
+      if (w.ends_with(".tar") || w.ends_with(".tar'") || w.ends_with(".tar\"")) found = w;
+    }
+    std::erase(found, '\'');
+    std::erase(found, '"');
+    if (found.empty()) return fmt::format("pipe-{:016x}.tar", XXH3_64bits(url.data(), url.size()));
+    path = found;
+  }
+  if (const auto q = path.find_first_of("?#", path.find("://") == std::string::npos ? 0 : path.find("://") + 3);
+      q != std::string::npos) {
+    path.resize(q);  // a presigned URL's query is not part of the name
+  }
+  const auto slash = path.rfind('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..") {
+    throw ConfigError(fmt::format("'{}': the URL names no file (a shard URL ends in its file name)", url));
+  }
+  return name;
+}
+
+FetchResult fetch_url(const std::string& url, const fs::path& dest, const RemoteConfig& config) {
+  const fs::path part = fs::path(dest.string() + ".part");
+  UniqueFd fd(::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
+  FetchResult out;
+  std::string last;
+  long last_code = 0;
+  for (unsigned attempt = 0;; ++attempt) {
+    ++out.attempts;
+    const std::uint64_t have = file_size_of(fd.get());
+    bool done = false;
+    if (url.starts_with("pipe:")) {
+      // A command has no Range: every try starts over.
+      if (::ftruncate(fd.get(), 0) != 0 || ::lseek(fd.get(), 0, SEEK_SET) != 0) {
+        throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
+      }
+      const int status = run_pipe(url.substr(5), fd.get());
+      done = status == 0;
+      last = status < 0 ? "the command could not be started" : fmt::format("the command exited with status {}", status);
+    } else {
+      HeaderList headers;
+      Easy h = make_handle(url, config, headers);
+      Transfer t;
+      t.fd = fd.get();
+      t.handle = h.get();
+      t.resuming = have > 0;
+      if (::lseek(fd.get(), 0, SEEK_END) < 0) throw RemoteError(url, 0, std::strerror(errno));
+      curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
+      curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
+      curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
+      curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+      if (have > 0) curl_easy_setopt(h.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(have));
+      const CURLcode rc = curl_easy_perform(h.get());
+      const long code = response_code(h.get());
+      last_code = code;
+      if (!t.write_error.empty()) throw RemoteError(url, code, fmt::format("cannot write {}: {}", part.string(), t.write_error));
+      if (have > 0 && !t.restarted && code == 206) out.resumed += have;
+      if (!t.etag.empty()) out.etag = t.etag;
+      if (rc == CURLE_OK && code >= 200 && code < 300) {
+        curl_off_t length = -1;
+        curl_easy_getinfo(h.get(), CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+        const std::uint64_t start = t.restarted || code == 200 ? 0 : have;
+        const std::uint64_t size = file_size_of(fd.get());
+        if (length >= 0 && size != start + static_cast<std::uint64_t>(length)) {
+          last = fmt::format("{} bytes arrived of {}", size, start + static_cast<std::uint64_t>(length));
+        } else {
+          done = true;
+        }
+      } else if (rc == CURLE_OK && code == 416) {
+        last = "HTTP status 416 on a resumed transfer: starting over";
+        if (::ftruncate(fd.get(), 0) != 0) throw RemoteError(url, code, std::strerror(errno));
+      } else if (rc == CURLE_OK && final_status(code)) {
+        fd.reset();
+        std::error_code ec;
+        fs::remove(part, ec);
+        throw RemoteError(url, code, status_text(code, t.error_body));
+      } else {
+        last = rc != CURLE_OK ? fmt::format("{} after {} bytes", curl_easy_strerror(rc), have + t.written)
+                              : status_text(code, t.error_body);
+      }
+    }
+    if (done) break;
+    if (attempt >= config.retries) {
+      fd.reset();
+      std::error_code ec;
+      fs::remove(part, ec);
+      throw RemoteError(url, last_code, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
+    }
+    pinfeed::detail::log().warn("remote: {}: {}; try {} of {} in a moment", url, last, attempt + 2, config.retries + 1);
+    sleep_backoff(config, attempt);
+  }
+  if (::fsync(fd.get()) != 0) throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
+  out.bytes = file_size_of(fd.get());
+  fd.reset();
+  std::error_code ec;
+  fs::rename(part, dest, ec);  // complete, or not there at all
+  if (ec) throw RemoteError(url, 0, fmt::format("cannot rename {} to {}: {}", part.string(), dest.string(), ec.message()));
+  return out;
+}
+
+void upload_file(const fs::path& file, const std::string& url, const RemoteConfig& config) {
+  if (url.starts_with("pipe:")) throw ConfigError(fmt::format("'{}': pipe: is for reading shards", url));
+  std::string last;
+  for (unsigned attempt = 0;; ++attempt) {
+    std::FILE* in = std::fopen(file.c_str(), "rb");
+    if (in == nullptr) throw DataError(file, std::strerror(errno));
+    HeaderList headers;
+    Easy h = make_handle(url, config, headers);
+    Transfer t;
+    t.handle = h.get();
+    curl_easy_setopt(h.get(), CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(h.get(), CURLOPT_READDATA, in);
+    curl_easy_setopt(h.get(), CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(fs::file_size(file)));
+    curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
+    const CURLcode rc = curl_easy_perform(h.get());
+    std::fclose(in);
+    const long code = response_code(h.get());
+    if (rc == CURLE_OK && code >= 200 && code < 300) return;
+    if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
+    last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, t.error_body);
+    if (attempt >= config.retries) throw RemoteError(url, code, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
+    sleep_backoff(config, attempt);
+  }
+}
+
+// Note [Remote staging]
+// A remote shard is fetched whole into <cache>/<hash of its URL's folder>/
+// <its file name>, beside <name>.meta (JSON: url, size, etag) and <name>.lock.
+// The file appears only complete (written as .part, fsync'ed, renamed), and
+// the .meta after it, so a crash leaves a .part or a file without .meta, and
+// neither is ever read. A cached file is used when its .meta names the same
+// URL and size, and the server (HEAD) still gives that size and ETag; else it
+// is fetched again. Ranks of one node share the cache: the fetch happens under
+// an exclusive flock on <name>.lock (the others wait, then find it cached), and
+// every user holds a shared lock while the dataset is open, so eviction
+// (least recently used first, past cache_limit) skips shards in use. The
+// name is the URL's file name, so fingerprints, resume states and sample
+// order are those of the same shards read from a local folder.
+
+namespace {
+
+struct Staged {
+  std::vector<UniqueFd> locks;
+  fs::path private_dir;  // removed with the dataset
+  Staged() = default;
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+  ~Staged() {
+    locks.clear();
+    if (!private_dir.empty()) {
+      std::error_code ec;
+      fs::remove_all(private_dir, ec);
+    }
+  }
+};
+
+std::string folder_of(const std::string& url) {
+  const auto slash = url.rfind('/');
+  const std::string prefix = url.starts_with("pipe:") || slash == std::string::npos ? url : url.substr(0, slash);
+  return fmt::format("{:016x}", XXH3_64bits(prefix.data(), prefix.size()));
+}
+
+std::optional<nlohmann::json> read_meta(const fs::path& meta) {
+  std::ifstream in(meta);
+  if (!in) return std::nullopt;
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // a torn sidecar: fetched again
+  }
+}
+
+void write_meta(const fs::path& meta, const nlohmann::json& j) {
+  const fs::path tmp = meta.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump();
+    if (!out.flush()) throw DataError(tmp, "cannot write the cache's sidecar");
+  }
+  fs::rename(tmp, meta);
+}
+
+struct ShardOutcome {
+  std::uint64_t bytes = 0;
+  bool fetched = false;
+};
+
+ShardOutcome stage_one(const std::string& url, const fs::path& file, UniqueFd& lock, const RemoteConfig& config) {
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  const fs::path lock_path = file.string() + ".lock", meta_path = file.string() + ".meta";
+  lock = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!lock) throw DataError(lock_path, fmt::format("cannot open the cache's lock: {}", std::strerror(errno)));
+  while (::flock(lock.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) throw DataError(lock_path, std::strerror(errno));
+  }
+  ShardOutcome out;
+  const auto meta = read_meta(meta_path);
+  const auto on_disk = fs::file_size(file, ec);
+  bool valid = !ec && meta && meta->value("url", "") == url && meta->value("size", std::uint64_t{0}) == on_disk;
+  if (valid && !url.starts_with("pipe:")) {
+    const Head head = head_url(url, config);
+    const std::string etag = meta->value("etag", "");
+    valid = (!head.size_known || head.size == on_disk) && (etag.empty() || head.etag.empty() || etag == head.etag);
+    if (!valid) pinfeed::detail::log().info("remote: {} changed on the server: fetching it again", url);
+  }
+  if (valid) {
+    out.bytes = on_disk;
+  } else {
+    fs::remove(meta_path, ec);
+    const FetchResult r = fetch_url(url, file, config);
+    write_meta(meta_path, {{"url", url}, {"size", r.bytes}, {"etag", r.etag}});
+    out = {r.bytes, true};
+  }
+  ::utimensat(AT_FDCWD, file.c_str(), nullptr, 0);  // last use, for eviction
+  ::flock(lock.get(), LOCK_SH);                     // kept while the dataset is open
+  return out;
+}
+
+/// Past cache_limit, the least recently used shards that nobody holds go.
+void evict(const fs::path& root, std::uint64_t limit, std::uint64_t own_bytes) {
+  struct Entry {
+    fs::path file;
+    std::uint64_t bytes;
+    fs::file_time_type used;
+  };
+  std::vector<Entry> entries;
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != ".meta") continue;
+    fs::path file = p;
+    file.replace_extension();
+    std::error_code e2;
+    const auto bytes = fs::file_size(file, e2);
+    if (e2) continue;
+    entries.push_back({file, bytes, fs::last_write_time(file, e2)});
+    total += bytes;
+  }
+  if (total <= limit) return;
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
+  for (const Entry& e : entries) {
+    if (total <= limit) break;
+    UniqueFd lock(::open((e.file.string() + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) continue;  // in use by a dataset
+    std::error_code e3;
+    fs::remove(e.file.string() + ".meta", e3);
+    fs::remove(e.file, e3);
+    total -= e.bytes;
+    pinfeed::detail::log().debug("remote cache: evicted {} ({} bytes)", e.file.string(), e.bytes);
+  }
+  if (total > limit) {
+    pinfeed::detail::log().warn("remote cache {}: {} bytes held, over cache_limit {}: this dataset's shards ({} bytes) "
+                                "are in use and stay until it closes",
+                                root.string(), total, limit, own_bytes);
+  }
+}
+
+}  // namespace
+
+StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config) {
+  auto keep = std::make_shared<Staged>();
+  fs::path root = config.cache_dir;
+  if (root.empty()) {
+    std::error_code ec;
+    const fs::path tmp = fs::temp_directory_path(ec);
+    std::string templ = ((ec ? fs::path("/tmp") : tmp) / "pinfeed-shards-XXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr) {
+      throw DataError(templ, fmt::format("cannot make a folder for the shards: {}", std::strerror(errno)));
+    }
+    root = keep->private_dir = templ;
+  }
+  StagedShards out;
+  out.urls = urls;
+  out.local.resize(urls.size());
+  keep->locks.resize(urls.size());
+  std::vector<ShardOutcome> outcomes(urls.size());
+  for (std::size_t i = 0; i < urls.size(); ++i) {
+    out.local[i] = root / folder_of(urls[i]) / remote_shard_name(urls[i]);
+  }
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  {
+    const unsigned workers = std::max(1U, std::min<unsigned>(config.parallel, static_cast<unsigned>(urls.size())));
+    std::vector<std::jthread> pool;
+    for (unsigned w = 0; w < workers; ++w) {
+      pool.emplace_back([&] {
+        for (std::size_t i = next++; i < urls.size(); i = next++) {
+          try {
+            outcomes[i] = stage_one(urls[i], out.local[i], keep->locks[i], config);
+          } catch (...) {
+            const std::scoped_lock lock(failure_mutex);
+            if (!failure) failure = std::current_exception();
+            next = urls.size();  // the first failure ends the staging
+          }
+        }
+      });
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  std::uint64_t own = 0;
+  for (const ShardOutcome& o : outcomes) {
+    own += o.bytes;
+    (o.fetched ? out.fetched_bytes : out.reused_bytes) += o.bytes;
+  }
+  if (config.cache_limit > 0 && keep->private_dir.empty()) evict(root, config.cache_limit, own);
+  out.keep = keep;
+  return out;
+}
+
+}  // namespace pinfeed::loader

@@ -1,0 +1,250 @@
+"""Shards in object storage (issue 43), against real servers on loopback:
+nginx (Debian's nginx-light, started here on a free port, Range requests
+on) and, for faults, a Python HTTP server that drops or stalls a transfer
+the way a flaky link does. The same shards read from disk are the oracle:
+indices, labels and pixels, batch for batch, and a resume state taken from
+one works on the other."""
+import hashlib
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+import pinfeed
+from conftest import data_tool
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+SHARDS = 4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remote")
+    subprocess.run([data_tool(), "-q", "make", "--out", str(root / "set"), "--classes", "3", "--per-class", "8",
+                    "--val", "0", "--seed", "4"], check=True)
+    (root / "www" / "data").mkdir(parents=True)
+    subprocess.run([data_tool(), "-q", "pack", "--from", str(root / "set" / "train"), "--out",
+                    str(root / "www" / "data" / "train"), "--per-shard", "6"], check=True)
+    names = sorted(os.listdir(root / "www" / "data"))
+    assert len(names) == SHARDS, names
+    return root
+
+
+@pytest.fixture(scope="module")
+def nginx(shards):
+    if NGINX is None:
+        pytest.skip("nginx is not installed (scripts/install-deps.sh installs nginx-light)")
+    port = free_port()
+    run = shards / "nginx"
+    run.mkdir()
+    conf = run / "nginx.conf"
+    temp = "".join(f"  {k}_temp_path {run}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    # As root, nginx's workers would drop to nobody, who cannot read pytest's
+    # private tmp folders: they stay the test's user.
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf.write_text(f"""daemon off;
+{user}pid {run}/nginx.pid;
+error_log {run}/error.log;
+events {{ worker_connections 64; }}
+http {{
+  access_log {run}/access.log;
+{temp}  server {{
+    listen 127.0.0.1:{port};
+    root {shards / "www"};
+  }}
+}}
+""")
+    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(run)], stderr=subprocess.PIPE)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.skip(f"nginx did not start: {proc.stderr.read().decode(errors='replace')[-400:]}")
+            time.sleep(0.05)
+    yield {"url": f"http://127.0.0.1:{port}/data", "log": run / "access.log"}
+    proc.terminate()
+    proc.wait(10)
+
+
+def batches(loader, epochs=1):
+    """(indices, labels, sha256 of the pixels) per batch."""
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels, indices in loader:
+            out.append((indices.tolist(), labels.tolist(), hashlib.sha256(images.numpy().tobytes()).hexdigest()))
+    return out
+
+
+def loader_for(data, **kw):
+    return pinfeed.Loader(data, batch_size=5, size=32, threads=2, prefetch=2, seed=7, shuffle=True,
+                          return_indices=True, **kw)
+
+
+def pattern(base):
+    return f"{base}/train-{{000000..{SHARDS - 1:06d}}}.tar"
+
+
+def test_http_shards_give_the_batches_of_the_same_shards_on_disk(shards, nginx, tmp_path):
+    local = batches(loader_for(pattern(shards / "www" / "data")), epochs=2)
+    remote = batches(loader_for(pattern(nginx["url"])), epochs=2)
+    assert remote == local
+    assert sorted(i for b in remote[:len(remote) // 2] for i in b[0]) == list(range(24))  # every sample once
+
+
+def test_a_resume_state_from_disk_resumes_the_same_epoch_over_http(shards, nginx):
+    local = loader_for(pattern(shards / "www" / "data"))
+    it = iter(local)
+    for _ in range(2):
+        next(it)
+    state = local.state_dict()
+    rest = [(i.tolist(), l.tolist()) for _, l, i in it]
+    remote = loader_for(pattern(nginx["url"]))
+    remote.load_state_dict(state)  # the fingerprint names shards by file name: the same set
+    assert [(i.tolist(), l.tolist()) for _, l, i in remote] == rest
+
+
+def test_the_cache_is_reused_after_the_server_confirms_size_and_etag(shards, nginx, tmp_path):
+    cache = tmp_path / "cache"
+    first = batches(loader_for(pattern(nginx["url"]), cache_dir=cache))
+    gets = nginx["log"].read_text().count('"GET /data/train-')
+    second = batches(loader_for(pattern(nginx["url"]), cache_dir=str(cache)))
+    log = nginx["log"].read_text()
+    assert first == second
+    assert log.count('"GET /data/train-') == gets, "a cached shard was fetched again"
+    assert log.count('"HEAD /data/train-') >= SHARDS
+    # A torn copy (the sidecar says another size) is never read: fetched again.
+    victim = next(cache.rglob("train-000001.tar"))
+    with open(victim, "r+b") as f:
+        f.truncate(100)
+    assert batches(loader_for(pattern(nginx["url"]), cache_dir=cache)) == first
+    assert nginx["log"].read_text().count('"GET /data/train-000001.tar') >= 2
+
+
+def test_cache_limit_evicts_the_least_recently_used_shards_nobody_holds(shards, nginx, tmp_path):
+    cache = tmp_path / "cache"
+    one = f"{nginx['url']}/train-000000.tar"
+    batches(loader_for(one, cache_dir=cache))
+    size = os.path.getsize(next(cache.rglob("train-000000.tar")))
+    time.sleep(0.05)
+    # The other three, with room for about three: the oldest (000000) goes.
+    batches(loader_for(f"{nginx['url']}/train-{{000001..000003}}.tar", cache_dir=cache, cache_limit=3 * size + size // 2))
+    assert not list(cache.rglob("train-000000.tar"))
+    assert len(list(cache.rglob("train-00000[123].tar"))) == 3
+
+
+def test_a_missing_shard_fails_at_once_naming_the_url_and_status(nginx):
+    url = f"{nginx['url']}/train-000009.tar"
+    start = time.monotonic()
+    with pytest.raises(pinfeed.Error, match=r"train-000009\.tar.*HTTP status 404"):
+        loader_for(url)
+    assert time.monotonic() - start < 5, "a 404 is final: no retries"
+
+
+def test_pipe_shards_read_a_commands_output(shards):
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    piped = ",".join(f"pipe:cat {shards / 'www' / 'data' / f'train-{k:06d}.tar'}" for k in range(SHARDS))
+    assert batches(loader_for(piped)) == local
+    with pytest.raises(pinfeed.Error, match="exited with status"):
+        loader_for("pipe:false shard.tar", remote_retries=0)
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """Serves the shards with Range support; the first GET of each file is
+    cut (mode "drop": the connection closes after half the body) or stalls
+    (mode "stall": half the body, then nothing)."""
+    protocol_version = "HTTP/1.1"
+    root, mode, seen, ranges, lock = None, "drop", set(), [], threading.Lock()
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        path = os.path.join(self.root, self.path.lstrip("/"))
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return
+        body = open(path, "rb").read()
+        start = 0
+        rng = self.headers.get("Range")
+        with self.lock:
+            self.ranges.append(rng)
+        if rng:
+            start = int(rng.split("=")[1].split("-")[0])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        with self.lock:
+            first = path not in self.seen
+            self.seen.add(path)
+        if first:
+            self.wfile.write(body[start:start + (len(body) - start) // 2])
+            self.wfile.flush()
+            if self.mode == "stall":
+                time.sleep(30)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(body[start:])
+
+
+@pytest.fixture
+def flaky(shards):
+    servers = []
+
+    def start(mode):
+        handler = type("Handler", (Flaky,), {"root": str(shards / "www"), "mode": mode, "seen": set(), "ranges": []})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/data", handler.ranges
+
+    yield start
+    for s in servers:
+        s.shutdown()
+
+
+def test_a_dropped_transfer_resumes_with_a_range_request(shards, flaky):
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    url, ranges = flaky("drop")
+    assert batches(loader_for(pattern(url), remote_retries=3)) == local
+    resumed = [r for r in ranges if r and not r.startswith("bytes=0-")]
+    assert len(resumed) == SHARDS, f"each cut shard resumes where it stopped: {ranges}"
+
+
+def test_a_stalled_transfer_is_retried_after_remote_timeout(shards, flaky):
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    start = time.monotonic()
+    url, ranges = flaky("stall")
+    assert batches(loader_for(pattern(url), remote_timeout=1, remote_retries=2)) == local
+    assert sum(1 for r in ranges if r) == SHARDS
+    assert time.monotonic() - start < 20
+
+
+def test_a_server_that_never_answers_ends_in_an_error_within_the_budget():
+    with socket.socket() as s:  # listens, never accepts: connects, then nothing
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/x/train-000000.tar"
+        start = time.monotonic()
+        with pytest.raises(pinfeed.Error, match=r"train-000000\.tar.*gave up after 2 tries"):
+            loader_for(url, remote_timeout=1, remote_retries=1)
+        assert time.monotonic() - start < 10
