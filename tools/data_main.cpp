@@ -9,8 +9,12 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -94,7 +98,10 @@ struct PackCommand {
   void add(CLI::App& parent) {
     app = parent.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards");
     app->add_option("--from", from, "ImageFolder root")->required()->check(CLI::ExistingDirectory);
-    app->add_option("--out", out, "shard prefix: PREFIX-000000.tar, ...")->required();
+    app->add_option("--out", out,
+                    "shard prefix: PREFIX-000000.tar, ...; an http(s):// or s3://bucket/prefix URL uploads each "
+                    "shard there (PUT; S3 signed with the AWS_* credentials)")
+        ->required();
     app->add_option("--per-shard", pack.per_shard, "samples per shard")
         ->check(CLI::Range(std::size_t{1}, std::size_t{10000000}))
         ->capture_default_str();
@@ -112,7 +119,37 @@ struct PackCommand {
   int run(bool quiet) const {
     const auto t0 = Clock::now();
     const pl::ImageFolder folder(from);
-    const auto s = pl::pack_shards(folder, out, pack, quiet ? pl::Progress{} : progress_bar("pack"));
+    const bool remote = pl::is_remote_url(out);
+    if (out.starts_with("pipe:")) throw pinfeed::ConfigError("--out: pipe: reads shards; write them to a folder or a URL");
+    // A URL: the shards are written to a private folder, then uploaded one
+    // by one (a shard in the store is complete: S3 and HTTP PUT replace whole).
+    struct Staging {
+      std::filesystem::path dir;
+      Staging() = default;
+      Staging(const Staging&) = delete;
+      Staging& operator=(const Staging&) = delete;
+      ~Staging() {
+        std::error_code ec;
+        if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+      }
+    } staging;
+    std::filesystem::path prefix = out;
+    if (remote) {
+      const std::string name = pl::remote_shard_name(out + ".tar");
+      std::string dir = (std::filesystem::temp_directory_path() / "pinfeed-pack-XXXXXX").string();
+      if (::mkdtemp(dir.data()) == nullptr) throw pinfeed::DataError(dir, std::strerror(errno));
+      staging.dir = dir;
+      prefix = std::filesystem::path(dir) / name.substr(0, name.size() - 4);
+    }
+    auto s = pl::pack_shards(folder, prefix, pack, quiet ? pl::Progress{} : progress_bar("pack"));
+    if (remote) {
+      std::vector<std::filesystem::path> files;
+      for (const auto& e : std::filesystem::directory_iterator(prefix.parent_path())) files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+      const std::string base = out.substr(0, out.rfind('/') + 1);
+      for (const auto& f : files) pl::upload_file(f, base + f.filename().string(), pl::RemoteConfig{});
+      s.pattern = base + std::filesystem::path(s.pattern).filename().string();
+    }
     fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", s.samples, folder.num_classes(), s.pattern,
                seconds_since(t0));
     if (pack.max_side > 0) {

@@ -195,14 +195,7 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(std::ceil(config.read_timeout))));
   if (url.starts_with("s3://")) {
-    static std::mutex m;
-    static std::optional<AwsCredentials> cached;
-    AwsCredentials c;
-    {
-      const std::scoped_lock lock(m);
-      if (!cached) cached = aws_credentials();
-      c = *cached;
-    }
+    const AwsCredentials c = aws_credentials();  // read each time: rotated keys and tokens are taken up
     if (c.key.empty() || c.secret.empty()) {
       throw RemoteError(url, 0, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile "
                                 "in ~/.aws/credentials (AWS_PROFILE picks one)");
@@ -228,7 +221,10 @@ std::string status_text(long code, const std::string& body) {
   for (const char* tag : {"Code", "Message"}) {
     const std::string open = fmt::format("<{}>", tag), close = fmt::format("</{}>", tag);
     const auto a = body.find(open), b = body.find(close);
-    if (a != std::string::npos && b != std::string::npos && b > a) reason += " " + body.substr(a + open.size(), b - a - open.size());
+    if (a == std::string::npos || b == std::string::npos || b <= a) continue;
+    std::string text = body.substr(a + open.size(), b - a - open.size());
+    if (text.starts_with("<![CDATA[") && text.ends_with("]]>")) text = text.substr(9, text.size() - 12);
+    reason += (std::string_view(tag) == "Code" ? " " : ": ") + text;
   }
   return reason;
 }

@@ -1,0 +1,137 @@
+// Remote shards' naming, addressing and cache, with pipe: shards (a real
+// command's output, no server needed). HTTP, S3 and faults against real
+// servers: tests/python/test_remote.py.
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+#include "fixtures.hpp"
+#include "image_fixtures.hpp"
+#include "pinfeed/error.hpp"
+#include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/remote.hpp"
+
+namespace pinfeed::loader {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(RemoteTest, SchemesAreRecognisedAndNamedByTheirFile) {
+  EXPECT_TRUE(is_remote_url("http://h/a.tar"));
+  EXPECT_TRUE(is_remote_url("https://h/a.tar"));
+  EXPECT_TRUE(is_remote_url("s3://b/k.tar"));
+  EXPECT_TRUE(is_remote_url("pipe:cat x.tar"));
+  EXPECT_FALSE(is_remote_url("/data/http/a.tar"));
+  EXPECT_FALSE(is_remote_url("file.tar"));
+  EXPECT_EQ(remote_shard_name("https://h/p/train-000001.tar?X-Amz-Signature=abc"), "train-000001.tar");
+  EXPECT_EQ(remote_shard_name("s3://bucket/p/q/train-000002.tar"), "train-000002.tar");
+  EXPECT_EQ(remote_shard_name("pipe:aws s3 cp s3://b/train-000003.tar -"), "train-000003.tar");
+  EXPECT_EQ(remote_shard_name("pipe:curl -s 'https://h/x/train-000004.tar'"), "train-000004.tar");
+  EXPECT_TRUE(remote_shard_name("pipe:make-a-shard").starts_with("pipe-"));
+  EXPECT_THROW((void)remote_shard_name("https://host/"), ConfigError);
+}
+
+TEST(RemoteTest, S3UrlsGoToTheEndpointOrToAws) {
+  ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/", 1);
+  EXPECT_EQ(http_url("s3://bucket/a/b.tar"), "http://127.0.0.1:9000/bucket/a/b.tar");
+  ::unsetenv("AWS_ENDPOINT_URL");
+  ::setenv("AWS_REGION", "eu-west-3", 1);
+  EXPECT_EQ(http_url("s3://bucket/a/b.tar"), "https://bucket.s3.eu-west-3.amazonaws.com/a/b.tar");
+  ::unsetenv("AWS_REGION");
+  EXPECT_EQ(http_url("https://h/x.tar"), "https://h/x.tar");
+  EXPECT_THROW((void)http_url("s3:///key.tar"), ConfigError);
+}
+
+class RemoteCacheTest : public ::testing::Test {
+ protected:
+  testing::TempDir dir_;
+  testing::SmallDataset data_ = testing::make_small_dataset(dir_.path(), 3, 4);
+  std::vector<std::string> pipes() const {
+    std::vector<std::string> out;
+    for (const fs::path& p : expand_shard_pattern(data_.shards)) out.push_back("pipe:cat " + p.string());
+    return out;
+  }
+};
+
+TEST_F(RemoteCacheTest, PipeShardsReadAsTheLocalShardsAndKeepTheirFingerprint) {
+  const auto local = open_dataset(data_.shards);
+  std::string spec;
+  for (const std::string& u : pipes()) spec += (spec.empty() ? "" : ",") + u;
+  const auto remote = open_dataset(spec);
+  ASSERT_EQ(remote->size(), local->size());
+  std::vector<std::byte> a, b;
+  for (std::size_t i = 0; i < local->size(); ++i) {
+    local->read(i, a);
+    remote->read(i, b);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(remote->label(i), local->label(i));
+  }
+  EXPECT_EQ(fingerprint(*remote).hash, fingerprint(*local).hash);
+  EXPECT_TRUE(remote->describe(0).starts_with("pipe:cat ")) << remote->describe(0);
+}
+
+TEST_F(RemoteCacheTest, AFailingCommandIsARemoteErrorNamingIt) {
+  RemoteConfig config;
+  config.retries = 1;
+  config.backoff = 0.01;
+  try {
+    (void)open_dataset("pipe:exit 3; x.tar", {}, kDefaultMaxClasses, config);
+    FAIL() << "no error";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("pipe:exit 3; x.tar: the command exited with status 3 (gave up after 2 tries)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(RemoteCacheTest, ACachedShardIsReusedAndATornOneIsFetchedAgain) {
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "cache";
+  const auto urls = pipes();
+  StagedShards first = stage_shards(urls, config);
+  EXPECT_GT(first.fetched_bytes, 0U);
+  EXPECT_EQ(first.reused_bytes, 0U);
+  first.keep.reset();
+  StagedShards second = stage_shards(urls, config);
+  EXPECT_EQ(second.fetched_bytes, 0U);
+  EXPECT_EQ(second.reused_bytes, first.fetched_bytes);
+  ASSERT_EQ(second.local, first.local);
+  second.keep.reset();
+  fs::resize_file(first.local[1], 512);  // torn: the sidecar says another size
+  StagedShards third = stage_shards(urls, config);
+  EXPECT_EQ(third.fetched_bytes, fs::file_size(third.local[1]));
+  EXPECT_NE(fs::file_size(third.local[1]), 512U);
+}
+
+TEST_F(RemoteCacheTest, EvictionPassesOverShardsInUse) {
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "cache";
+  auto urls = pipes();
+  ASSERT_EQ(urls.size(), 2U);
+  urls.push_back(urls[0] + " # the same bytes, another URL: another cache entry");
+  StagedShards held = stage_shards({urls[0]}, config);  // stays open
+  const std::uint64_t one = fs::file_size(held.local[0]);
+  config.cache_limit = one;  // room for one shard only
+  StagedShards next = stage_shards({urls[1]}, config);
+  EXPECT_TRUE(fs::exists(held.local[0])) << "evicted while a dataset holds it";
+  EXPECT_TRUE(fs::exists(next.local[0]));
+  next.keep.reset();
+  StagedShards third = stage_shards({urls[2]}, config);  // the unheld, older one goes
+  EXPECT_FALSE(fs::exists(next.local[0]));
+  EXPECT_TRUE(fs::exists(held.local[0]));
+}
+
+TEST_F(RemoteCacheTest, APrivateFolderGoesWithTheDataset) {
+  StagedShards s = stage_shards(pipes(), RemoteConfig{});
+  const fs::path root = s.local[0].parent_path().parent_path();
+  ASSERT_TRUE(fs::exists(root));
+  s.keep.reset();
+  EXPECT_FALSE(fs::exists(root));
+}
+
+}  // namespace
+}  // namespace pinfeed::loader
