@@ -4,6 +4,7 @@
 // copy_bench.cpp; the command line in bench_main.cpp).
 #include <chrono>
 #include <cstddef>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -109,5 +110,7 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
 int run_threads_bench(const pl::LoaderConfig& config, const std::vector<unsigned>& counts, std::size_t epochs,
                       std::size_t repeat, std::size_t ceiling_files, const std::string& out_prefix, bool as_json);
 int run_copy_bench(const std::string& device, std::size_t mib, std::size_t repeat, bool as_json);
+int run_remote_bench(const pl::LoaderConfig& config, const std::string& local, const std::filesystem::path& cache_dir,
+                     std::size_t repeat, bool as_json);
 
 }  // namespace pinfeed::bench

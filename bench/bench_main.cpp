@@ -9,7 +9,8 @@
 // pinned/pageable bytes. `floor` times the loader's work besides decoding,
 // each part alone; `threads` runs the loader bench per thread count (table,
 // CSV, plot); `copy` times host-to-device copies from pinned and pageable
-// memory. Benchmarks, not tests: numbers go to docs/results.md.
+// memory; `remote` reads the same shards from a server and from disk.
+// Benchmarks, not tests: numbers go to docs/results.md.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -100,9 +101,19 @@ int main(int argc, char** argv) {
   cp->add_option("--repeat", copy_repeat, "copies of each kind; medians")->check(CLI::Range(1, 1000));
   cp->add_flag("--json", as_json, "print JSON");
 
+  std::string remote_local, remote_cache;
+  auto* rm = app.add_subcommand("remote", "the same shards from a server (cold, and from a cache_dir) and from disk");
+  add_loader_options(rm);  // --data: the URL pattern
+  pinfeed::tools::add_loader_flags(*rm, config, {"threads"});
+  rm->add_option("--local", remote_local, "the same shards on local disk (pattern)")->required();
+  rm->add_option("--cache-dir", remote_cache, "cache_dir for the cached runs")->required();
+  rm->add_option("--repeat", repeat, "rounds; figures are medians")->check(CLI::Range(1, 100));
+  rm->add_flag("--json", as_json, "print JSON");
+
   return pinfeed::tools::run_tool("pinfeed-bench", app, argc, argv, [&] {
     spdlog::set_level(spdlog::level::warn);
     if (cp->parsed()) return run_copy_bench(copy_device, copy_mib, copy_repeat, as_json);
+    if (rm->parsed()) return run_remote_bench(config, remote_local, remote_cache, repeat, as_json);
     if (fl->parsed()) return run_floor_bench(config, floor_repeat, evict_mib, as_json);
     if (th->parsed()) {
       if (thread_counts.empty()) throw pinfeed::ConfigError("threads: --counts needs at least one thread count");

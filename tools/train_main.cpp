@@ -178,8 +178,12 @@ std::string version_text() {
 
 void add_data_and_schedule_flags(CLI::App& app, TrainFlags& f) {
   pt::TrainConfig& config = f.config;
-  app.add_option("--data", config.loader.dataset, "training data: folder, file list or tar shard pattern")->required();
+  app.add_option("--data", config.loader.dataset, "training data: folder, file list, or tar shard pattern or URLs (http://, https://, s3://, pipe:)")
+      ->required();
   app.add_option("--val", config.val_dataset, "validation data (center crop)");
+  app.add_option("--cache-dir", config.loader.remote.cache_dir,
+                 "where shards given as URLs (http://, https://, s3://, pipe:) are kept across runs and shared by "
+                 "this node's ranks (default: a private folder removed at the end)");
   app.add_option("--val-resize", config.val_resize,
                  "validation: shorter side before the center crop (default: size * 256 / 224, torchvision's ratio)")
       ->check(CLI::Range(1, 16384));
