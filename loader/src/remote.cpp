@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "pinfeed/env.hpp"
 #include "pinfeed/file_io.hpp"
 #include "pinfeed/log.hpp"
 
@@ -48,10 +49,7 @@ bool is_remote_url(std::string_view spec) noexcept {
 
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::string(v) : std::string();
-}
+std::string env(const char* name) { return pinfeed::env::get(name).value_or(""); }
 
 std::string trim(std::string s) {
   const auto b = s.find_first_not_of(" \t\r\n");

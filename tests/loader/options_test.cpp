@@ -91,7 +91,7 @@ TEST(LoaderOptionsTest, EveryOptionAndFieldIsSetAndReadBackByName) {
     set_loader_field(probe, f.name, f.get(defaults));
     EXPECT_EQ(loader_field(probe, f.name), loader_field(defaults, f.name)) << f.name;
   }
-  EXPECT_EQ(loader_config_fields().size(), 7U);
+  EXPECT_EQ(loader_config_fields().size(), 8U);
   EXPECT_EQ(find_loader_field("flip_p"), nullptr);
   LoaderConfig ratio;
   set_loader_field(ratio, "ratio_max", loader_field(defaults, "ratio_max"));

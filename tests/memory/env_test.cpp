@@ -71,6 +71,18 @@ TEST(EnvTest, EachOverrideIsLoggedOnceAtInfoOthersAtDebug) {
   EXPECT_NE(text.find("[debug]"), std::string::npos) << text;
 }
 
+TEST(EnvTest, CredentialsAreNamedButNeverLogged) {
+  ::setenv("ENV_TEST_SECRET_ACCESS_KEY", "wJalrXUtnFEMI", 1);
+  ::setenv("ENV_TEST_SESSION_TOKEN", "FwoGZXIvYXdz", 1);
+  const CapturedLog log;
+  EXPECT_EQ(env::get("ENV_TEST_SECRET_ACCESS_KEY"), "wJalrXUtnFEMI");
+  EXPECT_EQ(env::get("ENV_TEST_SESSION_TOKEN"), "FwoGZXIvYXdz");
+  const std::string text = log.text();
+  EXPECT_EQ(text.find("wJalrXUtnFEMI"), std::string::npos) << text;
+  EXPECT_EQ(text.find("FwoGZXIvYXdz"), std::string::npos) << text;
+  EXPECT_NE(text.find("ENV_TEST_SECRET_ACCESS_KEY is set (not shown: a credential)"), std::string::npos) << text;
+}
+
 TEST(EnvTest, TheLaunchersVariablesAreReadThroughIt) {
   ::setenv("RANK", "1", 1);
   ::setenv("WORLD_SIZE", "4", 1);

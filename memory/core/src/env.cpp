@@ -23,8 +23,11 @@ void note_once(const char* name, const char* value) {
     const std::lock_guard<std::mutex> hold(lock);
     if (!seen.emplace(name).second) return;
   }
-  if (std::string_view(name).starts_with("PINFEED_")) {
+  const std::string_view n(name);
+  if (n.starts_with("PINFEED_")) {
     detail::log().info("environment: {}={} overrides a default", name, value);
+  } else if (n.find("SECRET") != n.npos || n.find("TOKEN") != n.npos || n.find("PASSWORD") != n.npos) {
+    detail::log().debug("environment: {} is set (not shown: a credential)", name);  // AWS_SECRET_ACCESS_KEY, ...
   } else {
     detail::log().debug("environment: {}={}", name, value);
   }
