@@ -452,10 +452,12 @@ void upload_file(const fs::path& file, const std::string& url, const RemoteConfi
 // the .meta after it, so a crash leaves a .part or a file without .meta, and
 // neither is ever read. A cached file is used when its .meta names the same
 // URL and size, and the server (HEAD) still gives that size and ETag; else it
-// is fetched again. Ranks of one node share the cache: the fetch happens under
-// an exclusive flock on <name>.lock (the others wait, then find it cached), and
-// every user holds a shared lock while the dataset is open, so eviction
-// (least recently used first, past cache_limit) skips shards in use. The
+// is fetched again. Ranks of one node share the cache: the check and fetch
+// happen under an exclusive flock on <name>.fetch (the others wait, then find
+// it cached), and every user holds a shared flock on <name>.lock while its
+// dataset is open, so eviction (least recently used first, by the access
+// time staging sets, past cache_limit;
+// it must get both locks without waiting) skips shards in use. The
 // name is the URL's file name, so fingerprints, resume states and sample
 // order are those of the same shards read from a local folder.
 
@@ -507,15 +509,31 @@ struct ShardOutcome {
   bool fetched = false;
 };
 
-ShardOutcome stage_one(const std::string& url, const fs::path& file, UniqueFd& lock, const RemoteConfig& config) {
+UniqueFd open_lock(const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd) throw DataError(path, fmt::format("cannot open the cache's lock: {}", std::strerror(errno)));
+  return fd;
+}
+
+void lock_or_throw(const UniqueFd& fd, int how, const fs::path& path) {
+  while (::flock(fd.get(), how) != 0) {
+    if (errno != EINTR) throw DataError(path, fmt::format("cannot lock: {}", std::strerror(errno)));
+  }
+}
+
+/// Note [Remote staging]: NAME.fetch is held exclusively while a shard is
+/// checked and fetched (briefly); NAME.lock is held shared by every dataset
+/// using the shard, taken before NAME.fetch is let go, so an evictor (who
+/// must get both, without waiting) never removes a shard between its check
+/// and its use. A fetch never waits for a user: another node's rank
+/// training on the shard does not hold NAME.fetch.
+ShardOutcome stage_one(const std::string& url, const fs::path& file, UniqueFd& use, const RemoteConfig& config) {
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
-  const fs::path lock_path = file.string() + ".lock", meta_path = file.string() + ".meta";
-  lock = UniqueFd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!lock) throw DataError(lock_path, fmt::format("cannot open the cache's lock: {}", std::strerror(errno)));
-  while (::flock(lock.get(), LOCK_EX) != 0) {
-    if (errno != EINTR) throw DataError(lock_path, std::strerror(errno));
-  }
+  const fs::path fetch_path = file.string() + ".fetch", use_path = file.string() + ".lock";
+  const fs::path meta_path = file.string() + ".meta";
+  const UniqueFd fetch = open_lock(fetch_path);
+  lock_or_throw(fetch, LOCK_EX, fetch_path);
   ShardOutcome out;
   const auto meta = read_meta(meta_path);
   const auto on_disk = fs::file_size(file, ec);
@@ -534,9 +552,13 @@ ShardOutcome stage_one(const std::string& url, const fs::path& file, UniqueFd& l
     write_meta(meta_path, {{"url", url}, {"size", r.bytes}, {"etag", r.etag}});
     out = {r.bytes, true};
   }
-  ::utimensat(AT_FDCWD, file.c_str(), nullptr, 0);  // last use, for eviction
-  ::flock(lock.get(), LOCK_SH);                     // kept while the dataset is open
-  return out;
+  // Last use, for eviction: the access time only. The modification time is
+  // part of the identity an open dataset checks its shards against.
+  const struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+  ::utimensat(AT_FDCWD, file.c_str(), times, 0);
+  use = open_lock(use_path);
+  lock_or_throw(use, LOCK_SH, use_path);  // kept while the dataset is open
+  return out;  // NAME.fetch is let go here
 }
 
 /// Past cache_limit, the least recently used shards that nobody holds go.
@@ -544,7 +566,7 @@ void evict(const fs::path& root, std::uint64_t limit, std::uint64_t own_bytes) {
   struct Entry {
     fs::path file;
     std::uint64_t bytes;
-    fs::file_time_type used;
+    std::int64_t used_ns;
   };
   std::vector<Entry> entries;
   std::uint64_t total = 0;
@@ -557,15 +579,19 @@ void evict(const fs::path& root, std::uint64_t limit, std::uint64_t own_bytes) {
     std::error_code e2;
     const auto bytes = fs::file_size(file, e2);
     if (e2) continue;
-    entries.push_back({file, bytes, fs::last_write_time(file, e2)});
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0) continue;
+    entries.push_back({file, bytes, static_cast<std::int64_t>(st.st_atim.tv_sec) * 1'000'000'000 + st.st_atim.tv_nsec});
     total += bytes;
   }
   if (total <= limit) return;
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.used_ns < b.used_ns; });
   for (const Entry& e : entries) {
     if (total <= limit) break;
-    UniqueFd lock(::open((e.file.string() + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-    if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) continue;  // in use by a dataset
+    const UniqueFd fetch(::open((e.file.string() + ".fetch").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!fetch || ::flock(fetch.get(), LOCK_EX | LOCK_NB) != 0) continue;  // being checked or fetched
+    const UniqueFd use(::open((e.file.string() + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!use || ::flock(use.get(), LOCK_EX | LOCK_NB) != 0) continue;  // in use by a dataset
     std::error_code e3;
     fs::remove(e.file.string() + ".meta", e3);
     fs::remove(e.file, e3);

@@ -4,6 +4,7 @@ on) and, for faults, a Python HTTP server that drops or stalls a transfer
 the way a flaky link does. The same shards read from disk are the oracle:
 indices, labels and pixels, batch for batch, and a resume state taken from
 one works on the other."""
+import collections
 import hashlib
 import http.server
 import os
@@ -116,6 +117,38 @@ def test_a_resume_state_from_disk_resumes_the_same_epoch_over_http(shards, nginx
     remote = loader_for(pattern(nginx["url"]))
     remote.load_state_dict(state)  # the fingerprint names shards by file name: the same set
     assert [(i.tolist(), l.tolist()) for _, l, i in remote] == rest
+
+
+def test_two_ranks_on_disk_resume_on_three_ranks_over_http_sharing_one_cache(shards, nginx, tmp_path):
+    def ranks(data, world, **kw):
+        return [pinfeed.Loader(data, batch_size=2, size=32, threads=1, prefetch=2, seed=3, shuffle=True, rank=r,
+                               world_size=world, return_indices=True, **kw) for r in range(world)]
+    seen, states = [], []
+    for loader in ranks(pattern(shards / "www" / "data"), 2):
+        it = iter(loader)
+        for _ in range(2):
+            seen += next(it)[2].tolist()
+        states.append(loader.state_dict())
+    rest = []
+    for loader in ranks(pattern(nginx["url"]), 3, cache_dir=tmp_path / "cache"):  # one fetch for the node's ranks
+        loader.load_state_dict(states[0])
+        rest += [i for _, _, idx in loader for i in idx.tolist()]
+    # 16 left over 3 ranks: 6 each, 2 repeated as DistributedSampler pads.
+    counts = collections.Counter(seen + rest)
+    assert sorted(counts) == list(range(24)) and sum(c - 1 for c in counts.values()) == 2
+
+
+def test_ranks_starting_together_fetch_each_shard_once(shards, nginx, tmp_path):
+    import sys
+    # A fresh URL folder (a symlink the server follows): its shards were never fetched.
+    os.symlink(shards / "www" / "data", shards / "www" / "together")
+    url = pattern(nginx["url"].rsplit("/", 1)[0] + "/together")
+    code = ("import pinfeed, sys; l = pinfeed.Loader(sys.argv[1], cache_dir=sys.argv[2], batch_size=4, size=32); "
+            "print(sum(len(b[1]) for b in l))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, url, str(tmp_path / "cache")], stdout=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["24"] * 3
+    assert nginx["log"].read_text().count('"GET /together/train-') == SHARDS
 
 
 def test_the_cache_is_reused_after_the_server_confirms_size_and_etag(shards, nginx, tmp_path):
