@@ -858,7 +858,15 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& r
   if (is_remote_url(spec) || spec.find(",http") != std::string::npos || spec.find(",s3://") != std::string::npos ||
       spec.find(",pipe:") != std::string::npos) {
     check_max_classes(max_classes);
-    const std::vector<fs::path> expanded = expand_shard_pattern(spec);
+    std::vector<fs::path> expanded;
+    for (const fs::path& p : expand_shard_pattern(spec)) {
+      const std::string s = p.string();
+      if (s.starts_with("s3://") && s.ends_with('/')) {  // a prefix: its .tar objects, listed
+        for (const std::string& u : list_s3_shards(s, remote)) expanded.emplace_back(u);
+      } else {
+        expanded.push_back(p);
+      }
+    }
     for (const fs::path& p : expanded) {
       const std::string s = p.string();
       if (!is_remote_url(s) && lower(p.extension().string()) != ".tar") {

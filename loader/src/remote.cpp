@@ -20,6 +20,7 @@
 #include <exception>
 #include <fstream>
 #include <map>
+#include <new>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -175,12 +176,13 @@ std::size_t on_header(char* data, std::size_t size, std::size_t n, void* user) {
 }
 
 /// A handle set up for `url` (s3:// signed), with the timeouts.
-Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList& headers) {
+Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList& headers,
+                 const std::string& target_override = {}) {
   curl_init_once();
   Easy h(curl_easy_init());
   if (!h) throw RemoteError(url, 0, "libcurl could not make a handle");
   CURL* e = h.get();
-  const std::string target = http_url(url);
+  const std::string target = target_override.empty() ? http_url(url) : target_override;
   curl_easy_setopt(e, CURLOPT_URL, target.c_str());
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
@@ -606,6 +608,95 @@ void evict(const fs::path& root, std::uint64_t limit, std::uint64_t own_bytes) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string xml_unescape(std::string s) {
+  static const std::pair<const char*, const char*> kEntities[] = {
+      {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}, {"&#13;", "\r"}, {"&amp;", "&"}};
+  for (const auto& [from, to] : kEntities) {
+    for (auto at = s.find(from); at != std::string::npos; at = s.find(from, at + std::strlen(to))) {
+      s.replace(at, std::strlen(from), to);
+    }
+  }
+  return s;
+}
+
+/// Every <tag>text</tag> of `xml`, unescaped.
+std::vector<std::string> xml_values(const std::string& xml, const std::string& tag) {
+  std::vector<std::string> out;
+  const std::string open = "<" + tag + ">", close = "</" + tag + ">";
+  for (auto a = xml.find(open); a != std::string::npos; a = xml.find(open, a)) {
+    const auto b = xml.find(close, a);
+    if (b == std::string::npos) break;
+    out.push_back(xml_unescape(xml.substr(a + open.size(), b - a - open.size())));
+    a = b;
+  }
+  return out;
+}
+
+std::string escape_query(const std::string& s) {
+  curl_init_once();
+  char* e = curl_easy_escape(nullptr, s.c_str(), static_cast<int>(s.size()));  // all but unreserved: S3's canonical form
+  if (e == nullptr) throw std::bad_alloc();
+  std::string out(e);
+  curl_free(e);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConfig& config) {
+  if (!url.starts_with("s3://") || !url.ends_with('/')) {
+    throw ConfigError(fmt::format("'{}': a listing is an s3:// prefix ending in '/'", url));
+  }
+  const std::string rest = url.substr(5);
+  const auto slash = rest.find('/');
+  const std::string bucket = rest.substr(0, slash), prefix = rest.substr(slash + 1);
+  // The bucket's address: the one a key's would have, less "/key".
+  std::string base = http_url(fmt::format("s3://{}/k", bucket));
+  base.resize(base.size() - 2);
+  std::vector<std::string> out;
+  std::string token;
+  for (int page = 0; page < 100000; ++page) {
+    // Parameters in sorted order and escaped: the query as libcurl signs it
+    // is then the canonical one SigV4 wants (libcurl < 8.3 signs it as given).
+    const std::string query = (token.empty() ? "" : "continuation-token=" + escape_query(token) + "&") +
+                              "list-type=2&prefix=" + escape_query(prefix);
+    std::string last;
+    long code = 0;
+    std::string body;
+    for (unsigned attempt = 0;; ++attempt) {
+      HeaderList headers;
+      Easy h = make_handle(url, config, headers, base + (base.ends_with('/') ? "?" : "/?") + query);
+      Transfer t;
+      t.handle = h.get();
+      curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, +[](char* d, std::size_t s, std::size_t n, void* u) {
+        static_cast<std::string*>(u)->append(d, s * n);
+        return s * n;
+      });
+      body.clear();
+      curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &body);
+      const CURLcode rc = curl_easy_perform(h.get());
+      code = response_code(h.get());
+      if (rc == CURLE_OK && code == 200) break;
+      if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, body));
+      last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, body);
+      if (attempt >= config.retries) throw RemoteError(url, code, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
+      sleep_backoff(config, attempt);
+    }
+    for (const std::string& key : xml_values(body, "Key")) {
+      if (key.ends_with(".tar")) out.push_back(fmt::format("s3://{}/{}", bucket, key));
+    }
+    const auto truncated = xml_values(body, "IsTruncated");
+    const auto next = xml_values(body, "NextContinuationToken");
+    if (truncated.empty() || truncated.front() != "true" || next.empty()) break;
+    token = next.front();
+  }
+  std::sort(out.begin(), out.end());
+  if (out.empty()) throw RemoteError(url, 404, "no .tar object under this prefix");
+  return out;
+}
 
 StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config) {
   auto keep = std::make_shared<Staged>();

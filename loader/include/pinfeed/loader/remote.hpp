@@ -84,6 +84,10 @@ struct StagedShards {
   std::shared_ptr<const void> keep;  ///< the locks, and a private folder's removal
 };
 
+/// The .tar objects under an s3://bucket/prefix/ (ListObjectsV2, every
+/// page), sorted by key. Throws RemoteError (none there: 404).
+[[nodiscard]] std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConfig& config);
+
 /// Stages every URL (parallel fetches; a valid cached copy is reused after
 /// the server confirms its size and ETag). Throws RemoteError.
 [[nodiscard]] StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config);
