@@ -44,7 +44,8 @@ typedef struct pinfeed_batch pinfeed_batch;
 /* Loader options by name: every option of the loader's table (the Python
  * keywords: "batch_size", "crop", "flip_p", "interpolation", "height",
  * "pressure_floor", ...) and the fields outside it: "dataset", "list_root",
- * "rank", "world_size", "mean" and "std" ("0.485,0.456,0.406"). Values are
+ * "rank", "world_size", "mean" and "std" ("0.485,0.456,0.406"), "cache_dir"
+ * (shards given as http://, https://, s3:// or pipe: URLs). Values are
  * text, parsed and range-checked by the same table as the CLI and Python:
  * "64", "0.5", "true"/"false"/"1"/"0", a choice word. An option added to
  * the table reaches C with no change here. pinfeed_options_list_json() lists
