@@ -191,16 +191,26 @@ std::atomic<std::size_t> g_backends{0};  // CpuBackends alive in this process
 /// when that mmap fails it retries forever: under a tight RLIMIT_AS a
 /// compute thread would spin in sgemm and the process hang at exit. So with
 /// a finite limit, room for every backend's buffer (and a margin) is
-/// reserved once here, then given back: no room is an error now, naming
-/// the limit, not a hang later.
+/// reserved once here: no room is an error now, naming the limit, not a
+/// hang later. Note [Address space held for OpenBLAS]: one backend's share
+/// stays reserved (PROT_NONE) until its compute thread's first sgemm gives
+/// it back, just before OpenBLAS maps its buffer: what the loader, glibc's
+/// arenas and the model map meanwhile cannot take that room (CI hung 1 run
+/// in 30 at RLIMIT_AS 650 MB once the tools mapped libcurl's libraries too).
+constexpr std::size_t kPerThread = std::size_t{192} << 20U;  // OpenBLAS's 128 MiB buffer + a margin
+std::mutex g_reserved_mutex;
+std::vector<void*> g_reserved;  // kPerThread each, PROT_NONE
+
 void check_room_for_openblas(std::size_t backends) {
   rlimit as{};
   if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return;
-  constexpr std::size_t kPerThread = std::size_t{192} << 20U;  // OpenBLAS's 128 MiB buffer + a margin
-  const std::size_t bytes = backends * kPerThread;
-  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p != MAP_FAILED) {
-    ::munmap(p, bytes);
+  // The earlier backends' shares are mapped already (held, or OpenBLAS's
+  // buffers by now): this one's is what is left to find.
+  const std::size_t bytes = kPerThread;
+  void* held = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (held != MAP_FAILED) {
+    const std::scoped_lock lock(g_reserved_mutex);
+    g_reserved.push_back(held);
     return;
   }
   throw OutOfMemory("limit", fmt::format(
@@ -217,7 +227,28 @@ CpuBackend::CpuBackend(CpuBackendConfig config) : config_(config), streams_(std:
   openblas_set_num_threads(1);
 }
 
-CpuBackend::~CpuBackend() { --g_backends; }
+namespace {
+/// The calling thread's first sgemm: one held share goes back for
+/// OpenBLAS's buffer (Note [Address space held for OpenBLAS]).
+void give_room_to_openblas() {
+  thread_local bool given = false;
+  if (given) return;
+  given = true;
+  const std::scoped_lock lock(g_reserved_mutex);
+  if (g_reserved.empty()) return;
+  ::munmap(g_reserved.back(), kPerThread);
+  g_reserved.pop_back();
+}
+}  // namespace
+
+CpuBackend::~CpuBackend() {
+  --g_backends;
+  const std::scoped_lock lock(g_reserved_mutex);
+  if (g_reserved.size() > g_backends.load()) {  // a share no thread took (no sgemm ran)
+    ::munmap(g_reserved.back(), kPerThread);
+    g_reserved.pop_back();
+  }
+}
 
 std::string CpuBackend::name() const { return fmt::format("cpu:{}", config_.index); }
 
@@ -352,6 +383,7 @@ void CpuBackend::synchronize(Stream& s) {
 void CpuBackend::gemm(Stream& s, const Gemm& g) {
   note_thread();
   post(s, [g] {
+    give_room_to_openblas();
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n,
                 g.k, g.alpha, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.ldc);
   });
