@@ -589,6 +589,8 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
 
 TarShards::~TarShards() = default;
 
+fs::path TarShards::shown(std::uint32_t s) const { return sources_.empty() ? shards_[s] : fs::path(sources_[s]); }
+
 std::string TarShards::relative_name(std::size_t i) const {
   const Sample& s = samples_.at(i);
   return fmt::format("{}:{}", shards_[s.shard].filename().string(), s.key);
@@ -605,7 +607,7 @@ void TarShards::read(std::size_t i, std::vector<std::byte>& out) const {
   out.resize(s.size);
   const auto fd = shard_fd(s.shard);
   check_unchanged(s, fd->get());
-  pread_exact(fd->get(), out.data(), s.size, s.offset, shards_[s.shard], s.key.c_str());
+  pread_exact(fd->get(), out.data(), s.size, s.offset, shown(s.shard), s.key.c_str());
 }
 
 std::uint64_t TarShards::header_checksum(int fd, std::uint64_t data_offset, const fs::path& path) {
@@ -621,7 +623,7 @@ void TarShards::check_unchanged(const Sample& s, int fd) const {
   // old offsets would read other members under the old labels. The file's
   // size and time, then the member's own header (the 512 bytes before its
   // data): its checksum, size and name must still be the indexed ones.
-  const fs::path& path = shards_[s.shard];
+  const fs::path path = shown(s.shard);
   const Identity now = identity_of(fd, path);
   const Identity& then = identity_[s.shard];
   if (now.size != then.size || now.mtime_ns != then.mtime_ns) {
@@ -663,7 +665,8 @@ std::shared_ptr<const UniqueFd> TarShards::shard_fd(std::uint32_t s) const {
   const Identity now = identity_of(file.fd(), path);
   const Identity& then = identity_[s];
   if (now.device != then.device || now.inode != then.inode || now.size != then.size || now.mtime_ns != then.mtime_ns) {
-    throw DatasetChanged(path, "changed since it was indexed (a new file, size or modification time): restart to index it again");
+    throw DatasetChanged(shown(s), "changed since it was indexed (a new file, size or modification time): restart to "
+                                   "index it again");
   }
   auto fd = std::make_shared<const UniqueFd>(file.take());
   const std::scoped_lock lock(fd_mutex_);
@@ -837,7 +840,7 @@ std::unique_ptr<Dataset> open_remote_shards(const std::vector<fs::path>& expande
   for (const fs::path& p : expanded) {
     const bool url = is_remote_url(p.string());
     local.push_back(url ? staged.local[next++] : p);
-    sources.push_back(p.string());
+    sources.push_back(url ? redact_url(p.string()) : p.string());
   }
   try {
     return std::make_unique<TarShards>(local, std::move(sources), staged.keep, max_classes);

@@ -11,8 +11,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -41,7 +43,20 @@ namespace pinfeed::loader {
 namespace fs = std::filesystem;
 
 RemoteError::RemoteError(std::string url, long status, const std::string& reason)
-    : Error(fmt::format("{}: {}", url, reason)), url_(std::move(url)), status_(status) {}
+    : Error(fmt::format("{}: {}", redact_url(url), reason)), url_(redact_url(url)), status_(status) {}
+
+std::string redact_url(const std::string& url) {
+  if (url.starts_with("pipe:")) return url;
+  std::string out = url;
+  const auto scheme = out.find("://");
+  const std::size_t host = scheme == std::string::npos ? 0 : scheme + 3;
+  if (const auto q = out.find_first_of("?#", host); q != std::string::npos) out.resize(q);  // signatures, tokens
+  const auto path = out.find('/', host);
+  if (const auto at = out.rfind('@', path == std::string::npos ? out.size() : path); at != std::string::npos && at >= host) {
+    out.erase(host, at + 1 - host);  // user:password@
+  }
+  return out;
+}
 
 bool is_remote_url(std::string_view spec) noexcept {
   return spec.starts_with("http://") || spec.starts_with("https://") || spec.starts_with("s3://") ||
@@ -185,11 +200,14 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
   const std::string target = target_override.empty() ? http_url(url) : target_override;
   curl_easy_setopt(e, CURLOPT_URL, target.c_str());
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+  // Redirects: never for S3 (its headers carry the session token), https
+  // only to https.
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, url.starts_with("s3://") ? 0L : 1L);
   curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, url.starts_with("https://") ? "https" : "http,https");
   curl_easy_setopt(e, CURLOPT_USERAGENT, "pinfeed");
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-                   static_cast<long>(std::min(config.connect_timeout, config.read_timeout) * 1000));
+                   std::max(1L, static_cast<long>(std::min(config.connect_timeout, config.read_timeout) * 1000)));
   // A stalled body (under 1 byte/s for read_timeout) ends the transfer, which
   // is then resumed with a Range request.
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -242,7 +260,13 @@ std::uint64_t file_size_of(int fd) {
 }
 
 /// pipe:COMMAND: `sh -c COMMAND` with its stdout into fd; its exit status.
-int run_pipe(const std::string& command, int fd) {
+std::uint64_t file_size_of(int fd);
+
+/// pipe:COMMAND: `sh -c COMMAND` with its stdout into fd. "" when it exited
+/// 0, else why not. A command whose output stops growing for read_timeout
+/// seconds is killed (a stalled `aws s3 cp` must not hold the shard's lock
+/// forever).
+std::string run_pipe(const std::string& command, int fd, double read_timeout) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fd, STDOUT_FILENO);
@@ -250,11 +274,43 @@ int run_pipe(const std::string& command, int fd) {
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, "/bin/sh", &actions, nullptr, const_cast<char* const*>(argv), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
+  if (rc != 0) return fmt::format("the command could not be started: {}", std::strerror(rc));
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  std::uint64_t seen = 0;
+  auto grew = std::chrono::steady_clock::now();
+  bool killed = false;
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) return fmt::format("waiting for the command failed: {}", std::strerror(errno));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto now = std::chrono::steady_clock::now();
+    if (const std::uint64_t size = file_size_of(fd); size != seen) {
+      seen = size;
+      grew = now;
+    } else if (!killed && std::chrono::duration<double>(now - grew).count() > read_timeout) {
+      ::kill(pid, SIGKILL);  // reaped by the next waitpid
+      killed = true;
+    }
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (killed) return fmt::format("the command wrote nothing for {} s: killed", read_timeout);
+  if (WIFEXITED(status)) return WEXITSTATUS(status) == 0 ? "" : fmt::format("the command exited with status {}", WEXITSTATUS(status));
+  return fmt::format("the command was killed by signal {}", WTERMSIG(status));
+}
+
+/// Why fd's bytes are not a whole tar ("" when they are): a tar is whole
+/// 512-byte blocks ending in its two zero blocks.
+std::string tar_tail_problem(int fd) {
+  const std::uint64_t size = file_size_of(fd);
+  if (size < 1024 || size % 512 != 0) return fmt::format("not a tar shard: {} bytes, not whole 512-byte blocks", size);
+  std::array<char, 1024> tail{};
+  if (::pread(fd, tail.data(), tail.size(), static_cast<off_t>(size - tail.size())) != static_cast<ssize_t>(tail.size())) {
+    return fmt::format("cannot read it back: {}", std::strerror(errno));
+  }
+  if (std::any_of(tail.begin(), tail.end(), [](char c) { return c != 0; })) {
+    return "not a whole tar shard: it does not end with the end-of-archive blocks (cut short, or not a tar)";
+  }
+  return {};
 }
 
 struct Head {
@@ -343,7 +399,7 @@ std::string remote_shard_name(const std::string& url) {
 
 FetchResult fetch_url(const std::string& url, const fs::path& dest, const RemoteConfig& config) {
   const fs::path part = fs::path(dest.string() + ".part");
-  UniqueFd fd(::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  UniqueFd fd(::open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));  // read back: the tar check
   if (!fd) throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
   FetchResult out;
   std::string last;
@@ -357,9 +413,8 @@ FetchResult fetch_url(const std::string& url, const fs::path& dest, const Remote
       if (::ftruncate(fd.get(), 0) != 0 || ::lseek(fd.get(), 0, SEEK_SET) != 0) {
         throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
       }
-      const int status = run_pipe(url.substr(5), fd.get());
-      done = status == 0;
-      last = status < 0 ? "the command could not be started" : fmt::format("the command exited with status {}", status);
+      last = run_pipe(url.substr(5), fd.get(), config.read_timeout);
+      done = last.empty();
     } else {
       HeaderList headers;
       Easy h = make_handle(url, config, headers);
@@ -372,14 +427,27 @@ FetchResult fetch_url(const std::string& url, const fs::path& dest, const Remote
       curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
       curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
       curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
-      if (have > 0) curl_easy_setopt(h.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(have));
+      if (have > 0) {
+        curl_easy_setopt(h.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(have));
+        // The rest of the same object, or (a changed one) all of the new:
+        // never the tail of one version after the head of another.
+        if (!out.etag.empty()) {
+          headers.reset(curl_slist_append(headers.release(), ("If-Range: " + out.etag).c_str()));
+          curl_easy_setopt(h.get(), CURLOPT_HTTPHEADER, headers.get());
+        }
+      }
       const CURLcode rc = curl_easy_perform(h.get());
       const long code = response_code(h.get());
       last_code = code;
       if (!t.write_error.empty()) throw RemoteError(url, code, fmt::format("cannot write {}: {}", part.string(), t.write_error));
       if (have > 0 && !t.restarted && code == 206) out.resumed += have;
       if (!t.etag.empty()) out.etag = t.etag;
-      if (rc == CURLE_OK && code >= 200 && code < 300) {
+      if (rc == CURLE_RANGE_ERROR || (rc == CURLE_OK && code == 200 && have > 0 && !t.restarted)) {
+        // No Range support (libcurl stops at a 200 to a Range request), or
+        // If-Range found another version: the whole object again.
+        last = "the server sent the whole object to a Range request: starting over";
+        if (::ftruncate(fd.get(), 0) != 0) throw RemoteError(url, code, std::strerror(errno));
+      } else if (rc == CURLE_OK && code >= 200 && code < 300) {
         curl_off_t length = -1;
         curl_easy_getinfo(h.get(), CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
         const std::uint64_t start = t.restarted || code == 200 ? 0 : have;
@@ -402,14 +470,22 @@ FetchResult fetch_url(const std::string& url, const fs::path& dest, const Remote
                               : status_text(code, t.error_body);
       }
     }
-    if (done) break;
+    if (done) {
+      const std::string not_tar = tar_tail_problem(fd.get());
+      if (not_tar.empty()) break;
+      // An error page with a 200, a command that printed something else, a
+      // body cut short without a Content-Length: never cached as a shard.
+      last = not_tar;
+      if (::ftruncate(fd.get(), 0) != 0) throw RemoteError(url, 0, std::strerror(errno));
+    }
     if (attempt >= config.retries) {
       fd.reset();
       std::error_code ec;
       fs::remove(part, ec);
       throw RemoteError(url, last_code, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
     }
-    pinfeed::detail::log().warn("remote: {}: {}; try {} of {} in a moment", url, last, attempt + 2, config.retries + 1);
+    pinfeed::detail::log().warn("remote: {}: {}; try {} of {} in a moment", redact_url(url), last, attempt + 2,
+                                config.retries + 1);
     sleep_backoff(config, attempt);
   }
   if (::fsync(fd.get()) != 0) throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
@@ -425,19 +501,18 @@ void upload_file(const fs::path& file, const std::string& url, const RemoteConfi
   if (url.starts_with("pipe:")) throw ConfigError(fmt::format("'{}': pipe: is for reading shards", url));
   std::string last;
   for (unsigned attempt = 0;; ++attempt) {
-    std::FILE* in = std::fopen(file.c_str(), "rb");
-    if (in == nullptr) throw DataError(file, std::strerror(errno));
+    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(file.c_str(), "rb"), &std::fclose);
+    if (!in) throw DataError(file, std::strerror(errno));
     HeaderList headers;
     Easy h = make_handle(url, config, headers);
     Transfer t;
     t.handle = h.get();
     curl_easy_setopt(h.get(), CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(h.get(), CURLOPT_READDATA, in);
+    curl_easy_setopt(h.get(), CURLOPT_READDATA, in.get());
     curl_easy_setopt(h.get(), CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(fs::file_size(file)));
     curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
     const CURLcode rc = curl_easy_perform(h.get());
-    std::fclose(in);
     const long code = response_code(h.get());
     if (rc == CURLE_OK && code >= 200 && code < 300) return;
     if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
@@ -480,7 +555,10 @@ struct Staged {
   }
 };
 
-std::string folder_of(const std::string& url) {
+/// The cache's name for a URL: without query, fragment and user (ranks that
+/// sign their own presigned URLs share one copy).
+std::string folder_of(const std::string& raw) {
+  const std::string url = redact_url(raw);
   const auto slash = url.rfind('/');
   const std::string prefix = url.starts_with("pipe:") || slash == std::string::npos ? url : url.substr(0, slash);
   return fmt::format("{:016x}", XXH3_64bits(prefix.data(), prefix.size()));
@@ -539,19 +617,27 @@ ShardOutcome stage_one(const std::string& url, const fs::path& file, UniqueFd& u
   ShardOutcome out;
   const auto meta = read_meta(meta_path);
   const auto on_disk = fs::file_size(file, ec);
-  bool valid = !ec && meta && meta->value("url", "") == url && meta->value("size", std::uint64_t{0}) == on_disk;
+  const std::string key = redact_url(url);
+  bool valid = !ec && meta && meta->value("url", "") == key && meta->value("size", std::uint64_t{0}) == on_disk;
   if (valid && !url.starts_with("pipe:")) {
-    const Head head = head_url(url, config);
-    const std::string etag = meta->value("etag", "");
-    valid = (!head.size_known || head.size == on_disk) && (etag.empty() || head.etag.empty() || etag == head.etag);
-    if (!valid) pinfeed::detail::log().info("remote: {} changed on the server: fetching it again", url);
+    try {
+      const Head head = head_url(url, config);
+      const std::string etag = meta->value("etag", "");
+      valid = (!head.size_known || head.size == on_disk) && (etag.empty() || head.etag.empty() || etag == head.etag);
+      if (!valid) pinfeed::detail::log().info("remote: {} changed on the server: fetching it again", key);
+    } catch (const RemoteError& e) {
+      // Gone (404, 410) is gone. Otherwise (unreachable, a presigned GET URL
+      // that refuses HEAD with 403) the copy the server confirmed earlier is used.
+      if (e.status() == 404 || e.status() == 410) throw;
+      pinfeed::detail::log().warn("remote: {}: using the cached copy, unchecked: {}", key, e.what());
+    }
   }
   if (valid) {
     out.bytes = on_disk;
   } else {
     fs::remove(meta_path, ec);
     const FetchResult r = fetch_url(url, file, config);
-    write_meta(meta_path, {{"url", url}, {"size", r.bytes}, {"etag", r.etag}});
+    write_meta(meta_path, {{"url", key}, {"size", r.bytes}, {"etag", r.etag}});
     out = {r.bytes, true};
   }
   // Last use, for eviction: the access time only. The modification time is
@@ -715,8 +801,15 @@ StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConf
   out.local.resize(urls.size());
   keep->locks.resize(urls.size());
   std::vector<ShardOutcome> outcomes(urls.size());
+  std::map<fs::path, std::string> owner;
   for (std::size_t i = 0; i < urls.size(); ++i) {
     out.local[i] = root / folder_of(urls[i]) / remote_shard_name(urls[i]);
+    const auto [it, fresh] = owner.emplace(out.local[i], redact_url(urls[i]));
+    if (!fresh && it->second != redact_url(urls[i])) {
+      throw ConfigError(fmt::format("'{}' and '{}' name the same shard file '{}' (a URL's file name, its query "
+                                    "left out): give each shard its own name",
+                                    it->second, redact_url(urls[i]), out.local[i].filename().string()));
+    }
   }
   std::atomic<std::size_t> next{0};
   std::exception_ptr failure;

@@ -88,6 +88,33 @@ TEST_F(RemoteCacheTest, AFailingCommandIsARemoteErrorNamingIt) {
   }
 }
 
+TEST_F(RemoteCacheTest, OutputThatIsNotAWholeTarIsNeverCached) {
+  RemoteConfig config;
+  config.retries = 1;
+  config.backoff = 0.01;
+  config.cache_dir = dir_.path() / "cache";
+  // An error page where a shard should be (curl without -f prints it, exit 0).
+  try {
+    (void)stage_shards({"pipe:printf '<html>503 Service Unavailable</html>' # x.tar"}, config);
+    FAIL() << "no error";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a tar shard"), std::string::npos) << e.what();
+  }
+  for (const auto& f : fs::recursive_directory_iterator(config.cache_dir)) {
+    EXPECT_NE(f.path().extension(), ".meta") << f.path();
+    EXPECT_NE(f.path().filename(), "x.tar") << f.path();
+  }
+}
+
+TEST(RemoteTest, UrlsAreShownWithoutSecrets) {
+  EXPECT_EQ(redact_url("https://user:pw@h/p/a.tar?X-Amz-Signature=s&X-Amz-Security-Token=t"), "https://h/p/a.tar");
+  EXPECT_EQ(redact_url("s3://b/k.tar"), "s3://b/k.tar");
+  EXPECT_EQ(redact_url("pipe:cat a.tar"), "pipe:cat a.tar");
+  const RemoteError e("https://h/a.tar?sig=secret", 403, "HTTP status 403");
+  EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+  EXPECT_EQ(e.url(), "https://h/a.tar");
+}
+
 TEST_F(RemoteCacheTest, ACachedShardIsReusedAndATornOneIsFetchedAgain) {
   RemoteConfig config;
   config.cache_dir = dir_.path() / "cache";

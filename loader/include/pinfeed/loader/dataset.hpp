@@ -197,7 +197,9 @@ class TarShards final : public Dataset {
   [[nodiscard]] std::shared_ptr<const UniqueFd> shard_fd(std::uint32_t s) const;
 
   std::vector<std::filesystem::path> shards_;
-  std::vector<std::string> sources_;  ///< URLs of staged remote shards (empty: local)
+  std::vector<std::string> sources_;  ///< URLs of staged remote shards, as shown (empty: local)
+  /// What messages name for shard s: its URL when it was staged, else its path.
+  [[nodiscard]] std::filesystem::path shown(std::uint32_t s) const;
   std::shared_ptr<const void> keep_;
   std::vector<Identity> identity_;
   // Open descriptors, at most max_open_ (a quarter of RLIMIT_NOFILE's soft

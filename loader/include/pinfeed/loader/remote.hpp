@@ -48,6 +48,11 @@ struct RemoteConfig {
 /// "http://", "https://", "s3://" or "pipe:".
 [[nodiscard]] bool is_remote_url(std::string_view spec) noexcept;
 
+/// `url` as messages, logs and the cache's sidecars show it: without its
+/// query and fragment (a presigned URL's signature and token) and without
+/// user:password@. pipe: commands are shown as they are.
+[[nodiscard]] std::string redact_url(const std::string& url);
+
 /// Where an s3:// URL is fetched from: AWS_ENDPOINT_URL (path style:
 /// endpoint/bucket/key) or https://bucket.s3.REGION.amazonaws.com/key.
 /// Other URLs are returned as they are.
