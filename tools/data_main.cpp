@@ -135,6 +135,12 @@ struct PackCommand {
     } staging;
     std::filesystem::path prefix = out;
     if (remote) {
+      const auto slash = out.rfind('/');
+      if (out.ends_with('/') || slash == std::string::npos || slash < out.find("://") + 3 ||
+          (out.starts_with("s3://") && out.find('/', 5) == std::string::npos)) {
+        throw pinfeed::ConfigError(fmt::format("--out '{}': a URL ends in the shards' prefix, as in "
+                                               "s3://bucket/imagenet/train (train-000000.tar, ...)", out));
+      }
       const std::string name = pl::remote_shard_name(out + ".tar");
       std::string dir = (std::filesystem::temp_directory_path() / "pinfeed-pack-XXXXXX").string();
       if (::mkdtemp(dir.data()) == nullptr) throw pinfeed::DataError(dir, std::strerror(errno));
