@@ -330,7 +330,8 @@ def test_an_address_space_limit_is_named_or_met_never_a_hang(dataset, limit):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode in (0, 1), (out.returncode, out.stderr)
     if limit == 400_000_000 or out.returncode == 1:
-        assert out.returncode == 1 and "RLIMIT_AS" in out.stderr and "OpenBLAS" in out.stderr, out.stderr
+        # Named: OpenBLAS's buffer, or whatever else found no room first (a thread's stack).
+        assert out.returncode == 1 and "RLIMIT_AS" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("nproc", [4, 8])

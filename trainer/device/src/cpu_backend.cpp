@@ -197,7 +197,10 @@ std::atomic<std::size_t> g_backends{0};  // CpuBackends alive in this process
 /// it back, just before OpenBLAS maps its buffer: what the loader, glibc's
 /// arenas and the model map meanwhile cannot take that room (CI hung 1 run
 /// in 30 at RLIMIT_AS 650 MB once the tools mapped libcurl's libraries too).
-constexpr std::size_t kPerThread = std::size_t{192} << 20U;  // OpenBLAS's 128 MiB buffer + a margin
+// OpenBLAS's buffer: 128 MiB and a few pages (134225920 bytes seen mapped).
+// Held, not only checked, so no margin for others is needed: what they
+// cannot map fails naming the limit (describe_failure).
+constexpr std::size_t kPerThread = std::size_t{130} << 20U;
 std::mutex g_reserved_mutex;
 std::vector<void*> g_reserved;  // kPerThread each, PROT_NONE
 
@@ -214,7 +217,7 @@ void check_room_for_openblas(std::size_t backends) {
     return;
   }
   throw OutOfMemory("limit", fmt::format(
-      "cpu backend: no room for {} MiB of address space (OpenBLAS's 128 MiB buffer per compute thread and a margin, "
+      "cpu backend: no room for {} MiB of address space (OpenBLAS's 128 MiB buffer for each compute thread, "
       "for {} CPU worker(s)): {}",
       bytes >> 20U, backends, describe_failure(std::bad_alloc())));
 }
