@@ -21,6 +21,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <new>
 #include <mutex>
@@ -143,6 +144,7 @@ struct Transfer {
   std::string error_body;         ///< the start of a non-2xx body, for the message
   std::string etag;
   std::string write_error;
+  std::string* text = nullptr;    ///< a 2xx body kept in memory instead (a listing)
   CURL* handle = nullptr;
 };
 
@@ -158,6 +160,10 @@ std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
   const long code = response_code(t.handle);
   if (code < 200 || code >= 300) {
     t.error_body.append(data, std::min(bytes, std::size_t{512} - std::min<std::size_t>(512, t.error_body.size())));
+    return bytes;
+  }
+  if (t.text != nullptr) {
+    t.text->append(data, bytes);
     return bytes;
   }
   if (t.fd < 0) return bytes;  // a HEAD's (empty) body
@@ -320,36 +326,49 @@ struct Head {
 };
 
 /// The server's size and ETag for `url` (HEAD), with the retries.
-Head head_url(const std::string& url, const RemoteConfig& config) {
-  std::string last;
+/// One request that has no state between tries (HEAD, a listing, an
+/// upload; fetch_url resumes, so it has its own loop): `setup` prepares each
+/// try's handle, `done` reads a 2xx answer. A final 4xx throws at once, the
+/// rest is retried per `config`; the last failure throws naming the URL.
+void request(const std::string& url, const RemoteConfig& config, const std::string& target,
+             const std::function<void(CURL*, Transfer&)>& setup, const std::function<void(CURL*, Transfer&)>& done) {
   for (unsigned attempt = 0;; ++attempt) {
     HeaderList headers;
-    Easy h = make_handle(url, config, headers);
+    Easy h = make_handle(url, config, headers, target);
     Transfer t;
     t.handle = h.get();
-    curl_easy_setopt(h.get(), CURLOPT_NOBODY, 1L);
     curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
     curl_easy_setopt(h.get(), CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h.get(), CURLOPT_HEADERDATA, &t);
+    setup(h.get(), t);
     const CURLcode rc = curl_easy_perform(h.get());
     const long code = response_code(h.get());
     if (rc == CURLE_OK && code >= 200 && code < 300) {
-      Head out;
-      curl_off_t length = -1;
-      curl_easy_getinfo(h.get(), CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
-      out.size_known = length >= 0;
-      out.size = length >= 0 ? static_cast<std::uint64_t>(length) : 0;
-      out.etag = t.etag;
-      return out;
+      done(h.get(), t);
+      return;
     }
     if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
-    last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, t.error_body);
+    const std::string last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, t.error_body);
     if (attempt >= config.retries) {
-      throw RemoteError(url, rc == CURLE_OK ? code : 0, fmt::format("{} (after {} tries)", last, attempt + 1));
+      throw RemoteError(url, rc == CURLE_OK ? code : 0, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
     }
     sleep_backoff(config, attempt);
   }
+}
+
+Head head_url(const std::string& url, const RemoteConfig& config) {
+  Head out;
+  request(
+      url, config, {}, [](CURL* h, Transfer&) { curl_easy_setopt(h, CURLOPT_NOBODY, 1L); },
+      [&](CURL* h, Transfer& t) {
+        curl_off_t length = -1;
+        curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+        out.size_known = length >= 0;
+        out.size = length >= 0 ? static_cast<std::uint64_t>(length) : 0;
+        out.etag = t.etag;
+      });
+  return out;
 }
 
 }  // namespace
@@ -499,27 +518,18 @@ FetchResult fetch_url(const std::string& url, const fs::path& dest, const Remote
 
 void upload_file(const fs::path& file, const std::string& url, const RemoteConfig& config) {
   if (url.starts_with("pipe:")) throw ConfigError(fmt::format("'{}': pipe: is for reading shards", url));
-  std::string last;
-  for (unsigned attempt = 0;; ++attempt) {
-    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(file.c_str(), "rb"), &std::fclose);
-    if (!in) throw DataError(file, std::strerror(errno));
-    HeaderList headers;
-    Easy h = make_handle(url, config, headers);
-    Transfer t;
-    t.handle = h.get();
-    curl_easy_setopt(h.get(), CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(h.get(), CURLOPT_READDATA, in.get());
-    curl_easy_setopt(h.get(), CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(fs::file_size(file)));
-    curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &t);
-    const CURLcode rc = curl_easy_perform(h.get());
-    const long code = response_code(h.get());
-    if (rc == CURLE_OK && code >= 200 && code < 300) return;
-    if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
-    last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, t.error_body);
-    if (attempt >= config.retries) throw RemoteError(url, code, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
-    sleep_backoff(config, attempt);
-  }
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(file.c_str(), "rb"), &std::fclose);
+  if (!in) throw DataError(file, std::strerror(errno));
+  const auto bytes = static_cast<curl_off_t>(fs::file_size(file));
+  request(
+      url, config, {},
+      [&](CURL* h, Transfer&) {
+        std::rewind(in.get());  // each try sends the whole file
+        curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(h, CURLOPT_READDATA, in.get());
+        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, bytes);
+      },
+      [](CURL*, Transfer&) {});
 }
 
 // Note [Remote staging]
@@ -749,28 +759,14 @@ std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConf
     // is then the canonical one SigV4 wants (libcurl < 8.3 signs it as given).
     const std::string query = (token.empty() ? "" : "continuation-token=" + escape_query(token) + "&") +
                               "list-type=2&prefix=" + escape_query(prefix);
-    std::string last;
-    long code = 0;
     std::string body;
-    for (unsigned attempt = 0;; ++attempt) {
-      HeaderList headers;
-      Easy h = make_handle(url, config, headers, base + (base.ends_with('/') ? "?" : "/?") + query);
-      Transfer t;
-      t.handle = h.get();
-      curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, +[](char* d, std::size_t s, std::size_t n, void* u) {
-        static_cast<std::string*>(u)->append(d, s * n);
-        return s * n;
-      });
-      body.clear();
-      curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &body);
-      const CURLcode rc = curl_easy_perform(h.get());
-      code = response_code(h.get());
-      if (rc == CURLE_OK && code == 200) break;
-      if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, body));
-      last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, body);
-      if (attempt >= config.retries) throw RemoteError(url, code, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
-      sleep_backoff(config, attempt);
-    }
+    request(
+        url, config, base + (base.ends_with('/') ? "?" : "/?") + query,
+        [&](CURL*, Transfer& t) {
+          body.clear();
+          t.text = &body;
+        },
+        [](CURL*, Transfer&) {});
     for (const std::string& key : xml_values(body, "Key")) {
       if (key.ends_with(".tar")) out.push_back(fmt::format("s3://{}/{}", bucket, key));
     }
