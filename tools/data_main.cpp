@@ -22,6 +22,7 @@
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/dataset_tools.hpp"
 #include "pinfeed/loader/image_decoder.hpp"
+#include "pinfeed/loader/streamed.hpp"
 #include "pinfeed/loader/transform.hpp"
 #include "pinfeed/units.hpp"
 #include "progress.hpp"
@@ -199,10 +200,40 @@ struct ScanCommand {
   }
 };
 
+struct IndexCommand {
+  std::string shards;
+  std::string out;
+  CLI::App* app = nullptr;
+
+  void add(CLI::App& parent) {
+    app = parent.add_subcommand("index", "write each tar shard's index sidecar (NAME.tar.index.json), which lets "
+                                         "remote shards stream (pack writes them too)");
+    app->add_option("shards", shards, "tar shards: a path, a brace pattern (data/train-{000000..000127}.tar) or a comma "
+                                      "list")->required();
+    app->add_option("--out", out, "upload each sidecar next to its shard under this URL prefix (s3://bucket/dir/, "
+                                  "https://host/dir/) instead of leaving it on disk only");
+  }
+
+  int run(bool quiet) const {
+    if (!out.empty() && (!pl::is_remote_url(out) || out.starts_with("pipe:") || !out.ends_with('/'))) {
+      throw pinfeed::ConfigError(fmt::format("--out '{}': a URL prefix ending in / (s3://bucket/dir/)", out));
+    }
+    std::size_t n = 0;
+    for (const auto& tar : pl::expand_shard_pattern(shards)) {
+      const auto sidecar = pl::write_shard_index(tar);
+      if (!out.empty()) pl::upload_file(sidecar, out + sidecar.filename().string(), pl::RemoteConfig{});
+      if (!quiet) fmt::print("{}\n", out.empty() ? sidecar.string() : out + sidecar.filename().string());
+      ++n;
+    }
+    fmt::print("indexed {} shard{}\n", n, n == 1 ? "" : "s");
+    return 0;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"pinfeed-data: make, pack and scan image datasets"};
+  CLI::App app{"pinfeed-data: make, pack, scan and index image datasets"};
   app.set_version_flag("--version", "pinfeed-data 0.1.0");
   app.require_subcommand(1);
   app.fallthrough();  // -q works after the subcommand too
@@ -211,14 +242,17 @@ int main(int argc, char** argv) {
   MakeCommand make;
   PackCommand pack;
   ScanCommand scan;
+  IndexCommand index;
   make.add(app);
   pack.add(app);
   scan.add(app);
+  index.add(app);
   return pinfeed::tools::run_tool("pinfeed-data", app, argc, argv, [&]() -> int {
     spdlog::set_level(spdlog::level::warn);
     if (*make.app) return make.run(quiet);
     if (*pack.app) return pack.run(quiet);
     if (*scan.app) return scan.run(quiet);
+    if (*index.app) return index.run(quiet);
     return 0;
   });
 }

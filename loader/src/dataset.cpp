@@ -25,6 +25,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
 #include "pinfeed/loader/image_decoder.hpp"
+#include "pinfeed/loader/streamed.hpp"
 
 namespace fs = std::filesystem;
 
@@ -505,6 +506,83 @@ TarShards::TarShards(std::vector<fs::path> shards, std::vector<std::string> sour
   keep_ = std::move(keep);
 }
 
+std::vector<TarShards::IndexedSample> TarShards::index(const fs::path& tar, std::size_t max_classes) {
+  check_max_classes(max_classes);
+  const RegularFile file(tar, "a tar shard");
+  return index_fd(file.fd(), file.size(), tar, max_classes);
+}
+
+bool TarShards::header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum) noexcept {
+  std::array<char, kBlock> block{};
+  std::memcpy(block.data(), h, kBlock);
+  bool ok = true;
+  const std::uint64_t declared = tar_number(&block[124], 12, &ok);
+  const std::uint64_t stored = tar_number(&block[148], 8, &ok);
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < kBlock; ++i) {
+    sum += (i >= 148 && i < 156) ? std::uint64_t{' '} : std::uint64_t{static_cast<unsigned char>(block[i])};
+  }
+  return ok && sum == stored && declared == size && stored == header_sum;
+}
+
+std::vector<TarShards::IndexedSample> TarShards::index_fd(int fd, std::uint64_t file_size, const fs::path& path,
+                                                          std::size_t max_classes) {
+  std::vector<IndexedSample> out;
+  // key -> (image member, label); Note [WebDataset keys]: a key is the
+  // name up to the first dot of its last path component (webdataset's
+  // reader: "dir/photo.2019.jpg" is key "dir/photo", field "2019.jpg").
+  std::map<std::string, std::pair<std::optional<Member>, std::optional<std::int64_t>>> by_key;
+  std::map<std::string, std::string> dotted;  // key -> a member whose field only ends like an image's or a label's
+  std::vector<std::string> order;
+  for (Member& m : scan_fd(fd, file_size, path)) {
+    const auto slash = m.name.rfind('/');
+    const auto dot = m.name.find('.', slash == std::string::npos ? 0 : slash + 1);
+    if (dot == std::string::npos) continue;
+    const std::string key = m.name.substr(0, dot), ext = lower(m.name.substr(dot + 1));
+    auto& entry = by_key[key];
+    if (!entry.first && !entry.second && !dotted.contains(key)) order.push_back(key);
+    if (const auto last = ext.rfind('.'); last != std::string::npos) {
+      const std::string tail = ext.substr(last + 1);
+      if (tail == "cls" || is_image_extension(tail)) dotted.emplace(key, m.name);
+    }
+    if (is_image_extension(ext)) {
+      if (entry.first) throw DataError(path, fmt::format("{}: a second image for key '{}' ({})", m.name, key, entry.first->name));
+      entry.first = m;
+    } else if (ext == "cls") {
+      // "Last one wins" would label the sample by whichever copy tar kept last.
+      if (entry.second) throw DataError(path, fmt::format("{}: a second label for key '{}'", m.name, key));
+      if (m.size > 64) throw DataError(path, fmt::format("{}: label member of {} bytes", m.name, m.size));
+      std::string text(m.size, '\0');
+      pread_exact(fd, text.data(), m.size, m.offset, path, m.name.c_str());
+      const auto label = parse_label(text);
+      if (!label) throw DataError(path, fmt::format("{}: label '{}' is not a non-negative whole number", m.name, text));
+      check_label(*label, max_classes, path, m.name);
+      entry.second = *label;
+    }
+  }
+  for (const std::string& key : order) {
+    const auto& [image, label] = by_key[key];
+    if (!image) {
+      // Note [WebDataset keys]: never drop a sample without a word.
+      if (const auto d = dotted.find(key); d != dotted.end()) {
+        throw DataError(path, fmt::format("{}: its key is '{}' (WebDataset's key is the name up to the first dot "
+                                          "of its last path component), so its field is '{}', not an image or "
+                                          "a label: this sample would be lost. Write keys without dots "
+                                          "(webdataset's own reader does not find it as an image either)",
+                                          d->second, key, d->second.substr(key.size() + 1)));
+      }
+      if (label) {
+        throw DataError(path, fmt::format("key '{}' has a .cls label but no image member pinfeed decodes ({})",
+                                          key, codec_extensions()));
+      }
+      continue;  // another field alone (json, txt): not a sample
+    }
+    if (!label) throw DataError(path, fmt::format("{}: image without a .cls label", image->name));
+    out.push_back(IndexedSample{image->name, image->offset, image->size, *label, header_checksum(fd, image->offset, path)});
+  }
+  return out;
+}
+
 TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : shards_(std::move(shards)) {
   check_max_classes(max_classes);
   if (shards_.empty()) throw ConfigError("tar shards: no shard given");
@@ -512,73 +590,22 @@ TarShards::TarShards(std::vector<fs::path> shards, std::size_t max_classes) : sh
   max_open_ = open_file_budget();
   fds_.resize(shards_.size());
   where_.resize(shards_.size(), recent_.end());
-  {
-    for (std::size_t s = 0; s < shards_.size(); ++s) {
-      const fs::path& path = shards_[s];
-      RegularFile file(path, "a tar shard");
-      const std::uint64_t file_size = file.size();
-      identity_.push_back(identity_of(file.fd(), path));
-      const int fd = file.fd();
-      // key -> (image member, label); Note [WebDataset keys]: a key is the
-      // name up to the first dot of its last path component (webdataset's
-      // reader: "dir/photo.2019.jpg" is key "dir/photo", field "2019.jpg").
-      std::map<std::string, std::pair<std::optional<Member>, std::optional<std::int64_t>>> by_key;
-      std::map<std::string, std::string> dotted;  // key -> a member whose field only ends like an image's or a label's
-      std::vector<std::string> order;
-      for (Member& m : scan_fd(fd, file_size, path)) {
-        const auto slash = m.name.rfind('/');
-        const auto dot = m.name.find('.', slash == std::string::npos ? 0 : slash + 1);
-        if (dot == std::string::npos) continue;
-        const std::string key = m.name.substr(0, dot), ext = lower(m.name.substr(dot + 1));
-        auto& entry = by_key[key];
-        if (!entry.first && !entry.second && !dotted.contains(key)) order.push_back(key);
-        if (const auto last = ext.rfind('.'); last != std::string::npos) {
-          const std::string tail = ext.substr(last + 1);
-          if (tail == "cls" || is_image_extension(tail)) dotted.emplace(key, m.name);
-        }
-        if (is_image_extension(ext)) {
-          if (entry.first) throw DataError(path, fmt::format("{}: a second image for key '{}' ({})", m.name, key, entry.first->name));
-          entry.first = m;
-        } else if (ext == "cls") {
-          // "Last one wins" would label the sample by whichever copy tar kept last.
-          if (entry.second) throw DataError(path, fmt::format("{}: a second label for key '{}'", m.name, key));
-          if (m.size > 64) throw DataError(path, fmt::format("{}: label member of {} bytes", m.name, m.size));
-          std::string text(m.size, '\0');
-          pread_exact(fd, text.data(), m.size, m.offset, path, m.name.c_str());
-          const auto label = parse_label(text);
-          if (!label) throw DataError(path, fmt::format("{}: label '{}' is not a non-negative whole number", m.name, text));
-          check_label(*label, max_classes, path, m.name);
-          entry.second = *label;
-        }
-      }
-      for (const std::string& key : order) {
-        const auto& [image, label] = by_key[key];
-        if (!image) {
-          // Note [WebDataset keys]: never drop a sample without a word.
-          if (const auto d = dotted.find(key); d != dotted.end()) {
-            throw DataError(path, fmt::format("{}: its key is '{}' (WebDataset's key is the name up to the first dot "
-                                              "of its last path component), so its field is '{}', not an image or "
-                                              "a label: this sample would be lost. Write keys without dots "
-                                              "(webdataset's own reader does not find it as an image either)",
-                                              d->second, key, d->second.substr(key.size() + 1)));
-          }
-          if (label) {
-            throw DataError(path, fmt::format("key '{}' has a .cls label but no image member pinfeed decodes ({})",
-                                              key, codec_extensions()));
-          }
-          continue;  // another field alone (json, txt): not a sample
-        }
-        if (!label) throw DataError(path, fmt::format("{}: image without a .cls label", image->name));
-        samples_.push_back(Sample{static_cast<std::uint32_t>(s), image->offset, image->size, *label, image->name, 0});
-        samples_.back().header_sum = header_checksum(fd, image->offset, path);
-        max_label = std::max(max_label, *label);
-      }
-      // Kept open while the cache has room (most datasets: every shard).
-      if (s < max_open_) {
-        fds_[s] = std::make_shared<const UniqueFd>(file.take());
-        recent_.push_front(static_cast<std::uint32_t>(s));
-        where_[s] = recent_.begin();
-      }
+  for (std::size_t s = 0; s < shards_.size(); ++s) {
+    const fs::path& path = shards_[s];
+    RegularFile file(path, "a tar shard");
+    identity_.push_back(identity_of(file.fd(), path));
+    for (IndexedSample& x : index_fd(file.fd(), file.size(), path, max_classes)) {
+      max_label = std::max(max_label, x.label);
+      Sample sample;
+      static_cast<IndexedSample&>(sample) = std::move(x);
+      sample.shard = static_cast<std::uint32_t>(s);
+      samples_.push_back(std::move(sample));
+    }
+    // Kept open while the cache has room (most datasets: every shard).
+    if (s < max_open_) {
+      fds_[s] = std::make_shared<const UniqueFd>(file.take());
+      recent_.push_front(static_cast<std::uint32_t>(s));
+      where_[s] = recent_.begin();
     }
   }
   if (samples_.empty()) {
@@ -830,10 +857,13 @@ namespace {
 /// shard's error names its URL, not the cache's file.
 std::unique_ptr<Dataset> open_remote_shards(const std::vector<fs::path>& expanded, std::size_t max_classes,
                                             const RemoteConfig& remote) {
-  std::vector<std::string> urls, sources;
+  std::vector<std::string> urls, sources, all;
   for (const fs::path& p : expanded) {
     if (is_remote_url(p.string())) urls.push_back(p.string());
+    all.push_back(p.string());
   }
+  // Note [Streamed shards]: with index sidecars, no shard is fetched whole first.
+  if (auto streamed = StreamedShards::open(all, max_classes, remote)) return streamed;
   StagedShards staged = stage_shards(urls, remote);
   std::vector<fs::path> local;
   std::size_t next = 0;

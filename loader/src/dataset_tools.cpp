@@ -22,6 +22,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/image_decoder.hpp"
 #include "pinfeed/loader/synthetic.hpp"
+#include "pinfeed/loader/streamed.hpp"
 #include "pinfeed/loader/tar_writer.hpp"
 
 namespace fs = std::filesystem;
@@ -285,6 +286,7 @@ PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const Pa
         for (std::size_t k = 0; k < m; ++k) add(tar, first + at + k, samples[k]);
       }
       tar.finish();
+      write_shard_index(fs::path(prefix.string() + fmt::format("-{:06}.tar", sh)));  // Note [Streamed shards]
     } else {
       // The files as they are, one at a time (never a shard in memory).
       TarWriter tar(fs::path(prefix.string() + fmt::format("-{:06}.tar", sh)));
@@ -293,6 +295,7 @@ PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const Pa
         add(tar, first + k, samples[0]);
       }
       tar.finish();
+      write_shard_index(fs::path(prefix.string() + fmt::format("-{:06}.tar", sh)));
     }
   }
   summary.pattern = prefix.string() + (shards == 1 ? "-000000.tar" : fmt::format("-{{000000..{:06}}}.tar", shards - 1));

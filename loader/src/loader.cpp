@@ -25,6 +25,7 @@
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/loader/options.hpp"
 #include "pinfeed/loader/sample_stage.hpp"
+#include "pinfeed/loader/streamed.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/pinned_budget.hpp"
@@ -508,6 +509,20 @@ std::string stats_json(const LoaderStats& s) {
                            {"pinned_batches", s.pinned_batches},
                            {"pageable_batches", s.pageable_batches}};
   j["pool"] = s.pool;
+  if (s.remote) {
+    const StreamStats& r = *s.remote;
+    j["remote"] = nlohmann::ordered_json{{"requests", r.requests},
+                                         {"bytes", r.bytes},
+                                         {"retries", r.retries},
+                                         {"waits", r.waits},
+                                         {"wait_seconds", r.wait_seconds},
+                                         {"readahead_bytes", r.readahead_bytes},
+                                         {"readahead_peak", r.readahead_peak},
+                                         {"readahead_limit", r.readahead_limit},
+                                         {"dropped", r.dropped},
+                                         {"shards", r.shards},
+                                         {"shards_local", r.shards_local}};
+  }
   return j.dump();
 }
 
@@ -675,6 +690,9 @@ Loader::Loader(LoaderConfig config)
   if (config_.watch_pressure) monitor_ = memory::PressureMonitor::shared(config_.pressure);
   pool_ = std::make_unique<memory::BufferPool>(pc, pinned_, pageable_);
   if (monitor_) pool_->follow(*monitor_);
+  if (auto* streamed = dynamic_cast<StreamedShards*>(dataset_.get()); streamed != nullptr && monitor_) {
+    streamed->follow(monitor_);  // the read-ahead shrinks with the pool
+  }
   pin_report_.pinned_slots = pool_->stats().pinned_slots;
   if (pinned_.method() == memory::PinMethod::cuda_register) {
     pin_report_.note = host_page_tables_note(config_.cuda_device);
@@ -754,6 +772,7 @@ void Loader::start(std::uint64_t epoch, std::vector<std::size_t> order, std::siz
   run->epoch = epoch;
   run->order = std::move(order);
   run->start = position;
+  dataset_->plan(std::span<const std::size_t>(run->order).subspan(position));  // Note [Streamed shards]
   const std::size_t left = run->order.size() - position, b = config_.batch_size;
   run->num_batches = config_.drop_last_batch ? left / b : (left + b - 1) / b;
   pinfeed::detail::log().info("loader: epoch {}: {} samples on rank {} of {}, from position {} ({} batches)", epoch,
@@ -895,6 +914,7 @@ LoaderState Loader::state() const {
 LoaderStats Loader::stats() const {
   LoaderStats st;
   st.pool = pool_->stats();
+  st.remote = dataset_->stream_stats();
   if (!run_) return st;
   const detail::EpochRun& r = *run_;
   {

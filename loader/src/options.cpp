@@ -151,6 +151,12 @@ std::vector<LoaderOption> make_options() {
       integer<&L::remote, &RemoteConfig::retries>("remote_retries", 0, 100,
                                                   "retries of a failed remote transfer (backoff 0.5 s doubling, "
                                                   "with jitter); 403/404 fail at once"),
+      integer<&L::remote, &RemoteConfig::readahead>("remote_readahead", 0, u64_max,
+                                                    "bytes of streamed remote samples fetched ahead of the loader "
+                                                    "(0: the least of 256 MiB and 1/16 of available memory); a "
+                                                    "quarter under elevated memory pressure, 4 MiB under critical"),
+      integer<&L::remote, &RemoteConfig::streams>("remote_streams", 1, 1024,
+                                                  "Range requests in flight at once while streaming remote shards"),
   };
 }
 

@@ -36,6 +36,7 @@
 #include "pinfeed/env.hpp"
 #include "pinfeed/file_io.hpp"
 #include "pinfeed/log.hpp"
+#include "curl_transfer.hpp"
 
 extern char** environ;
 
@@ -121,32 +122,14 @@ AwsCredentials aws_credentials() {
   return c;
 }
 
+}  // namespace
+
+namespace detail {
+
 void curl_init_once() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
-
-struct EasyDeleter {
-  void operator()(CURL* h) const noexcept { curl_easy_cleanup(h); }
-};
-struct ListDeleter {
-  void operator()(curl_slist* l) const noexcept { curl_slist_free_all(l); }
-};
-using Easy = std::unique_ptr<CURL, EasyDeleter>;
-using HeaderList = std::unique_ptr<curl_slist, ListDeleter>;
-
-/// What one transfer saw.
-struct Transfer {
-  int fd = -1;                    ///< the body goes here (2xx only)
-  bool resuming = false;          ///< a Range request: 206 appends, 200 starts over
-  std::uint64_t written = 0;      ///< body bytes written by this transfer
-  bool restarted = false;         ///< the server ignored the Range: the file was truncated
-  std::string error_body;         ///< the start of a non-2xx body, for the message
-  std::string etag;
-  std::string write_error;
-  std::string* text = nullptr;    ///< a 2xx body kept in memory instead (a listing)
-  CURL* handle = nullptr;
-};
 
 long response_code(CURL* h) {
   long code = 0;
@@ -163,6 +146,10 @@ std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
     return bytes;
   }
   if (t.text != nullptr) {
+    if (t.text_limit != 0 && t.text->size() + bytes > t.text_limit) {
+      t.write_error = fmt::format("more than the {} bytes expected", t.text_limit);
+      return 0;
+    }
     t.text->append(data, bytes);
     return bytes;
   }
@@ -193,12 +180,16 @@ std::size_t on_header(char* data, std::size_t size, std::size_t n, void* user) {
   auto& t = *static_cast<Transfer*>(user);
   const std::string line(data, size * n);
   if (line.size() > 5 && strncasecmp(line.c_str(), "etag:", 5) == 0) t.etag = trim(line.substr(5));
+  if (line.size() > 14 && strncasecmp(line.c_str(), "content-range:", 14) == 0) t.content_range = trim(line.substr(14));
+  if (line.starts_with("HTTP/")) {  // a new response (after a redirect or a 100): its own headers
+    t.etag.clear();
+    t.content_range.clear();
+  }
   return size * n;
 }
 
-/// A handle set up for `url` (s3:// signed), with the timeouts.
 Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList& headers,
-                 const std::string& target_override = {}) {
+                 const std::string& target_override) {
   curl_init_once();
   Easy h(curl_easy_init());
   if (!h) throw RemoteError(url, 0, "libcurl could not make a handle");
@@ -236,7 +227,6 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
   return h;
 }
 
-/// 4xx answers no retry changes (429, 408 and 5xx are retried).
 bool final_status(long code) { return code >= 400 && code < 500 && code != 408 && code != 429 && code != 416; }
 
 std::string status_text(long code, const std::string& body) {
@@ -253,11 +243,20 @@ std::string status_text(long code, const std::string& body) {
   return reason;
 }
 
-void sleep_backoff(const RemoteConfig& config, unsigned attempt) {
+double backoff_seconds(const RemoteConfig& config, unsigned attempt) {
   thread_local std::mt19937 rng{std::random_device{}()};
   const double base = std::min(8.0, config.backoff * std::pow(2.0, attempt));
-  const double jittered = base * std::uniform_real_distribution<double>(0.5, 1.5)(rng);  // no thundering herd of ranks
-  std::this_thread::sleep_for(std::chrono::duration<double>(jittered));
+  return base * std::uniform_real_distribution<double>(0.5, 1.5)(rng);  // no thundering herd of ranks
+}
+
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+
+void sleep_backoff(const RemoteConfig& config, unsigned attempt) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(backoff_seconds(config, attempt)));
 }
 
 std::uint64_t file_size_of(int fd) {
@@ -326,6 +325,10 @@ struct Head {
 };
 
 /// The server's size and ETag for `url` (HEAD), with the retries.
+}  // namespace
+
+namespace detail {
+
 /// One request that has no state between tries (HEAD, a listing, an
 /// upload; fetch_url resumes, so it has its own loop): `setup` prepares each
 /// try's handle, `done` reads a 2xx answer. A final 4xx throws at once, the
@@ -356,6 +359,23 @@ void request(const std::string& url, const RemoteConfig& config, const std::stri
     sleep_backoff(config, attempt);
   }
 }
+
+std::string fetch_text(const std::string& url, const RemoteConfig& config, std::uint64_t limit) {
+  std::string body;
+  request(
+      url, config, {},
+      [&](CURL*, Transfer& t) {
+        body.clear();
+        t.text = &body;
+        t.text_limit = limit;
+      },
+      [](CURL*, Transfer&) {});
+  return body;
+}
+
+}  // namespace detail
+
+namespace {
 
 Head head_url(const std::string& url, const RemoteConfig& config) {
   Head out;
@@ -778,6 +798,11 @@ std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConf
   std::sort(out.begin(), out.end());
   if (out.empty()) throw RemoteError(url, 404, "no .tar object under this prefix");
   return out;
+}
+
+fs::path cache_path(const std::string& url, const RemoteConfig& config) {
+  if (config.cache_dir.empty()) return {};
+  return config.cache_dir / folder_of(url) / remote_shard_name(url);
 }
 
 StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config) {

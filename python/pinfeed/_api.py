@@ -79,10 +79,15 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
         stops for it; labels are never views of a slot. held_warning /
         held_limit (bytes) warn or refuse (HeldLimitError) past a bound.
     Shards in object storage: data= may name http://, https://, s3://bucket/
-        key and pipe:COMMAND shards (brace patterns too). Each is fetched
-        whole (Range resume, retries: remote_timeout, remote_retries) into
-        cache_dir (kept across runs, shared by a node's ranks, bounded by
-        cache_limit bytes) or a private folder removed at the end; order,
+        key and pipe:COMMAND shards (brace patterns too). Shards with index
+        sidecars (NAME.tar.index.json: written by pinfeed-data pack, or
+        pinfeed-data index) stream: each sample is a Range request made
+        ahead along the epoch's order, at most remote_readahead bytes ahead
+        (shrunk under memory pressure), remote_streams at once; stats()
+        ["remote"] counts them. Others are fetched whole first (Range
+        resume, retries: remote_timeout, remote_retries). Either way
+        cache_dir keeps whole shards across runs (shared by a node's ranks,
+        bounded by cache_limit bytes); without it nothing stays. Order,
         fingerprint and resume are those of the same shards on disk. S3 takes
         AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials),
         AWS_REGION, AWS_ENDPOINT_URL. A transfer that fails for good raises
@@ -542,7 +547,9 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
     def stats(self):
         """The current epoch's stats: images/s, stage times, pool and pressure
         state; with a device, "device": batches and bytes copied, device
-        buffers made and the host's wait for copies."""
+        buffers made and the host's wait for copies; with streamed remote
+        shards, "remote": requests, bytes, retries, waits and the read-ahead
+        (bytes now, peak, bound)."""
         out = json.loads(self._impl.stats_json())
         if self._device is not None:
             out["device"] = dict(self._impl.feed_stats())

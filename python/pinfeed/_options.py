@@ -60,6 +60,8 @@ class LoaderOptions(TypedDict, total=False):
     cache_limit: int
     remote_timeout: float
     remote_retries: int
+    remote_readahead: int
+    remote_streams: int
     # DataLoader's arguments that Loader accepts only at DataLoader's default
     # (so that **loader_kwargs written for DataLoader pass through):
     # _compat._DATALOADER_DEFAULTS, and _INSTEAD says what to use instead.

@@ -3,7 +3,9 @@ nginx (Debian's nginx-light, started here on a free port, Range requests
 on) and, for faults, a Python HTTP server that drops or stalls a transfer
 the way a flaky link does. The same shards read from disk are the oracle:
 indices, labels and pixels, batch for batch, and a resume state taken from
-one works on the other."""
+one works on the other. Shards with index sidecars (www/stream, as pack
+writes them) stream sample by sample; without (www/data) they are staged
+whole: both paths meet the same oracle."""
 import collections
 import hashlib
 import http.server
@@ -34,35 +36,45 @@ def shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("remote")
     subprocess.run([data_tool(), "-q", "make", "--out", str(root / "set"), "--classes", "3", "--per-class", "8",
                     "--val", "0", "--seed", "4"], check=True)
-    (root / "www" / "data").mkdir(parents=True)
+    (root / "www" / "stream").mkdir(parents=True)
     subprocess.run([data_tool(), "-q", "pack", "--from", str(root / "set" / "train"), "--out",
-                    str(root / "www" / "data" / "train"), "--per-shard", "6"], check=True)
-    names = sorted(os.listdir(root / "www" / "data"))
-    assert len(names) == SHARDS, names
+                    str(root / "www" / "stream" / "train"), "--per-shard", "6"], check=True)
+    names = sorted(os.listdir(root / "www" / "stream"))
+    assert len(names) == 2 * SHARDS and all(n.endswith(".tar.index.json") for n in names[1::2]), names
+    (root / "www" / "data").mkdir()
+    for n in names[::2]:  # the same shards without their sidecars: staged whole
+        shutil.copy(root / "www" / "stream" / n, root / "www" / "data" / n)
     return root
 
 
-@pytest.fixture(scope="module")
-def nginx(shards):
+@pytest.fixture(params=["staged", "streamed"])
+def mode(request):
+    """The folder on the servers: shards alone, or with index sidecars."""
+    return {"staged": "data", "streamed": "stream"}[request.param]
+
+
+def start_nginx(www, run, port, single=False):
+    """nginx serving `www` on 127.0.0.1:port (Range requests on, as always);
+    single: one process (master_process off), so SIGKILL takes every
+    connection with it. Returns the process, or skips naming why not."""
     if NGINX is None:
         pytest.skip("nginx is not installed (scripts/install-deps.sh installs nginx-light)")
-    port = free_port()
-    run = shards / "nginx"
-    run.mkdir()
+    run.mkdir(exist_ok=True)
     conf = run / "nginx.conf"
     temp = "".join(f"  {k}_temp_path {run}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     # As root, nginx's workers would drop to nobody, who cannot read pytest's
     # private tmp folders: they stay the test's user.
     user = "user root;\n" if os.geteuid() == 0 else ""
+    master = "master_process off;\n" if single else ""
     conf.write_text(f"""daemon off;
-{user}pid {run}/nginx.pid;
+{user}{master}pid {run}/nginx.pid;
 error_log {run}/error.log;
-events {{ worker_connections 64; }}
+events {{ worker_connections 256; }}
 http {{
   access_log {run}/access.log;
 {temp}  server {{
     listen 127.0.0.1:{port};
-    root {shards / "www"};
+    root {www};
   }}
 }}
 """)
@@ -71,12 +83,19 @@ http {{
     while time.time() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
+            return proc
         except OSError:
             if proc.poll() is not None:
                 pytest.skip(f"nginx did not start: {proc.stderr.read().decode(errors='replace')[-400:]}")
             time.sleep(0.05)
-    yield {"url": f"http://127.0.0.1:{port}/data", "log": run / "access.log"}
+    pytest.skip("nginx did not listen within 10 s")
+
+
+@pytest.fixture(scope="module")
+def nginx(shards):
+    port = free_port()
+    proc = start_nginx(shards / "www", shards / "nginx", port)
+    yield {"url": f"http://127.0.0.1:{port}/data", "log": shards / "nginx" / "access.log"}
     proc.terminate()
     proc.wait(10)
 
@@ -100,26 +119,37 @@ def pattern(base):
     return f"{base}/train-{{000000..{SHARDS - 1:06d}}}.tar"
 
 
-def test_http_shards_give_the_batches_of_the_same_shards_on_disk(shards, nginx, tmp_path):
+def shard_gets(log, folder):
+    """GETs of shards (not of their index sidecars) under /folder/ in an access log."""
+    return sum(1 for line in log.splitlines() if f'"GET {folder}train-' in line and ".tar HTTP" in line)
+
+
+def url_for(nginx, folder):
+    return nginx["url"].rsplit("/", 1)[0] + "/" + folder
+
+
+def test_http_shards_give_the_batches_of_the_same_shards_on_disk(shards, nginx, mode):
     local = batches(loader_for(pattern(shards / "www" / "data")), epochs=2)
-    remote = batches(loader_for(pattern(nginx["url"])), epochs=2)
+    loader = loader_for(pattern(url_for(nginx, mode)))
+    remote = batches(loader, epochs=2)
     assert remote == local
+    assert ("remote" in loader.stats()) == (mode == "stream")
     assert sorted(i for b in remote[:len(remote) // 2] for i in b[0]) == list(range(24))  # every sample once
 
 
-def test_a_resume_state_from_disk_resumes_the_same_epoch_over_http(shards, nginx):
+def test_a_resume_state_from_disk_resumes_the_same_epoch_over_http(shards, nginx, mode):
     local = loader_for(pattern(shards / "www" / "data"))
     it = iter(local)
     for _ in range(2):
         next(it)
     state = local.state_dict()
     rest = [(i.tolist(), l.tolist()) for _, l, i in it]
-    remote = loader_for(pattern(nginx["url"]))
+    remote = loader_for(pattern(url_for(nginx, mode)))
     remote.load_state_dict(state)  # the fingerprint names shards by file name: the same set
     assert [(i.tolist(), l.tolist()) for _, l, i in remote] == rest
 
 
-def test_two_ranks_on_disk_resume_on_three_ranks_over_http_sharing_one_cache(shards, nginx, tmp_path):
+def test_two_ranks_on_disk_resume_on_three_ranks_over_http_sharing_one_cache(shards, nginx, tmp_path, mode):
     def ranks(data, world, **kw):
         return [pinfeed.Loader(data, batch_size=2, size=32, threads=1, prefetch=2, seed=3, shuffle=True, rank=r,
                                world_size=world, return_indices=True, **kw) for r in range(world)]
@@ -130,7 +160,7 @@ def test_two_ranks_on_disk_resume_on_three_ranks_over_http_sharing_one_cache(sha
             seen += next(it)[2].tolist()
         states.append(loader.state_dict())
     rest = []
-    for loader in ranks(pattern(nginx["url"]), 3, cache_dir=tmp_path / "cache"):  # one fetch for the node's ranks
+    for loader in ranks(pattern(url_for(nginx, mode)), 3, cache_dir=tmp_path / "cache"):  # one fetch for the node's ranks
         loader.load_state_dict(states[0])
         rest += [i for _, _, idx in loader for i in idx.tolist()]
     # 16 left over 3 ranks: 6 each, 2 repeated as DistributedSampler pads.
@@ -149,7 +179,7 @@ def test_ranks_starting_together_fetch_each_shard_once(shards, nginx, tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", code, url, str(tmp_path / "cache")], stdout=subprocess.PIPE,
                               text=True) for _ in range(3)]
     assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["24"] * 3
-    assert nginx["log"].read_text().count(f'"GET /{name}/train-') == SHARDS
+    assert shard_gets(nginx["log"].read_text(), f"/{name}/") == SHARDS
 
 
 def test_the_cache_is_reused_after_the_server_confirms_size_and_etag(shards, nginx, tmp_path):
@@ -159,7 +189,7 @@ def test_the_cache_is_reused_after_the_server_confirms_size_and_etag(shards, ngi
     second = batches(loader_for(pattern(nginx["url"]), cache_dir=str(cache)))
     new = nginx["log"].read_text()[len(before):]  # this run's requests
     assert first == second
-    assert new.count('"GET /data/train-') == 0, "a cached shard was fetched again"
+    assert shard_gets(new, "/data/") == 0, "a cached shard was fetched again"
     assert new.count('"HEAD /data/train-') == SHARDS
     # A torn copy (the sidecar says another size) is never read: fetched again.
     victim = next(cache.rglob("train-000001.tar"))
@@ -168,7 +198,7 @@ def test_the_cache_is_reused_after_the_server_confirms_size_and_etag(shards, ngi
     before = nginx["log"].read_text()
     assert batches(loader_for(pattern(nginx["url"]), cache_dir=cache)) == first
     new = nginx["log"].read_text()[len(before):]
-    assert new.count('"GET /data/train-000001.tar') == 1 and new.count('"GET /data/train-') == 1
+    assert new.count('"GET /data/train-000001.tar HTTP') == 1 and shard_gets(new, "/data/") == 1
 
 
 def test_cache_limit_evicts_the_least_recently_used_shards_nobody_holds(shards, nginx, tmp_path):
@@ -219,20 +249,21 @@ class Flaky(http.server.BaseHTTPRequestHandler):
             with self.lock:
                 first = path not in self.seen
                 self.seen.add(path)
-            self.send_response(503 if first else 200)
-            self.send_header("Content-Length", "0" if first else str(len(body)))
-            self.end_headers()
-            if not first:
-                self.wfile.write(body)
-            return
+            if first:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
         start = 0
         rng = self.headers.get("Range")
         with self.lock:
             self.ranges.append(rng)
         if rng and self.mode != "norange":
-            start = int(rng.split("=")[1].split("-")[0])
+            first, _, last = rng.split("=")[1].partition("-")
+            start = int(first)
+            body = body[:int(last) + 1] if last else body
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{os.path.getsize(path)}")
         else:
             self.send_response(200)
         self.send_header("Content-Length", str(len(body) - start))
@@ -240,7 +271,7 @@ class Flaky(http.server.BaseHTTPRequestHandler):
         with self.lock:
             first = path not in self.seen
             self.seen.add(path)
-        if first:
+        if first and self.mode in ("drop", "stall", "norange"):
             self.wfile.write(body[start:start + (len(body) - start) // 2])
             self.wfile.flush()
             if self.mode == "stall":
@@ -307,6 +338,121 @@ def test_a_server_that_never_answers_ends_in_an_error_within_the_budget():
         with pytest.raises(pinfeed.Error, match=r"train-000000\.tar.*gave up after 2 tries"):
             loader_for(url, remote_timeout=1, remote_retries=1)
         assert time.monotonic() - start < 10
+
+
+# ---------------------------------------------------------------- streaming
+
+
+def tar_bytes(shards):
+    return sum(os.path.getsize(p) for p in (shards / "www" / "data").iterdir())
+
+
+def copy_of_stream(shards, name):
+    www = shards / "www" / name
+    shutil.copytree(shards / "www" / "stream", www)
+    return www
+
+
+def test_streamed_shards_give_the_first_batch_before_the_set_and_stay_within_the_read_ahead(shards, nginx):
+    def small(data, **kw):  # one batch in flight: what was fetched by the first batch is the first batch's
+        return pinfeed.Loader(data, batch_size=2, size=32, threads=2, prefetch=1, seed=7, shuffle=True,
+                              return_indices=True, **kw)
+    local = batches(small(pattern(shards / "www" / "data")))
+    before = nginx["log"].read_text()
+    bound = 300_000  # about 3 samples
+    loader = small(pattern(url_for(nginx, "stream")), remote_readahead=bound)
+    loader.set_epoch(0)
+    it = iter(loader)
+    images, labels, indices = next(it)
+    first = loader.stats()["remote"]
+    got = [(indices.tolist(), labels.tolist(), hashlib.sha256(images.numpy().tobytes()).hexdigest())]
+    got += [(i.tolist(), l.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()) for x, l, i in it]
+    assert got == local
+    assert 0 < first["bytes"] < tar_bytes(shards) / 2, (first, tar_bytes(shards))  # not the whole set first
+    st = loader.stats()["remote"]
+    assert st["readahead_limit"] == bound and 0 < st["readahead_peak"] <= bound, st
+    new = [l for l in nginx["log"].read_text()[len(before):].splitlines() if '"GET /stream/train-' in l]
+    shard_gets = [l for l in new if ".tar HTTP" in l]
+    assert len(shard_gets) == st["requests"] >= 24 and all('" 206 ' in l for l in shard_gets), new[:3]
+    assert sum(".tar.index.json HTTP" in l for l in new) == SHARDS  # one small GET per shard to open
+
+
+def test_streaming_with_cache_dir_reads_the_next_run_from_disk(shards, nginx, tmp_path):
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    loader = loader_for(pattern(url_for(nginx, "stream")), cache_dir=tmp_path / "cache")
+    assert batches(loader) == local
+    deadline = time.monotonic() + 30
+    while loader.stats()["remote"]["shards_local"] < SHARDS and time.monotonic() < deadline:
+        time.sleep(0.05)  # the whole shards are cached while the epoch streams
+    assert loader.stats()["remote"]["shards_local"] == SHARDS
+    del loader
+    before = nginx["log"].read_text()
+    again = loader_for(pattern(url_for(nginx, "stream")), cache_dir=tmp_path / "cache")
+    assert batches(again, epochs=2)[:len(local)] == local
+    new = nginx["log"].read_text()[len(before):]
+    assert again.stats()["remote"]["requests"] == 0 and new.count(".tar HTTP") == SHARDS  # HEADs only
+    assert new.count('"GET /stream/train-') == SHARDS  # the sidecars
+
+
+def test_a_server_killed_and_restarted_mid_epoch_costs_a_pause_not_a_sample(shards, tmp_path):
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    port = free_port()
+    server = start_nginx(shards / "www", tmp_path / "run", port, single=True)
+    restarted = []
+    try:
+        # No read-ahead: every sample after the kill is asked for while the server is down.
+        loader = loader_for(pattern(f"http://127.0.0.1:{port}/stream"), remote_readahead=1, remote_retries=8)
+        loader.set_epoch(0)
+        got = []
+        for k, (x, l, i) in enumerate(loader):
+            got.append((i.tolist(), l.tolist(), hashlib.sha256(x.numpy().tobytes()).hexdigest()))
+            if k == 1:
+                server.kill()  # SIGKILL: listening socket and open connections gone at once
+                server.wait(10)
+
+                def restart():
+                    restarted.append(start_nginx(shards / "www", tmp_path / "run", port, single=True))
+                threading.Timer(2.0, restart).start()
+        assert got == local
+        st = loader.stats()["remote"]
+        assert st["retries"] > 0 and restarted, st
+    finally:
+        time.sleep(2.5)
+        for p in [server] + restarted:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_a_stale_index_is_refused_naming_the_shard_never_read_as_other_samples(shards, nginx):
+    www = copy_of_stream(shards, "stale")
+    shutil.copy(www / "train-000001.tar.index.json", www / "train-000000.tar.index.json")  # another shard's
+    with pytest.raises(pinfeed.Error, match=r"stale/train-000000\.tar.*index"):
+        batches(loader_for(pattern(url_for(nginx, "stale"))))
+
+
+def test_a_streamed_shard_gone_from_the_server_fails_naming_the_url_and_404(shards, nginx):
+    www = copy_of_stream(shards, "gone")
+    os.remove(www / "train-000002.tar")
+    start = time.monotonic()
+    with pytest.raises(pinfeed.Error, match=r"gone/train-000002\.tar.*HTTP status 404"):
+        batches(loader_for(pattern(url_for(nginx, "gone"))))
+    assert time.monotonic() - start < 5, "a 404 is final: no retries"
+
+
+def test_a_cut_or_refused_sample_transfer_is_asked_again(shards, flaky):
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    for mode in ("drop", "busy"):
+        url, _ = flaky(mode)  # each shard's first GET is cut halfway, or answered 503
+        loader = loader_for(pattern(url.replace("/data", "/stream")), remote_retries=3)
+        assert batches(loader) == local
+        assert loader.stats()["remote"]["retries"] >= SHARDS
+
+
+def test_a_server_that_ignores_range_is_named_when_streaming(shards, flaky):
+    url, _ = flaky("norange")
+    with pytest.raises(pinfeed.Error, match="whole object.*Range"):
+        batches(loader_for(pattern(url.replace("/data", "/stream")), remote_retries=3))
 
 
 # ---------------------------------------------------------------- S3

@@ -23,6 +23,8 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +60,11 @@ class Dataset {
   /// it cannot be stat'ed; reading it will say why), the member's size in a shard.
   [[nodiscard]] virtual std::uint64_t stored_size(std::size_t i) const = 0;
   static constexpr std::uint64_t kUnknownSize = ~std::uint64_t{0};
+  /// The order the next reads will come in (an epoch's, from its position):
+  /// a streamed dataset fetches ahead along it. Thread-safe.
+  virtual void plan(std::span<const std::size_t> order) const { (void)order; }
+  /// A streamed dataset's transfers (none for local data).
+  [[nodiscard]] virtual std::optional<StreamStats> stream_stats() const { return std::nullopt; }
 };
 
 /// What a checkpoint or a state_dict remembers of its dataset, to refuse
@@ -174,14 +181,30 @@ class TarShards final : public Dataset {
   /// Every regular-file member of a tar file (for tests and tools). Throws DataError.
   static std::vector<Member> scan(const std::filesystem::path& tar);
 
- private:
-  struct Sample {
-    std::uint32_t shard = 0;
+  /// One sample of a shard's index: its image member, label, and the
+  /// checksum field of the header before its data (what a reader checks to
+  /// know the bytes at `offset` are still this member).
+  struct IndexedSample {
+    std::string key;  ///< the image member's name
     std::uint64_t offset = 0, size = 0;
     std::int64_t label = 0;
-    std::string key;
-    std::uint64_t header_sum = 0;  ///< checksum field of the header before the data, as indexed
+    std::uint64_t header_sum = 0;
   };
+  /// A shard's samples in the order the dataset numbers them, with every
+  /// check the constructor makes (labels under max_classes, keys, links).
+  /// Throws DataError naming the shard.
+  static std::vector<IndexedSample> index(const std::filesystem::path& tar, std::size_t max_classes = kDefaultMaxClasses);
+  /// Whether the 512-byte tar header `h` still describes a member of `size`
+  /// bytes whose checksum field is `header_sum` (a reader's check that the
+  /// bytes it read are the indexed member's).
+  static bool header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum) noexcept;
+
+ private:
+  struct Sample : IndexedSample {
+    std::uint32_t shard = 0;
+  };
+  static std::vector<IndexedSample> index_fd(int fd, std::uint64_t file_size, const std::filesystem::path& path,
+                                             std::size_t max_classes);
   /// The checksum field of the tar header before `data_offset` (0 at the start).
   static std::uint64_t header_checksum(int fd, std::uint64_t data_offset, const std::filesystem::path& path);
   /// What a shard was when indexed: a reopened one must still be it.

@@ -143,6 +143,7 @@ struct LoaderStats {
   std::size_t allowed_in_flight = 0;
   std::uint64_t pinned_batches = 0, pageable_batches = 0;
   memory::PoolStats pool;
+  std::optional<StreamStats> remote;          ///< a streamed remote dataset's transfers
 };
 
 /// The stats as a JSON object (for the C ABI, Python and tools).

@@ -43,6 +43,27 @@ struct RemoteConfig {
   unsigned retries = 5;             ///< tries after the first, with exponential backoff and jitter
   double backoff = 0.5;             ///< seconds before the first retry (doubling, at most 8 s)
   unsigned parallel = 8;            ///< shards fetched at once
+  /// Streaming (Note [Streamed shards], streamed.cpp): bytes of samples
+  /// fetched ahead of the loader, counted against the host's memory (0:
+  /// auto, the least of 256 MiB and 1/16 of the memory really available).
+  /// Shrinks under memory pressure.
+  std::uint64_t readahead = 0;
+  unsigned streams = 32;            ///< Range requests in flight at once while streaming
+};
+
+/// What the streaming reader did (Loader stats' "remote").
+struct StreamStats {
+  std::uint64_t requests = 0;        ///< Range requests answered
+  std::uint64_t bytes = 0;           ///< body bytes they brought
+  std::uint64_t retries = 0;         ///< requests made again (a reset, a 5xx, a stall, a dead server)
+  std::uint64_t waits = 0;           ///< reads that found their sample not fetched yet
+  double wait_seconds = 0;           ///< time those reads waited, summed
+  std::uint64_t readahead_bytes = 0; ///< fetched (or in flight) ahead of the loader now
+  std::uint64_t readahead_peak = 0;  ///< the most it has been
+  std::uint64_t readahead_limit = 0; ///< the bound now (lowered under pressure)
+  std::uint64_t dropped = 0;         ///< fetched samples given back when pressure lowered the bound
+  std::size_t shards = 0;            ///< remote shards
+  std::size_t shards_local = 0;      ///< of them read from a local copy now (cache_dir)
 };
 
 /// "http://", "https://", "s3://" or "pipe:".
@@ -92,6 +113,9 @@ struct StagedShards {
 /// The .tar objects under an s3://bucket/prefix/ (ListObjectsV2, every
 /// page), sorted by key. Throws RemoteError (none there: 404).
 [[nodiscard]] std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConfig& config);
+
+/// Where cache_dir keeps `url`'s shard (empty without a cache_dir).
+[[nodiscard]] std::filesystem::path cache_path(const std::string& url, const RemoteConfig& config);
 
 /// Stages every URL (parallel fetches; a valid cached copy is reused after
 /// the server confirms its size and ETag). Throws RemoteError.

@@ -1,0 +1,62 @@
+#pragma once
+// The libcurl pieces remote.cpp (staging, uploads, listings) and streamed.cpp
+// (per-sample Range reads) share: one way to make a handle (timeouts, S3
+// signing, redirect rules), one body/header sink, one reading of statuses.
+// Private to the loader library.
+#include <curl/curl.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "pinfeed/loader/remote.hpp"
+
+namespace pinfeed::loader::detail {
+
+struct EasyDeleter {
+  void operator()(CURL* h) const noexcept { curl_easy_cleanup(h); }
+};
+struct ListDeleter {
+  void operator()(curl_slist* l) const noexcept { curl_slist_free_all(l); }
+};
+using Easy = std::unique_ptr<CURL, EasyDeleter>;
+using HeaderList = std::unique_ptr<curl_slist, ListDeleter>;
+
+/// What one transfer saw.
+struct Transfer {
+  int fd = -1;                    ///< the body goes here (2xx only)
+  bool resuming = false;          ///< a Range request: 206 appends, 200 starts over
+  std::uint64_t written = 0;      ///< body bytes written by this transfer
+  bool restarted = false;         ///< the server ignored the Range: the file was truncated
+  std::string error_body;         ///< the start of a non-2xx body, for the message
+  std::string etag;
+  std::string content_range;      ///< a 206's Content-Range value ("bytes a-b/total")
+  std::string write_error;
+  std::string* text = nullptr;    ///< a 2xx body kept in memory instead (a listing, a sample)
+  std::uint64_t text_limit = 0;   ///< with text: more than this many bytes ends the transfer (0: no limit)
+  CURL* handle = nullptr;
+};
+
+/// curl_global_init, once per process, before any handle.
+void curl_init_once();
+long response_code(CURL* h);
+std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user);
+std::size_t on_header(char* data, std::size_t size, std::size_t n, void* user);
+/// A handle set up for `url` (s3:// signed), with the timeouts; its
+/// headers (S3's) go into `headers`, which must outlive the transfer.
+Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList& headers,
+                 const std::string& target_override = {});
+/// 4xx answers no retry changes (429, 408 and 416 are retried, as is 5xx).
+bool final_status(long code);
+/// "HTTP status 404 NoSuchKey: The specified key does not exist."
+std::string status_text(long code, const std::string& body);
+/// Seconds before retry `attempt` (0-based): backoff doubling to 8 s, 0.5-1.5x jitter.
+double backoff_seconds(const RemoteConfig& config, unsigned attempt);
+/// One request without state between tries, retried per `config`.
+void request(const std::string& url, const RemoteConfig& config, const std::string& target,
+             const std::function<void(CURL*, Transfer&)>& setup, const std::function<void(CURL*, Transfer&)>& done);
+/// A small object's body (a shard's index), with the retries.
+std::string fetch_text(const std::string& url, const RemoteConfig& config, std::uint64_t limit);
+
+}  // namespace pinfeed::loader::detail

@@ -1,0 +1,749 @@
+#include "pinfeed/loader/streamed.hpp"
+
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "curl_transfer.hpp"
+#include "pinfeed/file_io.hpp"
+#include "pinfeed/log.hpp"
+#include "pinfeed/memory/memory_snapshot.hpp"
+#include "pinfeed/memory/pressure_monitor.hpp"
+
+// Note [Streamed shards]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A shard's index (its samples, labels, offsets) is all the loader needs
+// before the epoch: pack writes it as NAME.tar.index.json, a few bytes per
+// sample, so opening a remote set costs one small GET per shard and the
+// epoch's order is known at once. Every sample is then one Range request for
+// its header and data (512 + size bytes), made by one fetcher thread driving
+// a libcurl multi handle (`streams` transfers at once, connections kept
+// alive), in the order the loader announced with plan():
+//
+//   plan(order) -> fetcher: Range GETs along the order, while the bytes
+//                  fetched and not yet read stay under the read-ahead bound
+//   read(i)     -> the fetched bytes (the bound's room comes back), or, when
+//                  sample i was not fetched yet, a request at the front of
+//                  the queue ("demand": outside the bound, at most one per
+//                  reading thread) and a wait
+//
+// Each answer is checked before it is used: a 206 whose Content-Range names
+// the indexed bytes of a shard of the indexed size, and a header whose
+// checksum and size are the indexed member's. A stale index or a shard
+// rewritten on the server is DatasetChanged naming the URL, never other
+// bytes under the indexed label; an ETag that changes mid-epoch too.
+// Transport errors, 5xx, 408 and 429 are retried with backoff and jitter
+// (a server killed and restarted mid-epoch costs a pause); a 4xx or the end
+// of the retry budget is a RemoteError naming the URL and the status, which
+// stops the epoch (never a silently short one).
+//
+// The read-ahead bound counts against the host's memory: by default the
+// least of 256 MiB and 1/16 of what is really available (cgroup-aware).
+// Under elevated pressure it is a quarter, under critical 4 MiB, and
+// fetched samples past the new bound are given back at once (they are
+// fetched again when the loader comes to them).
+//
+// With cache_dir, a second thread stages whole shards into the cache
+// (remote.hpp's staging: atomic files, locks shared by the node's ranks,
+// LRU eviction) while the epoch streams; a shard's reads move to its local
+// copy once it is there, so the next epoch reads from disk.
+
+namespace pinfeed::loader {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::uint64_t kHeader = 512;
+constexpr std::uint64_t kMaxIndexBytes = 256ULL << 20U;
+
+}  // namespace
+
+std::string shard_index_url(const std::string& shard) { return shard + ".index.json"; }
+
+std::string shard_index_json(const fs::path& tar, std::size_t max_classes) {
+  const auto samples = TarShards::index(tar, max_classes);
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& s : samples) list.push_back({s.key, s.offset, s.size, s.label, s.header_sum});
+  nlohmann::ordered_json j{{"format", "pinfeed-shard-index"},
+                           {"version", 1},
+                           {"shard", tar.filename().string()},
+                           {"size", fs::file_size(tar)},
+                           {"samples", std::move(list)}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+fs::path write_shard_index(const fs::path& tar, std::size_t max_classes) {
+  const std::string text = shard_index_json(tar, max_classes);
+  const fs::path out = tar.string() + ".index.json", tmp = out.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc | std::ios::binary);
+    f << text;
+    if (!f.flush()) throw DataError(tmp, "cannot write the shard's index");
+  }
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) throw DataError(out, fmt::format("cannot write the shard's index: {}", ec.message()));
+  return out;
+}
+
+ShardIndex parse_shard_index(const std::string& text, const std::string& source, std::size_t max_classes) {
+  ShardIndex out;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    if (j.value("format", "") != "pinfeed-shard-index" || j.value("version", 0) != 1) {
+      throw DataError(source, "not a pinfeed shard index (format pinfeed-shard-index, version 1)");
+    }
+    out.size = j.at("size").get<std::uint64_t>();
+    for (const auto& e : j.at("samples")) {
+      TarShards::IndexedSample s;
+      s.key = e.at(0).get<std::string>();
+      s.offset = e.at(1).get<std::uint64_t>();
+      s.size = e.at(2).get<std::uint64_t>();
+      s.label = e.at(3).get<std::int64_t>();
+      s.header_sum = e.at(4).get<std::uint64_t>();
+      if (s.offset < kHeader || s.offset > out.size || s.size > out.size - s.offset) {
+        throw DataError(source, fmt::format("sample '{}' at byte {} ({} bytes) is outside the {}-byte shard", s.key,
+                                            s.offset, s.size, out.size));
+      }
+      if (s.label < 0 || static_cast<std::uint64_t>(s.label) >= max_classes) {
+        throw DataError(source, fmt::format("sample '{}': label {} is not in 0..{} (max_classes)", s.key, s.label,
+                                            max_classes - 1));
+      }
+      out.samples.push_back(std::move(s));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(source, fmt::format("not a readable shard index: {}", e.what()));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- the reader
+
+struct StreamedShards::Impl {
+  struct Shard {
+    std::string url;    ///< as given: what requests use
+    std::string shown;  ///< in messages (redacted), or the local path
+    std::string name;   ///< the file name (fingerprints, relative names)
+    std::uint64_t bytes = 0;
+    bool remote = false;
+    std::shared_ptr<const UniqueFd> fd;  ///< a local copy (guarded by mutex)
+    std::string etag;                    ///< the first answer's (guarded by mutex)
+    /// A shard that failed for good (a 4xx, the retry budget spent, changed
+    /// on the server): its other samples fail at once instead of each
+    /// spending the budget again (guarded by mutex).
+    std::exception_ptr failed;
+  };
+  struct Sample : TarShards::IndexedSample {
+    std::uint32_t shard = 0;
+  };
+  struct Job {
+    std::size_t index = 0;
+    std::uint64_t gen = 0;
+    std::size_t pos = 0;      ///< place in the plan (demand: none)
+    bool counted = false;     ///< inside the read-ahead bound
+    unsigned attempt = 0;
+    Clock::time_point at{};
+  };
+  struct Ready {
+    std::string body;
+    std::size_t pos = 0;
+    bool counted = false;
+  };
+  struct Active {
+    Job job;
+    detail::Easy handle;
+    detail::HeaderList headers;
+    detail::Transfer t;
+    std::string body;
+  };
+
+  RemoteConfig config;
+  std::vector<Shard> shards;
+  std::vector<Sample> samples;
+  std::size_t num_classes = 0;
+  std::size_t remote_shards = 0;
+
+  mutable std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<std::size_t> order;
+  std::size_t cursor = 0;
+  std::uint64_t gen = 0;
+  std::unordered_map<std::size_t, Ready> ready;
+  std::unordered_set<std::size_t> queued;  ///< in flight, waiting to retry, or asked for
+  std::deque<Job> demand;
+  std::vector<Job> retry;
+  std::unordered_map<std::size_t, std::exception_ptr> failed;
+  std::unordered_map<std::size_t, unsigned> waiting;  ///< reads blocked on a sample, by index
+  std::uint64_t ahead = 0, base_limit = 0, limit = 0;
+  StreamStats stats;
+  bool closing = false;
+  std::vector<std::shared_ptr<const void>> keep;  ///< the cache's locks
+
+  CURLM* multi = nullptr;
+  std::thread fetcher, stager;
+  std::shared_ptr<memory::PressureMonitor> monitor;
+  std::uint64_t subscription = 0;
+
+  [[nodiscard]] std::uint64_t need(std::size_t i) const { return kHeader + samples[i].size; }
+  void wake() const {
+    if (multi != nullptr) curl_multi_wakeup(multi);
+  }
+
+  /// The next transfer to start, under the lock: a retry that is due, then
+  /// a read waiting for its sample, then the plan while the bound has room.
+  std::optional<Job> next_job(Clock::time_point now) {
+    for (auto it = retry.begin(); it != retry.end(); ++it) {
+      if (it->at > now && !shards[samples[it->index].shard].failed) continue;
+      Job j = *it;
+      retry.erase(it);
+      return j;
+    }
+    if (!demand.empty()) {
+      Job j = demand.front();
+      demand.pop_front();
+      return j;
+    }
+    while (cursor < order.size()) {
+      const std::size_t i = order[cursor];
+      const Shard& sh = shards[samples[i].shard];
+      if (sh.fd || sh.failed || ready.contains(i) || queued.contains(i) || failed.contains(i)) {
+        ++cursor;
+        continue;
+      }
+      if (ahead + need(i) > limit) return std::nullopt;
+      queued.insert(i);
+      ahead += need(i);
+      stats.readahead_peak = std::max(stats.readahead_peak, ahead);
+      return Job{i, gen, cursor++, true, 0, now};
+    }
+    return std::nullopt;
+  }
+
+  /// A transfer for `job`, set up (not yet added to the multi handle).
+  std::unique_ptr<Active> make_transfer(const Job& job) {
+    auto a = std::make_unique<Active>();
+    a->job = job;
+    const Sample& s = samples[job.index];
+    const Shard& sh = shards[s.shard];
+    a->handle = detail::make_handle(sh.url, config, a->headers);
+    CURL* h = a->handle.get();
+    a->t.handle = h;
+    a->t.text = &a->body;
+    a->t.text_limit = need(job.index);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, detail::on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &a->t);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, detail::on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &a->t);
+    const std::string range = fmt::format("{}-{}", s.offset - kHeader, s.offset + s.size - 1);
+    curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());  // copied by libcurl
+    return a;
+  }
+
+  /// Why a finished 2xx transfer's bytes are not sample i's ("" when they are).
+  /// `changed` is set when the shard on the server is not the indexed one.
+  std::string check_answer(const Active& a, long code, bool& changed) const {
+    const Sample& s = samples[a.job.index];
+    const Shard& sh = shards[s.shard];
+    if (code == 200) {
+      return "the server answered a Range request with the whole object: streaming needs Range support (nginx, "
+             "S3 and most servers have it); without the .index.json sidecars the shards are staged whole instead";
+    }
+    std::uint64_t first = 0, last = 0, total = 0;
+    if (std::sscanf(a.t.content_range.c_str(), "bytes %lu-%lu/%lu", &first, &last, &total) == 3 && total != sh.bytes) {
+      changed = true;
+      return fmt::format("is {} bytes on the server, its index says {}: the shard changed after its index was "
+                         "written (pinfeed-data index makes a new one)",
+                         total, sh.bytes);
+    }
+    if (a.body.size() != need(a.job.index)) {
+      return fmt::format("{} bytes arrived of the {} asked for", a.body.size(), need(a.job.index));
+    }
+    if (!TarShards::header_matches(a.body.data(), s.size, s.header_sum)) {
+      changed = true;
+      return fmt::format("member {} at byte {} is not the indexed one: the shard changed after its index was written "
+                         "(pinfeed-data index makes a new one)",
+                         s.key, s.offset - kHeader);
+    }
+    return {};
+  }
+
+  /// A transfer ended (fetcher thread).
+  void finish(Active& a, CURLcode rc) {
+    const long code = detail::response_code(a.handle.get());
+    const std::size_t i = a.job.index;
+    Shard& sh = shards[samples[i].shard];
+    std::exception_ptr fatal;
+    std::string retry_why;
+    if (rc == CURLE_OK && code >= 200 && code < 300) {
+      bool changed = false;
+      const std::string problem = check_answer(a, code, changed);
+      if (problem.empty()) {
+        const std::scoped_lock lock(mutex);
+        if (!a.t.etag.empty() && !sh.etag.empty() && a.t.etag != sh.etag) {
+          fatal = std::make_exception_ptr(DatasetChanged(
+              sh.shown, fmt::format("changed on the server while it was read (ETag {}, now {}): restart to read the "
+                                    "new shard and its index",
+                                    sh.etag, a.t.etag)));
+        } else {
+          if (sh.etag.empty()) sh.etag = a.t.etag;
+          ++stats.requests;
+          stats.bytes += a.body.size();
+          queued.erase(i);
+          if (a.job.counted) ahead -= need(i);
+          if (a.job.gen == gen) {
+            ready[i] = Ready{std::move(a.body), a.job.pos, a.job.counted};
+            if (a.job.counted) ahead += need(i);
+          } else if (waiting.contains(i)) {
+            ready[i] = Ready{std::move(a.body), 0, false};  // an earlier plan's, but a read waits for it
+          }
+          cv.notify_all();
+          return;
+        }
+      } else if (changed) {
+        fatal = std::make_exception_ptr(DatasetChanged(sh.shown, problem));
+      } else if (code == 200) {
+        fatal = std::make_exception_ptr(RemoteError(sh.url, code, problem));
+      } else {
+        retry_why = problem;
+      }
+    } else if (rc == CURLE_OK && detail::final_status(code)) {
+      fatal = std::make_exception_ptr(RemoteError(sh.url, code, detail::status_text(code, a.t.error_body)));
+    } else if (rc == CURLE_WRITE_ERROR && code == 200) {
+      bool changed = false;
+      fatal = std::make_exception_ptr(RemoteError(sh.url, code, check_answer(a, code, changed)));
+    } else {
+      retry_why = rc != CURLE_OK ? curl_easy_strerror(rc) : detail::status_text(code, a.t.error_body);
+    }
+    const std::scoped_lock lock(mutex);
+    if (!fatal && a.job.attempt < config.retries) {
+      Job again = a.job;
+      ++again.attempt;
+      again.at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(detail::backoff_seconds(config, a.job.attempt)));
+      retry.push_back(again);  // still queued, still counted
+      ++stats.retries;
+      if (a.job.attempt == 0 || again.attempt == config.retries) {
+        pinfeed::detail::log().warn("remote: {} ({}): {}; try {} of {} in a moment", sh.shown, samples[i].key,
+                                    retry_why, again.attempt + 1, config.retries + 1);
+      }
+      return;
+    }
+    queued.erase(i);
+    if (a.job.counted) ahead -= need(i);
+    if (a.job.gen != gen && !waiting.contains(i)) return;  // an earlier plan's: nobody reads it now
+    if (!fatal) {
+      fatal = std::make_exception_ptr(
+          RemoteError(sh.url, rc == CURLE_OK ? code : 0,
+                      fmt::format("{} (sample {}; gave up after {} tries)", retry_why, samples[i].key, a.job.attempt + 1)));
+    }
+    failed[i] = fatal;
+    if (!sh.failed) sh.failed = fatal;
+    cv.notify_all();
+  }
+
+  /// Drops the jobs of an earlier plan nobody waits for (under the lock).
+  bool stale(const Job& j) {
+    if (j.gen == gen || waiting.contains(j.index)) return false;
+    queued.erase(j.index);
+    if (j.counted) ahead -= need(j.index);
+    return true;
+  }
+
+  void run() {
+    std::map<CURL*, std::unique_ptr<Active>> active;
+    for (;;) {
+      {
+        std::unique_lock lock(mutex);
+        if (closing) break;
+        const auto now = Clock::now();
+        while (active.size() < std::max(1U, config.streams)) {
+          std::optional<Job> job = next_job(now);
+          if (!job) break;
+          if (stale(*job)) continue;
+          if (const std::exception_ptr gone = shards[samples[job->index].shard].failed) {
+            queued.erase(job->index);  // its shard failed for good meanwhile
+            if (job->counted) ahead -= need(job->index);
+            failed[job->index] = gone;
+            cv.notify_all();
+            continue;
+          }
+          try {
+            auto a = make_transfer(*job);
+            CURL* h = a->handle.get();
+            curl_multi_add_handle(multi, h);
+            active.emplace(h, std::move(a));
+          } catch (...) {
+            queued.erase(job->index);
+            if (job->counted) ahead -= need(job->index);
+            failed[job->index] = std::current_exception();
+            cv.notify_all();
+          }
+        }
+      }
+      int running = 0;
+      curl_multi_perform(multi, &running);
+      int left = 0;
+      while (CURLMsg* m = curl_multi_info_read(multi, &left)) {
+        if (m->msg != CURLMSG_DONE) continue;
+        const auto it = active.find(m->easy_handle);
+        if (it == active.end()) continue;
+        std::unique_ptr<Active> a = std::move(it->second);
+        active.erase(it);
+        curl_multi_remove_handle(multi, a->handle.get());
+        finish(*a, m->data.result);
+      }
+      int wait_ms = 100;
+      {
+        const std::scoped_lock lock(mutex);
+        const auto now = Clock::now();
+        for (const Job& j : retry) {
+          wait_ms = std::min<int>(wait_ms, static_cast<int>(std::max<std::int64_t>(
+                                               0, std::chrono::duration_cast<std::chrono::milliseconds>(j.at - now).count())));
+        }
+      }
+      curl_multi_poll(multi, nullptr, 0, wait_ms, nullptr);
+    }
+    for (auto& [h, a] : active) curl_multi_remove_handle(multi, h);
+  }
+
+  /// With cache_dir: whole shards into the cache while the epoch streams.
+  void stage() {
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      {
+        const std::scoped_lock lock(mutex);
+        if (closing) return;
+        if (!shards[s].remote || shards[s].fd) continue;
+      }
+      try {
+        StagedShards staged = stage_shards({shards[s].url}, config);
+        RegularFile file(staged.local.front(), "a tar shard");
+        if (file.size() != shards[s].bytes) {
+          pinfeed::detail::log().warn("remote: {}: the cached copy is {} bytes, its index says {}: read remotely",
+                                      shards[s].shown, file.size(), shards[s].bytes);
+          continue;
+        }
+        auto fd = std::make_shared<const UniqueFd>(file.take());
+        const std::scoped_lock lock(mutex);
+        shards[s].fd = std::move(fd);
+        keep.push_back(staged.keep);
+        ++stats.shards_local;
+        cv.notify_all();  // readers waiting for this shard's samples read the copy
+      } catch (const std::exception& e) {
+        pinfeed::detail::log().warn("remote: caching {} failed, its samples stream: {}", shards[s].shown, e.what());
+      }
+    }
+  }
+
+  /// The bound for `level`; fetched samples past it are given back.
+  void set_level(memory::PressureLevel level) {
+    const std::scoped_lock lock(mutex);
+    const std::uint64_t was = limit;
+    limit = level == memory::PressureLevel::normal     ? base_limit
+            : level == memory::PressureLevel::elevated ? base_limit / 4
+                                                       : std::min<std::uint64_t>(base_limit, 4ULL << 20U);
+    if (limit != was) {
+      pinfeed::detail::log().info("remote: {} pressure: read-ahead bound {} bytes ({} held)", memory::to_string(level),
+                                  limit, ahead);
+    }
+    if (limit > was) wake();
+    if (ahead <= limit) return;
+    std::vector<std::pair<std::size_t, std::size_t>> by_pos;  // (plan place, index), counted and not waited for
+    for (const auto& [i, r] : ready) {
+      if (r.counted && !waiting.contains(i)) by_pos.emplace_back(r.pos, i);
+    }
+    std::sort(by_pos.begin(), by_pos.end(), std::greater<>());
+    for (const auto& [pos, i] : by_pos) {
+      if (ahead <= limit) break;
+      ahead -= need(i);
+      ready.erase(i);
+      cursor = std::min(cursor, pos);  // fetched again when the loader comes near
+      ++stats.dropped;
+    }
+  }
+};
+
+std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::string>& specs, std::size_t max_classes,
+                                                     const RemoteConfig& config) {
+  for (const std::string& u : specs) {
+    if (u.starts_with("pipe:")) return nullptr;
+    const auto host = u.find("://");
+    if (is_remote_url(u) && u.find_first_of("?#", host == std::string::npos ? 0 : host + 3) != std::string::npos) {
+      return nullptr;  // a presigned URL: its sidecar would need its own signature
+    }
+  }
+  std::unique_ptr<StreamedShards> out(new StreamedShards());
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->shards.resize(specs.size());
+  std::vector<ShardIndex> indexes(specs.size());
+  std::vector<std::size_t> remote;
+  for (std::size_t s = 0; s < specs.size(); ++s) {
+    Impl::Shard& sh = impl->shards[s];
+    sh.url = specs[s];
+    sh.remote = is_remote_url(specs[s]);
+    if (sh.remote) {
+      sh.shown = redact_url(specs[s]);
+      sh.name = remote_shard_name(specs[s]);
+      remote.push_back(s);
+    } else {
+      sh.shown = specs[s];
+      sh.name = fs::path(specs[s]).filename().string();
+      RegularFile file(specs[s], "a tar shard");
+      indexes[s] = ShardIndex{file.size(), TarShards::index(specs[s], max_classes)};
+      sh.bytes = file.size();
+      sh.fd = std::make_shared<const UniqueFd>(file.take());
+    }
+  }
+  // The sidecars, `parallel` at once.
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> missing{false};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  {
+    std::vector<std::jthread> pool;
+    const unsigned workers = std::max(1U, std::min<unsigned>(config.parallel, static_cast<unsigned>(remote.size())));
+    for (unsigned w = 0; w < workers && !remote.empty(); ++w) {
+      pool.emplace_back([&] {
+        for (std::size_t k = next++; k < remote.size() && !missing; k = next++) {
+          const std::size_t s = remote[k];
+          const std::string url = shard_index_url(specs[s]);
+          try {
+            const std::string text = detail::fetch_text(url, config, kMaxIndexBytes);
+            indexes[s] = parse_shard_index(text, redact_url(url), max_classes);
+            impl->shards[s].bytes = indexes[s].size;
+          } catch (const RemoteError& e) {
+            if (e.status() == 404 || e.status() == 410) {
+              pinfeed::detail::log().info("remote: {} has no index sidecar ({}): staging whole shards instead of "
+                                          "streaming (pinfeed-data index makes sidecars)",
+                                          redact_url(specs[s]), e.what());
+              missing = true;
+              continue;
+            }
+            const std::scoped_lock lock(failure_mutex);
+            if (!failure) failure = std::current_exception();
+            next = remote.size();
+          } catch (...) {
+            const std::scoped_lock lock(failure_mutex);
+            if (!failure) failure = std::current_exception();
+            next = remote.size();
+          }
+        }
+      });
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (missing) return nullptr;
+  std::int64_t max_label = -1;
+  for (std::size_t s = 0; s < specs.size(); ++s) {
+    for (TarShards::IndexedSample& x : indexes[s].samples) {
+      max_label = std::max(max_label, x.label);
+      Impl::Sample sample;
+      static_cast<TarShards::IndexedSample&>(sample) = std::move(x);
+      sample.shard = static_cast<std::uint32_t>(s);
+      impl->samples.push_back(std::move(sample));
+    }
+  }
+  if (impl->samples.empty()) {
+    throw DataError(impl->shards.front().shown, "dataset is empty: no key.jpg + key.cls pairs in the shards");
+  }
+  impl->num_classes = static_cast<std::size_t>(max_label + 1);
+  impl->remote_shards = remote.size();
+  impl->stats.shards = remote.size();
+  if (config.readahead != 0) {
+    impl->base_limit = config.readahead;
+  } else {
+    const std::uint64_t room = memory::MemorySnapshot::read("/").effective_available();
+    impl->base_limit = std::clamp<std::uint64_t>(room / 16, 4ULL << 20U, 256ULL << 20U);
+  }
+  impl->limit = impl->base_limit;
+  // Copies cache_dir already holds are read from the first sample on (each
+  // confirmed by the server first, as staging does); the rest stream while
+  // the stager fetches them.
+  std::vector<std::string> cached;
+  std::vector<std::size_t> cached_at;
+  for (const std::size_t s : remote) {
+    const fs::path p = cache_path(specs[s], config);
+    std::error_code ec;
+    if (!p.empty() && fs::exists(p.string() + ".meta", ec)) {
+      cached.push_back(specs[s]);
+      cached_at.push_back(s);
+    }
+  }
+  if (!cached.empty()) {
+    StagedShards staged = stage_shards(cached, config);
+    for (std::size_t k = 0; k < cached.size(); ++k) {
+      Impl::Shard& sh = impl->shards[cached_at[k]];
+      RegularFile file(staged.local[k], "a tar shard");
+      if (file.size() != sh.bytes) continue;  // another version than the index's: streamed
+      sh.fd = std::make_shared<const UniqueFd>(file.take());
+      ++impl->stats.shards_local;
+    }
+    impl->keep.push_back(staged.keep);
+  }
+  detail::curl_init_once();
+  impl->multi = curl_multi_init();
+  if (impl->multi == nullptr) throw RemoteError(specs.front(), 0, "libcurl could not make a multi handle");
+  curl_multi_setopt(impl->multi, CURLMOPT_MAX_HOST_CONNECTIONS, static_cast<long>(std::max(1U, config.streams)));
+  curl_multi_setopt(impl->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(std::max(1U, config.streams)));
+  Impl* raw = impl.get();
+  impl->fetcher = std::thread([raw] { raw->run(); });
+  if (!config.cache_dir.empty()) impl->stager = std::thread([raw] { raw->stage(); });
+  pinfeed::detail::log().info("remote: streaming {} shards ({} samples), read-ahead bound {} bytes, {} streams{}",
+                              remote.size(), impl->samples.size(), impl->base_limit, config.streams,
+                              config.cache_dir.empty() ? "" : ", caching whole shards into cache_dir");
+  out->impl_ = std::move(impl);
+  return out;
+}
+
+StreamedShards::~StreamedShards() {
+  if (!impl_) return;
+  if (impl_->monitor) impl_->monitor->unsubscribe(impl_->subscription);
+  {
+    const std::scoped_lock lock(impl_->mutex);
+    impl_->closing = true;
+  }
+  impl_->wake();
+  impl_->cv.notify_all();
+  if (impl_->fetcher.joinable()) impl_->fetcher.join();
+  if (impl_->stager.joinable()) impl_->stager.join();  // a shard being cached is finished first
+  curl_multi_cleanup(impl_->multi);
+}
+
+std::size_t StreamedShards::size() const noexcept { return impl_->samples.size(); }
+std::int64_t StreamedShards::label(std::size_t i) const { return impl_->samples.at(i).label; }
+std::size_t StreamedShards::num_classes() const noexcept { return impl_->num_classes; }
+std::uint64_t StreamedShards::stored_size(std::size_t i) const { return impl_->samples.at(i).size; }
+
+std::string StreamedShards::describe(std::size_t i) const {
+  const auto& s = impl_->samples.at(i);
+  return fmt::format("{}:{}", impl_->shards[s.shard].shown, s.key);
+}
+
+std::string StreamedShards::relative_name(std::size_t i) const {
+  const auto& s = impl_->samples.at(i);
+  return fmt::format("{}:{}", impl_->shards[s.shard].name, s.key);
+}
+
+std::string StreamedShards::summary() const {
+  return fmt::format("tar shards ({} files, first {}, streamed): {} images, {} classes", impl_->shards.size(),
+                     impl_->shards.front().shown, impl_->samples.size(), impl_->num_classes);
+}
+
+void StreamedShards::plan(std::span<const std::size_t> order) const {
+  Impl& m = *impl_;
+  {
+    const std::scoped_lock lock(m.mutex);
+    ++m.gen;
+    m.order.assign(order.begin(), order.end());
+    m.cursor = 0;
+    for (const auto& [i, r] : m.ready) {
+      if (r.counted) m.ahead -= m.need(i);
+    }
+    m.ready.clear();
+    m.failed.clear();
+  }
+  m.wake();
+}
+
+void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const {
+  Impl& m = *impl_;
+  const Impl::Sample& s = m.samples.at(i);
+  if (s.size > kMaxSampleBytes) throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
+  std::shared_ptr<const UniqueFd> fd;
+  std::string body;
+  {
+    std::unique_lock lock(m.mutex);
+    std::optional<Clock::time_point> since;
+    for (;;) {
+      fd = m.shards[s.shard].fd;
+      if (fd) break;
+      if (const auto it = m.ready.find(i); it != m.ready.end()) {
+        body = std::move(it->second.body);
+        if (it->second.counted) m.ahead -= m.need(i);
+        m.ready.erase(it);
+        break;
+      }
+      if (const auto f = m.failed.find(i); f != m.failed.end()) std::rethrow_exception(f->second);
+      if (m.shards[s.shard].failed) std::rethrow_exception(m.shards[s.shard].failed);
+      if (m.closing) throw Error(fmt::format("{}: the dataset was closed while the sample was read", describe(i)));
+      if (!m.queued.contains(i)) {
+        m.queued.insert(i);
+        m.demand.push_back(Impl::Job{i, m.gen, 0, false, 0, Clock::now()});
+        m.wake();
+      }
+      if (!since) {
+        since = Clock::now();
+        ++m.stats.waits;
+      }
+      ++m.waiting[i];
+      m.cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (--m.waiting[i] == 0) m.waiting.erase(i);
+    }
+    if (since) m.stats.wait_seconds += std::chrono::duration<double>(Clock::now() - *since).count();
+  }
+  if (!fd) {
+    m.wake();  // the bound has room again
+    out.resize(s.size);
+    std::memcpy(out.data(), body.data() + kHeader, s.size);
+    return;
+  }
+  // A local shard, or a remote one's cached copy: header and data in one read.
+  const Impl::Shard& sh = m.shards[s.shard];
+  std::vector<char> buf(kHeader + s.size);
+  std::size_t done = 0;
+  while (done < buf.size()) {
+    const ssize_t r = ::pread(fd->get(), buf.data() + done, buf.size() - done, static_cast<off_t>(s.offset - kHeader + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw DataError(sh.shown, fmt::format("read of {} failed: {}", s.key, std::strerror(errno)));
+    if (r == 0) throw DatasetChanged(sh.shown, fmt::format("{} is cut short at byte {}: the shard changed", s.key, s.offset - kHeader + done));
+    done += static_cast<std::size_t>(r);
+  }
+  if (!TarShards::header_matches(buf.data(), s.size, s.header_sum)) {
+    throw DatasetChanged(sh.shown, fmt::format("member {} at byte {} is not the indexed one any more: restart to "
+                                               "index it again",
+                                               s.key, s.offset - kHeader));
+  }
+  out.resize(s.size);
+  std::memcpy(out.data(), buf.data() + kHeader, s.size);
+}
+
+std::optional<StreamStats> StreamedShards::stream_stats() const {
+  const std::scoped_lock lock(impl_->mutex);
+  StreamStats st = impl_->stats;
+  st.readahead_bytes = impl_->ahead;
+  st.readahead_limit = impl_->limit;
+  return st;
+}
+
+void StreamedShards::follow(std::shared_ptr<memory::PressureMonitor> monitor) {
+  if (!monitor || impl_->monitor) return;
+  impl_->monitor = std::move(monitor);
+  Impl* raw = impl_.get();
+  impl_->subscription = impl_->monitor->subscribe(
+      [raw](memory::PressureLevel, memory::PressureLevel to, const memory::PressureReading&) { raw->set_level(to); });
+  impl_->set_level(impl_->monitor->level());
+}
+
+}  // namespace pinfeed::loader
