@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
@@ -14,6 +15,9 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/remote.hpp"
+#include "pinfeed/loader/streamed.hpp"
+#include "pinfeed/memory/memory_snapshot.hpp"
+#include "pinfeed/memory/pressure_monitor.hpp"
 
 namespace pinfeed::loader {
 namespace {
@@ -158,6 +162,98 @@ TEST_F(RemoteCacheTest, APrivateFolderGoesWithTheDataset) {
   ASSERT_TRUE(fs::exists(root));
   s.keep.reset();
   EXPECT_FALSE(fs::exists(root));
+}
+
+// ---------------------------------------------------------------- streamed shards' index
+
+TEST_F(RemoteCacheTest, AnIndexSidecarIsTheIndexTheHeadersGive) {
+  for (const fs::path& tar : expand_shard_pattern(data_.shards)) {
+    const fs::path sidecar = write_shard_index(tar);
+    EXPECT_EQ(sidecar, fs::path(tar.string() + ".index.json"));
+    std::string text(fs::file_size(sidecar), '\0');
+    std::FILE* f = std::fopen(sidecar.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(std::fread(text.data(), 1, text.size(), f), text.size());
+    std::fclose(f);
+    const ShardIndex index = parse_shard_index(text, sidecar.string(), kDefaultMaxClasses);
+    const auto headers = TarShards::index(tar);
+    EXPECT_EQ(index.size, fs::file_size(tar));
+    ASSERT_EQ(index.samples.size(), headers.size());
+    for (std::size_t k = 0; k < headers.size(); ++k) {
+      EXPECT_EQ(index.samples[k].key, headers[k].key);
+      EXPECT_EQ(index.samples[k].offset, headers[k].offset);
+      EXPECT_EQ(index.samples[k].size, headers[k].size);
+      EXPECT_EQ(index.samples[k].label, headers[k].label);
+      EXPECT_EQ(index.samples[k].header_sum, headers[k].header_sum);
+    }
+  }
+}
+
+TEST_F(RemoteCacheTest, StreamedShardsOnDiskReadAsTarShardsWithTheirFingerprint) {
+  // Local shards through the streamed reader: the same samples, bytes,
+  // labels and fingerprint as TarShards, and no remote transfer at all.
+  const auto local = open_dataset(data_.shards);
+  std::vector<std::string> paths;
+  for (const fs::path& p : expand_shard_pattern(data_.shards)) paths.push_back(p.string());
+  const auto streamed = StreamedShards::open(paths, kDefaultMaxClasses, RemoteConfig{});
+  ASSERT_NE(streamed, nullptr);
+  ASSERT_EQ(streamed->size(), local->size());
+  std::vector<std::size_t> order(local->size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  streamed->plan(order);
+  std::vector<std::byte> a, b;
+  for (const std::size_t i : order) {
+    local->read(i, a);
+    streamed->read(i, b);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(streamed->label(i), local->label(i));
+    EXPECT_EQ(streamed->relative_name(i), local->relative_name(i));
+  }
+  EXPECT_EQ(fingerprint(*streamed).hash, fingerprint(*local).hash);
+  EXPECT_EQ(streamed->stream_stats()->requests, 0U);
+}
+
+TEST(RemoteTest, ABrokenIndexIsRefusedNamingItAndTheSample) {
+  const auto refused = [](const std::string& text, const std::string& says) {
+    try {
+      (void)parse_shard_index(text, "s3://b/train-000000.tar.index.json", 10);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("train-000000.tar.index.json"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  const std::string head = R"({"format":"pinfeed-shard-index","version":1,"size":4096,"samples":)";
+  refused(R"({"format":"other","version":1,"size":1,"samples":[]})", "not a pinfeed shard index");
+  refused(head + R"([["a.jpg",3584,1024,0,1]]})", "outside the 4096-byte shard");
+  refused(head + R"([["a.jpg",100,10,0,1]]})", "outside");  // no room for its header
+  refused(head + R"([["a.jpg",512,10,10,1]]})", "label 10 is not in 0..9");
+  refused(head + R"([["a.jpg",512]]})", "not a readable shard index");
+  refused("{", "not a readable shard index");
+}
+
+TEST_F(RemoteCacheTest, TheReadAheadBoundFollowsThePressureLevel) {
+  // The bound's rule (a unit test: the monitor is stepped with readings);
+  // tests/pressure/remote_readahead.py holds it to a real memory cgroup.
+  std::vector<std::string> paths;
+  for (const fs::path& p : expand_shard_pattern(data_.shards)) paths.push_back(p.string());
+  RemoteConfig config;
+  config.readahead = 64ULL << 20U;
+  auto streamed = StreamedShards::open(paths, kDefaultMaxClasses, config);
+  ASSERT_NE(streamed, nullptr);
+  memory::PressureMonitor::Config mc;
+  mc.kernel_events = false;
+  auto monitor = std::make_shared<memory::PressureMonitor>(mc);
+  streamed->follow(monitor);
+  EXPECT_EQ(streamed->stream_stats()->readahead_limit, 64ULL << 20U);
+  memory::MemorySnapshot s;
+  s.mem_total = 8ULL << 30U;
+  s.mem_available = 100ULL << 20U;  // under 5%: critical
+  s.taken_at = std::chrono::steady_clock::now();
+  (void)monitor->step(s);
+  ASSERT_EQ(monitor->level(), memory::PressureLevel::critical);
+  EXPECT_EQ(streamed->stream_stats()->readahead_limit, 4ULL << 20U);
+  streamed.reset();  // unsubscribes before the monitor goes
 }
 
 }  // namespace
