@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -456,31 +457,39 @@ struct StreamedShards::Impl {
     }
   }
 
-  /// The bound for `level`; fetched samples past it are given back.
+  /// The bound for `level`; fetched samples past it are given back, and
+  /// so is the heap they leave (malloc_trim: freed chunks in the middle of
+  /// glibc's arenas stay resident otherwise).
   void set_level(memory::PressureLevel level) {
-    const std::scoped_lock lock(mutex);
-    const std::uint64_t was = limit;
-    limit = level == memory::PressureLevel::normal     ? base_limit
-            : level == memory::PressureLevel::elevated ? base_limit / 4
-                                                       : std::min<std::uint64_t>(base_limit, 4ULL << 20U);
-    if (limit != was) {
-      pinfeed::detail::log().info("remote: {} pressure: read-ahead bound {} bytes ({} held)", memory::to_string(level),
-                                  limit, ahead);
+    bool gave_back = false;
+    {
+      const std::scoped_lock lock(mutex);
+      const std::uint64_t was = limit;
+      limit = level == memory::PressureLevel::normal     ? base_limit
+              : level == memory::PressureLevel::elevated ? base_limit / 4
+                                                         : std::min<std::uint64_t>(base_limit, 4ULL << 20U);
+      if (limit != was) {
+        pinfeed::detail::log().info("remote: {} pressure: read-ahead bound {} bytes ({} held)",
+                                    memory::to_string(level), limit, ahead);
+      }
+      if (limit > was) wake();
+      std::vector<std::pair<std::size_t, std::size_t>> by_pos;  // (plan place, index), counted, not waited for
+      if (ahead > limit) {
+        for (const auto& [i, r] : ready) {
+          if (r.counted && !waiting.contains(i)) by_pos.emplace_back(r.pos, i);
+        }
+      }
+      std::sort(by_pos.begin(), by_pos.end(), std::greater<>());
+      for (const auto& [pos, i] : by_pos) {
+        if (ahead <= limit) break;
+        ahead -= need(i);
+        ready.erase(i);
+        cursor = std::min(cursor, pos);  // fetched again when the loader comes near
+        ++stats.dropped;
+        gave_back = true;
+      }
     }
-    if (limit > was) wake();
-    if (ahead <= limit) return;
-    std::vector<std::pair<std::size_t, std::size_t>> by_pos;  // (plan place, index), counted and not waited for
-    for (const auto& [i, r] : ready) {
-      if (r.counted && !waiting.contains(i)) by_pos.emplace_back(r.pos, i);
-    }
-    std::sort(by_pos.begin(), by_pos.end(), std::greater<>());
-    for (const auto& [pos, i] : by_pos) {
-      if (ahead <= limit) break;
-      ahead -= need(i);
-      ready.erase(i);
-      cursor = std::min(cursor, pos);  // fetched again when the loader comes near
-      ++stats.dropped;
-    }
+    if (gave_back) ::malloc_trim(0);
   }
 };
 
