@@ -209,6 +209,14 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
   // is then resumed with a Range request.
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(std::ceil(config.read_timeout))));
+  if (config.cancel) {
+    curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(e, CURLOPT_XFERINFODATA, config.cancel.get());
+    curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION,
+                     +[](void* flag, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+                       return static_cast<const std::atomic<bool>*>(flag)->load() ? 1 : 0;
+                     });
+  }
   if (url.starts_with("s3://")) {
     const AwsCredentials c = aws_credentials();  // read each time: rotated keys and tokens are taken up
     if (c.key.empty() || c.secret.empty()) {
@@ -351,6 +359,7 @@ void request(const std::string& url, const RemoteConfig& config, const std::stri
       done(h.get(), t);
       return;
     }
+    if (rc == CURLE_ABORTED_BY_CALLBACK) throw RemoteError(url, 0, "cancelled: the dataset was closed");
     if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
     const std::string last = rc != CURLE_OK ? curl_easy_strerror(rc) : status_text(code, t.error_body);
     if (attempt >= config.retries) {
@@ -478,6 +487,12 @@ FetchResult fetch_url(const std::string& url, const fs::path& dest, const Remote
       const CURLcode rc = curl_easy_perform(h.get());
       const long code = response_code(h.get());
       last_code = code;
+      if (rc == CURLE_ABORTED_BY_CALLBACK) {
+        fd.reset();
+        std::error_code ec;
+        fs::remove(part, ec);
+        throw RemoteError(url, 0, "cancelled: the dataset was closed");
+      }
       if (!t.write_error.empty()) throw RemoteError(url, code, fmt::format("cannot write {}: {}", part.string(), t.write_error));
       if (have > 0 && !t.restarted && code == 206) out.resumed += have;
       if (!t.etag.empty()) out.etag = t.etag;

@@ -181,6 +181,7 @@ struct StreamedShards::Impl {
   };
 
   RemoteConfig config;
+  std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
   std::vector<Shard> shards;
   std::vector<Sample> samples;
   std::size_t num_classes = 0;
@@ -189,6 +190,12 @@ struct StreamedShards::Impl {
   mutable std::mutex mutex;
   std::condition_variable cv;
   std::vector<std::size_t> order;
+  /// occurrence[p]: how many times order[p]'s sample comes in order[0..p]
+  /// (DistributedSampler's padding repeats a few); taken[i]: reads of i in
+  /// this plan. A place whose sample was read that often is not fetched
+  /// again (a read that ran ahead of the cursor took it on demand).
+  std::vector<std::uint32_t> occurrence;
+  std::unordered_map<std::size_t, std::uint32_t> taken;
   std::size_t cursor = 0;
   std::uint64_t gen = 0;
   std::unordered_map<std::size_t, Ready> ready;
@@ -229,11 +236,14 @@ struct StreamedShards::Impl {
     while (cursor < order.size()) {
       const std::size_t i = order[cursor];
       const Shard& sh = shards[samples[i].shard];
-      if (sh.fd || sh.failed || ready.contains(i) || queued.contains(i) || failed.contains(i)) {
+      const auto t = taken.find(i);
+      if (sh.fd || sh.failed || ready.contains(i) || queued.contains(i) || failed.contains(i) ||
+          (t != taken.end() && t->second >= occurrence[cursor])) {
         ++cursor;
         continue;
       }
-      if (ahead + need(i) > limit) return std::nullopt;
+      // A sample larger than the bound still goes when nothing else is ahead.
+      if (ahead + need(i) > limit && ahead > 0) return std::nullopt;
       queued.insert(i);
       ahead += need(i);
       stats.readahead_peak = std::max(stats.readahead_peak, ahead);
@@ -272,11 +282,18 @@ struct StreamedShards::Impl {
              "S3 and most servers have it); without the .index.json sidecars the shards are staged whole instead";
     }
     std::uint64_t first = 0, last = 0, total = 0;
-    if (std::sscanf(a.t.content_range.c_str(), "bytes %lu-%lu/%lu", &first, &last, &total) == 3 && total != sh.bytes) {
+    if (std::sscanf(a.t.content_range.c_str(), "bytes %lu-%lu/%lu", &first, &last, &total) != 3) {
+      return fmt::format("a 206 answer without a usable Content-Range ('{}')", a.t.content_range);
+    }
+    if (total != sh.bytes) {
       changed = true;
       return fmt::format("is {} bytes on the server, its index says {}: the shard changed after its index was "
                          "written (pinfeed-data index makes a new one)",
                          total, sh.bytes);
+    }
+    if (first != s.offset - kHeader || last != s.offset + s.size - 1) {
+      return fmt::format("the server sent bytes {}-{} for a request of {}-{}", first, last, s.offset - kHeader,
+                         s.offset + s.size - 1);
     }
     if (a.body.size() != need(a.job.index)) {
       return fmt::format("{} bytes arrived of the {} asked for", a.body.size(), need(a.job.index));
@@ -313,7 +330,9 @@ struct StreamedShards::Impl {
           stats.bytes += a.body.size();
           queued.erase(i);
           if (a.job.counted) ahead -= need(i);
-          if (a.job.gen == gen) {
+          if (sh.fd) {
+            // Cached meanwhile: its readers read the file.
+          } else if (a.job.gen == gen) {
             ready[i] = Ready{std::move(a.body), a.job.pos, a.job.counted};
             if (a.job.counted) ahead += need(i);
           } else if (waiting.contains(i)) {
@@ -372,35 +391,46 @@ struct StreamedShards::Impl {
     return true;
   }
 
+  /// A job that cannot start or finish: its sample fails (under the lock).
+  void fail_job(const Job& job, std::exception_ptr e) {
+    queued.erase(job.index);
+    if (job.counted) ahead -= need(job.index);
+    failed[job.index] = std::move(e);
+    cv.notify_all();
+  }
+
   void run() {
     std::map<CURL*, std::unique_ptr<Active>> active;
     for (;;) {
+      std::vector<Job> jobs;
       {
         std::unique_lock lock(mutex);
         if (closing) break;
         const auto now = Clock::now();
-        while (active.size() < std::max(1U, config.streams)) {
+        while (active.size() + jobs.size() < std::max(1U, config.streams)) {
           std::optional<Job> job = next_job(now);
           if (!job) break;
           if (stale(*job)) continue;
           if (const std::exception_ptr gone = shards[samples[job->index].shard].failed) {
-            queued.erase(job->index);  // its shard failed for good meanwhile
-            if (job->counted) ahead -= need(job->index);
-            failed[job->index] = gone;
-            cv.notify_all();
+            fail_job(*job, gone);  // its shard failed for good meanwhile
             continue;
           }
-          try {
-            auto a = make_transfer(*job);
-            CURL* h = a->handle.get();
-            curl_multi_add_handle(multi, h);
-            active.emplace(h, std::move(a));
-          } catch (...) {
-            queued.erase(job->index);
-            if (job->counted) ahead -= need(job->index);
-            failed[job->index] = std::current_exception();
-            cv.notify_all();
+          jobs.push_back(*job);
+        }
+      }
+      // Handles are made outside the lock: S3's reads the credentials.
+      for (const Job& job : jobs) {
+        try {
+          auto a = make_transfer(job);
+          CURL* h = a->handle.get();
+          if (const CURLMcode rc = curl_multi_add_handle(multi, h); rc != CURLM_OK) {
+            throw RemoteError(shards[samples[job.index].shard].url, 0,
+                              fmt::format("libcurl could not start a transfer: {}", curl_multi_strerror(rc)));
           }
+          active.emplace(h, std::move(a));
+        } catch (...) {
+          const std::scoped_lock lock(mutex);
+          fail_job(job, std::current_exception());
         }
       }
       int running = 0;
@@ -408,12 +438,14 @@ struct StreamedShards::Impl {
       int left = 0;
       while (CURLMsg* m = curl_multi_info_read(multi, &left)) {
         if (m->msg != CURLMSG_DONE) continue;
-        const auto it = active.find(m->easy_handle);
+        CURL* const done = m->easy_handle;  // m is not valid past curl_multi_remove_handle
+        const CURLcode result = m->data.result;
+        const auto it = active.find(done);
         if (it == active.end()) continue;
         std::unique_ptr<Active> a = std::move(it->second);
         active.erase(it);
-        curl_multi_remove_handle(multi, a->handle.get());
-        finish(*a, m->data.result);
+        curl_multi_remove_handle(multi, done);
+        finish(*a, result);
       }
       int wait_ms = 100;
       {
@@ -450,11 +482,50 @@ struct StreamedShards::Impl {
         shards[s].fd = std::move(fd);
         keep.push_back(staged.keep);
         ++stats.shards_local;
+        for (auto it = ready.begin(); it != ready.end();) {  // its fetched samples: read from the file now
+          if (samples[it->first].shard != s || waiting.contains(it->first)) {
+            ++it;
+            continue;
+          }
+          if (it->second.counted) ahead -= need(it->first);
+          it = ready.erase(it);
+        }
         cv.notify_all();  // readers waiting for this shard's samples read the copy
       } catch (const std::exception& e) {
+        if (cancel->load()) return;  // closing
         pinfeed::detail::log().warn("remote: caching {} failed, its samples stream: {}", shards[s].shown, e.what());
       }
     }
+  }
+
+  /// set_level's work, under the lock; whether samples were given back.
+  bool apply_level(memory::PressureLevel level) {
+    bool gave_back = false;
+    const std::uint64_t was = limit;
+    limit = level == memory::PressureLevel::normal     ? base_limit
+            : level == memory::PressureLevel::elevated ? base_limit / 4
+                                                       : std::min<std::uint64_t>(base_limit, 4ULL << 20U);
+    if (limit != was) {
+      pinfeed::detail::log().info("remote: {} pressure: read-ahead bound {} bytes ({} held)", memory::to_string(level),
+                                  limit, ahead);
+    }
+    if (limit > was) wake();
+    std::vector<std::pair<std::size_t, std::size_t>> by_pos;  // (plan place, index), counted, not waited for
+    if (ahead > limit) {
+      for (const auto& [i, r] : ready) {
+        if (r.counted && !waiting.contains(i)) by_pos.emplace_back(r.pos, i);
+      }
+    }
+    std::sort(by_pos.begin(), by_pos.end(), std::greater<>());
+    for (const auto& [pos, i] : by_pos) {
+      if (ahead <= limit) break;
+      ahead -= need(i);
+      ready.erase(i);
+      cursor = std::min(cursor, pos);  // fetched again when the loader comes near
+      ++stats.dropped;
+      gave_back = true;
+    }
+    return gave_back;
   }
 
   /// The bound for `level`; fetched samples past it are given back, and
@@ -464,30 +535,7 @@ struct StreamedShards::Impl {
     bool gave_back = false;
     {
       const std::scoped_lock lock(mutex);
-      const std::uint64_t was = limit;
-      limit = level == memory::PressureLevel::normal     ? base_limit
-              : level == memory::PressureLevel::elevated ? base_limit / 4
-                                                         : std::min<std::uint64_t>(base_limit, 4ULL << 20U);
-      if (limit != was) {
-        pinfeed::detail::log().info("remote: {} pressure: read-ahead bound {} bytes ({} held)",
-                                    memory::to_string(level), limit, ahead);
-      }
-      if (limit > was) wake();
-      std::vector<std::pair<std::size_t, std::size_t>> by_pos;  // (plan place, index), counted, not waited for
-      if (ahead > limit) {
-        for (const auto& [i, r] : ready) {
-          if (r.counted && !waiting.contains(i)) by_pos.emplace_back(r.pos, i);
-        }
-      }
-      std::sort(by_pos.begin(), by_pos.end(), std::greater<>());
-      for (const auto& [pos, i] : by_pos) {
-        if (ahead <= limit) break;
-        ahead -= need(i);
-        ready.erase(i);
-        cursor = std::min(cursor, pos);  // fetched again when the loader comes near
-        ++stats.dropped;
-        gave_back = true;
-      }
+      gave_back = apply_level(level);
     }
     if (gave_back) ::malloc_trim(0);
   }
@@ -618,6 +666,7 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   curl_multi_setopt(impl->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(std::max(1U, config.streams)));
   Impl* raw = impl.get();
   impl->fetcher = std::thread([raw] { raw->run(); });
+  impl->config.cancel = impl->cancel;  // the closing dataset stops a shard being cached mid-transfer
   if (!config.cache_dir.empty()) impl->stager = std::thread([raw] { raw->stage(); });
   pinfeed::detail::log().info("remote: streaming {} shards ({} samples), read-ahead bound {} bytes, {} streams{}",
                               remote.size(), impl->samples.size(), impl->base_limit, config.streams,
@@ -633,10 +682,11 @@ StreamedShards::~StreamedShards() {
     const std::scoped_lock lock(impl_->mutex);
     impl_->closing = true;
   }
+  impl_->cancel->store(true);
   impl_->wake();
   impl_->cv.notify_all();
   if (impl_->fetcher.joinable()) impl_->fetcher.join();
-  if (impl_->stager.joinable()) impl_->stager.join();  // a shard being cached is finished first
+  if (impl_->stager.joinable()) impl_->stager.join();  // a shard being cached stops at its next progress call
   curl_multi_cleanup(impl_->multi);
 }
 
@@ -666,6 +716,10 @@ void StreamedShards::plan(std::span<const std::size_t> order) const {
     const std::scoped_lock lock(m.mutex);
     ++m.gen;
     m.order.assign(order.begin(), order.end());
+    m.occurrence.resize(m.order.size());
+    std::unordered_map<std::size_t, std::uint32_t> seen;
+    for (std::size_t p = 0; p < m.order.size(); ++p) m.occurrence[p] = ++seen[m.order[p]];
+    m.taken.clear();
     m.cursor = 0;
     for (const auto& [i, r] : m.ready) {
       if (r.counted) m.ahead -= m.need(i);
@@ -685,6 +739,7 @@ void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const {
   {
     std::unique_lock lock(m.mutex);
     std::optional<Clock::time_point> since;
+    ++m.taken[i];  // the plan's next place for i is this read's
     for (;;) {
       fd = m.shards[s.shard].fd;
       if (fd) break;
@@ -752,7 +807,14 @@ void StreamedShards::follow(std::shared_ptr<memory::PressureMonitor> monitor) {
   Impl* raw = impl_.get();
   impl_->subscription = impl_->monitor->subscribe(
       [raw](memory::PressureLevel, memory::PressureLevel to, const memory::PressureReading&) { raw->set_level(to); });
-  impl_->set_level(impl_->monitor->level());
+  // The level now, read under the lock a delivery also takes: a change
+  // delivered meanwhile is applied after this, never before.
+  bool gave_back = false;
+  {
+    const std::scoped_lock lock(raw->mutex);
+    gave_back = raw->apply_level(raw->monitor->level());
+  }
+  if (gave_back) ::malloc_trim(0);
 }
 
 }  // namespace pinfeed::loader

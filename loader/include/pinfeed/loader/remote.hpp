@@ -9,6 +9,7 @@
 // reads it as a local shard, so sample order, torch order, fingerprints and
 // resume are those of the same shards on disk. Note [Remote staging]
 // (remote.cpp) says what a file in the cache promises and how ranks share it.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -49,6 +50,9 @@ struct RemoteConfig {
   /// Shrinks under memory pressure.
   std::uint64_t readahead = 0;
   unsigned streams = 32;            ///< Range requests in flight at once while streaming
+  /// Set: transfers stop at their next progress call and are not retried
+  /// (a dataset closing while its shards are being cached).
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 /// What the streaming reader did (Loader stats' "remote").
