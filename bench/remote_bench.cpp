@@ -24,6 +24,7 @@ namespace {
 struct Round {
   double open_s = 0, first_batch_s = 0, epoch_ips = 0, second_epoch_ips = 0;
   double stream_mb = 0, waits = 0, wait_s = 0, readahead_peak_mb = 0;  ///< epoch 1's transfers (streamed only)
+  double cached_at_epoch2 = 0;  ///< shards read from cache_dir when epoch 2 began
 };
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -56,6 +57,7 @@ Round run_round(const pl::LoaderConfig& config) {
     r.waits = static_cast<double>(st->waits);
     r.wait_s = st->wait_seconds;
     r.readahead_peak_mb = static_cast<double>(st->readahead_peak) / 1e6;
+    r.cached_at_epoch2 = static_cast<double>(st->shards_local);
   }
   r.second_epoch_ips = drain(loader, 1, nullptr, t0);
   return r;
@@ -74,7 +76,7 @@ void fill_cache(const pl::LoaderConfig& config) {
 }
 
 json medians(const std::vector<Round>& rounds) {
-  std::vector<double> open, first, epoch, second, mb, waits, wait_s, peak;
+  std::vector<double> open, first, epoch, second, mb, waits, wait_s, peak, cached;
   for (const Round& r : rounds) {
     open.push_back(r.open_s);
     first.push_back(r.first_batch_s);
@@ -84,6 +86,7 @@ json medians(const std::vector<Round>& rounds) {
     waits.push_back(r.waits);
     wait_s.push_back(r.wait_s);
     peak.push_back(r.readahead_peak_mb);
+    cached.push_back(r.cached_at_epoch2);
   }
   return {{"open_s", median(open)},
           {"first_batch_s", median(first)},
@@ -92,7 +95,8 @@ json medians(const std::vector<Round>& rounds) {
           {"epoch1_streamed_mb", median(mb)},
           {"epoch1_waits", median(waits)},
           {"epoch1_wait_s", median(wait_s)},
-          {"readahead_peak_mb", median(peak)}};
+          {"readahead_peak_mb", median(peak)},
+          {"shards_cached_at_epoch2", median(cached)}};
 }
 
 void print_report(const json& j) {
