@@ -142,6 +142,7 @@ struct PackCommand {
         throw pinfeed::ConfigError(fmt::format("--out '{}': a URL ends in the shards' prefix, as in "
                                                "s3://bucket/imagenet/train (train-000000.tar, ...)", out));
       }
+      pl::check_upload_target(out);  // missing credentials are said before the packing, not after
       const std::string name = pl::remote_shard_name(out + ".tar");
       std::string dir = (std::filesystem::temp_directory_path() / "pinfeed-pack-XXXXXX").string();
       if (::mkdtemp(dir.data()) == nullptr) throw pinfeed::DataError(dir, std::strerror(errno));
@@ -218,6 +219,7 @@ struct IndexCommand {
     if (!out.empty() && (!pl::is_remote_url(out) || out.starts_with("pipe:") || !out.ends_with('/'))) {
       throw pinfeed::ConfigError(fmt::format("--out '{}': a URL prefix ending in / (s3://bucket/dir/)", out));
     }
+    if (!out.empty()) pl::check_upload_target(out);
     std::size_t n = 0;
     for (const auto& tar : pl::expand_shard_pattern(shards)) {
       const auto sidecar = pl::write_shard_index(tar);

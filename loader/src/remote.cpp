@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cctype>
 #include <csignal>
 #include <chrono>
 #include <cmath>
@@ -410,13 +411,24 @@ std::string http_url(const std::string& url) {
   if (bucket.empty()) throw ConfigError(fmt::format("'{}': no bucket (s3://bucket/key)", url));
   std::string endpoint = env("AWS_ENDPOINT_URL_S3");
   if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
+  // An s3:// URL names the key as it is (the AWS CLI's convention): a space
+  // or a '%' in it is sent percent-encoded, as S3 and SigV4 want.
+  std::string path;
+  for (const char c : key) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) != 0 || c == '-' || c == '.' || c == '_' || c == '~' || c == '/') {
+      path += c;
+    } else {
+      path += fmt::format("%{:02X}", u);
+    }
+  }
   if (!endpoint.empty()) {
     while (endpoint.ends_with('/')) endpoint.pop_back();
-    return fmt::format("{}/{}/{}", endpoint, bucket, key);  // path style: what S3-compatible stores serve
+    return fmt::format("{}/{}/{}", endpoint, bucket, path);  // path style: what S3-compatible stores serve
   }
   std::string region = env("AWS_REGION");
   if (region.empty()) region = aws_credentials().region;
-  return fmt::format("https://{}.s3.{}.amazonaws.com/{}", bucket, region, key);
+  return fmt::format("https://{}.s3.{}.amazonaws.com/{}", bucket, region, path);
 }
 
 std::string remote_shard_name(const std::string& url) {
@@ -742,6 +754,44 @@ void evict(const fs::path& root, std::uint64_t limit, std::uint64_t own_bytes) {
 
 namespace {
 
+/// Private shard folders (pinfeed-shards-PID-XXXXXX) whose process is gone:
+/// a killed rank's, which its own close never removed.
+void sweep_private_dirs(const fs::path& base) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(base, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with("pinfeed-shards-")) continue;
+    const std::string rest = name.substr(15);
+    const auto dash = rest.find('-');
+    if (dash == std::string::npos || dash == 0) continue;
+    const std::string pid_text = rest.substr(0, dash);
+    if (!std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to know)
+    struct stat st {};
+    if (::stat(it->path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    std::error_code e2;
+    fs::remove_all(it->path(), e2);
+    if (!e2) pinfeed::detail::log().info("remote: removed {}, left by process {} which is gone", it->path().string(), pid);
+  }
+}
+
+/// NAME.part files nobody is fetching (NAME.fetch free): a killed fetch's.
+void sweep_parts(const fs::path& root) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != ".part") continue;
+    fs::path shard = p;
+    shard.replace_extension();
+    const UniqueFd fetch(::open((shard.string() + ".fetch").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!fetch || ::flock(fetch.get(), LOCK_EX | LOCK_NB) != 0) continue;  // being fetched
+    std::error_code e2;
+    fs::remove(p, e2);
+  }
+}
+
 std::string xml_unescape(std::string s) {
   static const std::pair<const char*, const char*> kEntities[] = {
       {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}, {"&#13;", "\r"}, {"&amp;", "&"}};
@@ -815,18 +865,31 @@ std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConf
   return out;
 }
 
+void check_upload_target(const std::string& url) {
+  if (url.starts_with("pipe:")) throw ConfigError(fmt::format("'{}': pipe: is for reading shards", url));
+  if (!url.starts_with("s3://")) return;
+  const AwsCredentials c = aws_credentials();
+  if (c.key.empty() || c.secret.empty()) {
+    throw RemoteError(url, 0, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in "
+                              "~/.aws/credentials (AWS_PROFILE picks one)");
+  }
+}
+
 fs::path cache_path(const std::string& url, const RemoteConfig& config) {
   if (config.cache_dir.empty()) return {};
   return config.cache_dir / folder_of(url) / remote_shard_name(url);
 }
 
 StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config) {
+  if (!config.cache_dir.empty()) sweep_parts(config.cache_dir);
   auto keep = std::make_shared<Staged>();
   fs::path root = config.cache_dir;
   if (root.empty()) {
     std::error_code ec;
     const fs::path tmp = fs::temp_directory_path(ec);
-    std::string templ = ((ec ? fs::path("/tmp") : tmp) / "pinfeed-shards-XXXXXX").string();
+    const fs::path base = ec ? fs::path("/tmp") : tmp;
+    sweep_private_dirs(base);
+    std::string templ = (base / fmt::format("pinfeed-shards-{}-XXXXXX", ::getpid())).string();
     if (::mkdtemp(templ.data()) == nullptr) {
       throw DataError(templ, fmt::format("cannot make a folder for the shards: {}", std::strerror(errno)));
     }

@@ -3,9 +3,12 @@
 // servers: tests/python/test_remote.py.
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <span>
+#include <fmt/format.h>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
@@ -42,6 +45,8 @@ TEST(RemoteTest, SchemesAreRecognisedAndNamedByTheirFile) {
 TEST(RemoteTest, S3UrlsGoToTheEndpointOrToAws) {
   ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/", 1);
   EXPECT_EQ(http_url("s3://bucket/a/b.tar"), "http://127.0.0.1:9000/bucket/a/b.tar");
+  // The key as it is, sent percent-encoded (the path's '/' kept).
+  EXPECT_EQ(http_url("s3://bucket/odd key%/x+y.tar"), "http://127.0.0.1:9000/bucket/odd%20key%25/x%2By.tar");
   ::unsetenv("AWS_ENDPOINT_URL");
   ::setenv("AWS_REGION", "eu-west-3", 1);
   EXPECT_EQ(http_url("s3://bucket/a/b.tar"), "https://bucket.s3.eu-west-3.amazonaws.com/a/b.tar");
@@ -162,6 +167,36 @@ TEST_F(RemoteCacheTest, APrivateFolderGoesWithTheDataset) {
   ASSERT_TRUE(fs::exists(root));
   s.keep.reset();
   EXPECT_FALSE(fs::exists(root));
+}
+
+TEST_F(RemoteCacheTest, WhatKilledProcessesLeftIsSweptAndNothingElse) {
+  // A private folder of a process that is gone (a real, reaped child's pid),
+  // one of a live process (ours), and a .part nobody fetches in a cache_dir.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const fs::path tmp = dir_.path() / "tmp";
+  const fs::path dead = tmp / fmt::format("pinfeed-shards-{}-abcdef", child);
+  const fs::path live = tmp / fmt::format("pinfeed-shards-{}-ghijkl", ::getpid());
+  fs::create_directories(dead / "x");
+  fs::create_directories(live / "x");
+  const char* was = std::getenv("TMPDIR");
+  const std::string saved = was != nullptr ? was : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  { StagedShards s = stage_shards({pipes()[0]}, RemoteConfig{}); }
+  if (was != nullptr) ::setenv("TMPDIR", saved.c_str(), 1); else ::unsetenv("TMPDIR");
+  EXPECT_FALSE(fs::exists(dead)) << "a gone process's folder stays";
+  EXPECT_TRUE(fs::exists(live)) << "a live process's folder was removed";
+
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "cache";
+  const fs::path torn = config.cache_dir / "0123456789abcdef" / "train-000009.tar.part";
+  fs::create_directories(torn.parent_path());
+  testing::write_bytes(torn, std::as_bytes(std::span("half a shard")));
+  { StagedShards s = stage_shards({pipes()[0]}, config); }
+  EXPECT_FALSE(fs::exists(torn)) << "a killed fetch's .part stays";
 }
 
 // ---------------------------------------------------------------- streamed shards' index

@@ -529,11 +529,16 @@ def test_s3_shards_packed_by_pinfeed_and_by_boto3_read_as_on_disk(shards, s3, mo
         subprocess.run([sys.executable, "-c", UPLOAD, s3["endpoint"], where] + files, check=True,
                        env=dict(s3["deps"], **s3["env"]))
     assert batches(loader_for(pattern("s3://pinfeed-test/boto"), cache_dir=tmp_path / "c")) == local
+    # A key with a space (s3:// names the key as it is; it is sent percent-encoded; moto refuses even
+    # boto3's own signature for a key with a %, which remote_test checks without a server).
+    subprocess.run([sys.executable, "-c", UPLOAD, s3["endpoint"], "pinfeed-test/odd key/"] + files, check=True,
+                   env=dict(s3["deps"], **s3["env"]))
+    assert batches(loader_for(pattern("s3://pinfeed-test/odd key"))) == local
     # A prefix ending in '/': its .tar objects, listed (ListObjectsV2, signed), in key order. A
     # bucket's root here: moto's signature check fails a '/' in the query even for boto3's own
     # ListObjectsV2 (Prefix="boto/"), so nested prefixes are listed unsigned-checked only.
     assert batches(loader_for("s3://pinfeed-list/")) == local
-    assert len(loader_for("s3://pinfeed-test/").samples) == 48  # packed/ and boto/: keys under the prefix, nested too
+    assert len(loader_for("s3://pinfeed-test/").samples) == 72  # packed/, boto/, odd key/: keys under the prefix, nested too
     scan = subprocess.run([data_tool(), "scan", pattern("s3://pinfeed-test/boto")], capture_output=True, text=True)
     assert scan.returncode == 0 and "24 images" in scan.stdout, scan.stdout + scan.stderr
 
@@ -551,3 +556,9 @@ def test_s3_refuses_a_wrong_secret_and_a_missing_key_naming_them(shards, s3, mon
     monkeypatch.setenv("HOME", str(shards))  # no ~/.aws either
     with pytest.raises(pinfeed.Error, match="no S3 credentials"):
         loader_for("s3://pinfeed-test/packed/train-000000.tar")
+    # pack says so before it packs anything.
+    start = time.monotonic()
+    packed = subprocess.run([data_tool(), "pack", "--from", str(shards / "set" / "train"), "--out",
+                             "s3://pinfeed-test/nocreds/train", "--per-shard", "6"], capture_output=True, text=True)
+    assert packed.returncode != 0 and "no S3 credentials" in packed.stderr and "packed" not in packed.stdout, packed
+    assert time.monotonic() - start < 5

@@ -118,6 +118,10 @@ struct StagedShards {
 /// page), sorted by key. Throws RemoteError (none there: 404).
 [[nodiscard]] std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConfig& config);
 
+/// Refuses, before any work, an upload target that cannot be written:
+/// pipe:, or s3:// without credentials (RemoteError naming the URL).
+void check_upload_target(const std::string& url);
+
 /// Where cache_dir keeps `url`'s shard (empty without a cache_dir).
 [[nodiscard]] std::filesystem::path cache_path(const std::string& url, const RemoteConfig& config);
 
