@@ -97,7 +97,8 @@ struct PackCommand {
   CLI::App* app = nullptr;
 
   void add(CLI::App& parent) {
-    app = parent.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards");
+    app = parent.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards, each with its index sidecar "
+                                        "(NAME.tar.index.json, which lets remote shards stream)");
     app->add_option("--from", from, "ImageFolder root")->required()->check(CLI::ExistingDirectory);
     app->add_option("--out", out,
                     "shard prefix: PREFIX-000000.tar, ...; an http(s):// or s3://bucket/prefix URL uploads each "
@@ -207,12 +208,12 @@ struct IndexCommand {
   CLI::App* app = nullptr;
 
   void add(CLI::App& parent) {
-    app = parent.add_subcommand("index", "write each tar shard's index sidecar (NAME.tar.index.json), which lets "
-                                         "remote shards stream (pack writes them too)");
+    app = parent.add_subcommand("index", "write each local tar shard's index sidecar (NAME.tar.index.json), which "
+                                         "lets remote shards stream (pack writes them too)");
     app->add_option("shards", shards, "tar shards: a path, a brace pattern (data/train-{000000..000127}.tar) or a comma "
                                       "list")->required();
-    app->add_option("--out", out, "upload each sidecar next to its shard under this URL prefix (s3://bucket/dir/, "
-                                  "https://host/dir/) instead of leaving it on disk only");
+    app->add_option("--out", out, "also upload each sidecar to this URL prefix, which must be the one holding the "
+                                  "shards in the store (s3://bucket/dir/, https://host/dir/)");
   }
 
   int run(bool quiet) const {
@@ -222,6 +223,11 @@ struct IndexCommand {
     if (!out.empty()) pl::check_upload_target(out);
     std::size_t n = 0;
     for (const auto& tar : pl::expand_shard_pattern(shards)) {
+      if (pl::is_remote_url(tar.string())) {
+        throw pinfeed::ConfigError(fmt::format("index: '{}' is a URL: index reads local copies of the shards (the "
+                                               "same bytes), and --out uploads the sidecars beside the remote ones",
+                                               tar.string()));
+      }
       const auto sidecar = pl::write_shard_index(tar);
       if (!out.empty()) pl::upload_file(sidecar, out + sidecar.filename().string(), pl::RemoteConfig{});
       if (!quiet) fmt::print("{}\n", out.empty() ? sidecar.string() : out + sidecar.filename().string());

@@ -853,8 +853,9 @@ std::string describe_change(const DatasetFingerprint& was, const DatasetFingerpr
 
 namespace {
 
-/// Shards some of which are URLs: those are staged (remote.hpp), and a
-/// shard's error names its URL, not the cache's file.
+/// Shards some of which are URLs: streamed when every shard has an index
+/// sidecar (streamed.hpp), else staged (remote.hpp); a shard's error names
+/// its URL, not the cache's file.
 std::unique_ptr<Dataset> open_remote_shards(const std::vector<fs::path>& expanded, std::size_t max_classes,
                                             const RemoteConfig& remote) {
   std::vector<std::string> urls, sources, all;

@@ -149,12 +149,13 @@ std::vector<LoaderOption> make_options() {
                                                     "seconds a remote transfer may stall (or take to connect, at "
                                                     "most 10) before it is retried"),
       integer<&L::remote, &RemoteConfig::retries>("remote_retries", 0, 100,
-                                                  "retries of a failed remote transfer (backoff 0.5 s doubling, "
-                                                  "with jitter); 403/404 fail at once"),
+                                                  "retries of a failed remote transfer after its first try (backoff "
+                                                  "0.5 s doubling, with jitter); a 4xx but 408/416/429 fails at once"),
       integer<&L::remote, &RemoteConfig::readahead>("remote_readahead", 0, u64_max,
                                                     "bytes of streamed remote samples fetched ahead of the loader "
-                                                    "(0: the least of 256 MiB and 1/16 of available memory); a "
-                                                    "quarter under elevated memory pressure, 4 MiB under critical"),
+                                                    "(0: 1/16 of available memory, within 4-256 MiB); with "
+                                                    "watch_pressure a quarter under elevated pressure, 4 MiB under "
+                                                    "critical"),
       integer<&L::remote, &RemoteConfig::streams>("remote_streams", 1, 1024,
                                                   "Range requests in flight at once while streaming remote shards"),
   };
@@ -274,8 +275,9 @@ const std::array<LoaderField, 8> kLoaderFields{{
     {"std", "rgb", "R,G,B", kNormalization, set_std, [](const LoaderConfig& c) { return rgb_text(c.transform.std); }},
     {"cuda_device", "integer", "-1..", "the GPU the pool's slots are registered with (-1: none)", set_cuda_device,
      [](const LoaderConfig& c) { return std::to_string(c.cuda_device); }},
-    {"cache_dir", "text", "", "where remote shards (http://, https://, s3://, pipe:) are kept across runs and shared "
-     "by the ranks of a node (empty: a private folder removed at the end)",
+    {"cache_dir", "text", "", "where remote shards (http://, https://, s3://, pipe:) are kept whole across runs and "
+     "shared by the ranks of a node (empty: none kept; streamed samples stay in memory, staged shards go to a "
+     "private folder removed at the end)",
      [](LoaderConfig& c, std::string_view v) { c.remote.cache_dir = std::string(v); },
      [](const LoaderConfig& c) { return c.remote.cache_dir.string(); }},
 }};

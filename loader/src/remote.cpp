@@ -222,7 +222,8 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
     const AwsCredentials c = aws_credentials();  // read each time: rotated keys and tokens are taken up
     if (c.key.empty() || c.secret.empty()) {
       throw RemoteError(url, 0, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile "
-                                "in ~/.aws/credentials (AWS_PROFILE picks one)");
+                                "in ~/.aws/credentials (AWS_PROFILE picks one); instance roles, EKS web identity "
+                                "and SSO are not read: `aws configure export-credentials --format env` exports them");
     }
     const std::string sigv4 = "aws:amz:" + c.region + ":s3";
     curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4.c_str());  // copied by libcurl
@@ -871,7 +872,8 @@ void check_upload_target(const std::string& url) {
   const AwsCredentials c = aws_credentials();
   if (c.key.empty() || c.secret.empty()) {
     throw RemoteError(url, 0, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in "
-                              "~/.aws/credentials (AWS_PROFILE picks one)");
+                              "~/.aws/credentials (AWS_PROFILE picks one); instance roles, EKS web identity and SSO "
+                              "are not read: `aws configure export-credentials --format env` exports them");
   }
 }
 

@@ -591,7 +591,9 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
             indexes[s] = parse_shard_index(text, redact_url(url), max_classes);
             impl->shards[s].bytes = indexes[s].size;
           } catch (const RemoteError& e) {
-            if (e.status() == 404 || e.status() == 410) {
+            // S3 answers 403 for a missing key to a reader without
+            // s3:ListBucket: staging then says what the shard itself gets.
+            if (e.status() == 404 || e.status() == 410 || e.status() == 403) {
               pinfeed::detail::log().info("remote: {} has no index sidecar ({}): staging whole shards instead of "
                                           "streaming (pinfeed-data index makes sidecars)",
                                           redact_url(specs[s]), e.what());

@@ -84,7 +84,8 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
         pinfeed-data index) stream: each sample is a Range request made
         ahead along the epoch's order, at most remote_readahead bytes ahead
         (shrunk under memory pressure), remote_streams at once; stats()
-        ["remote"] counts them. Others are fetched whole first (Range
+        ["remote"] counts them. If any shard lacks a sidecar (or is pipe:
+        or a presigned URL), the whole set is fetched first instead (Range
         resume, retries: remote_timeout, remote_retries). Either way
         cache_dir keeps whole shards across runs (shared by a node's ranks,
         bounded by cache_limit bytes); without it nothing stays. Order,

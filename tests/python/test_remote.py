@@ -427,6 +427,21 @@ def test_a_server_killed_and_restarted_mid_epoch_costs_a_pause_not_a_sample(shar
                 p.wait(10)
 
 
+def test_shards_made_elsewhere_stream_once_pinfeed_data_index_has_run(shards, nginx):
+    www = shards / "www" / "indexed"
+    shutil.copytree(shards / "www" / "data", www)  # shards without sidecars, as another tool writes them
+    loader = loader_for(pattern(url_for(nginx, "indexed")))
+    assert "remote" not in loader.stats()  # staged whole
+    made = subprocess.run([data_tool(), "index", str(www / "train-{000000..000003}.tar")], capture_output=True, text=True)
+    assert made.returncode == 0 and f"indexed {SHARDS} shards" in made.stdout, made
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    streamed = loader_for(pattern(url_for(nginx, "indexed")))
+    assert batches(streamed) == local and streamed.stats()["remote"]["requests"] == 24
+    refused = subprocess.run([data_tool(), "index", f"{url_for(nginx, 'indexed')}/train-000000.tar"],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "index reads local copies" in refused.stderr, refused
+
+
 def test_a_stale_index_is_refused_naming_the_shard_never_read_as_other_samples(shards, nginx):
     www = copy_of_stream(shards, "stale")
     shutil.copy(www / "train-000001.tar.index.json", www / "train-000000.tar.index.json")  # another shard's
@@ -447,7 +462,7 @@ def test_a_cut_or_refused_sample_transfer_is_asked_again(shards, flaky):
     local = batches(loader_for(pattern(shards / "www" / "data")))
     for mode in ("drop", "busy"):
         url, _ = flaky(mode)  # each shard's first GET is cut halfway, or answered 503
-        loader = loader_for(pattern(url.replace("/data", "/stream")), remote_retries=3)
+        loader = loader_for(pattern(url.replace("/data", "/stream")), remote_retries=3, remote_timeout=5)
         assert batches(loader) == local
         assert loader.stats()["remote"]["retries"] >= SHARDS
 
@@ -455,7 +470,7 @@ def test_a_cut_or_refused_sample_transfer_is_asked_again(shards, flaky):
 def test_a_server_that_ignores_range_is_named_when_streaming(shards, flaky):
     url, _ = flaky("norange")
     with pytest.raises(pinfeed.Error, match="whole object.*Range"):
-        batches(loader_for(pattern(url.replace("/data", "/stream")), remote_retries=3))
+        batches(loader_for(pattern(url.replace("/data", "/stream")), remote_retries=3, remote_timeout=5))
 
 
 # ---------------------------------------------------------------- S3

@@ -4,11 +4,14 @@
 // is libcurl (HTTP(S) with Range resume; S3 through its built-in AWS
 // Signature V4), never a client of our own.
 //
-// This first step stages each remote shard whole into a cache folder
-// (cache_dir, or a private temporary one removed when the dataset closes) and
-// reads it as a local shard, so sample order, torch order, fingerprints and
-// resume are those of the same shards on disk. Note [Remote staging]
-// (remote.cpp) says what a file in the cache promises and how ranks share it.
+// A set whose every shard has an index sidecar streams (streamed.hpp). Here
+// is the rest: staging, which fetches each remote shard whole into a cache
+// folder (cache_dir, or a private temporary one removed when the dataset
+// closes) to be read as a local shard, the cache itself (also filled by the
+// streaming reader), uploads and listings. Either way sample order, torch
+// order, fingerprints and resume are those of the same shards on disk. Note
+// [Remote staging] (remote.cpp) says what a file in the cache promises and
+// how ranks share it.
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -22,7 +25,7 @@
 namespace pinfeed::loader {
 
 /// A transfer that failed for good: after the retry budget, or at once for
-/// an answer no retry changes (400, 401, 403, 404). Names the URL and the
+/// an answer no retry changes (any 4xx but 408, 416 and 429). Names the URL and the
 /// HTTP status (0: none, a transport error). Fatal: never replaced by a
 /// substitute sample, since the whole shard is missing.
 class RemoteError : public Error {
