@@ -7,8 +7,12 @@
 //   pinfeed-delay-proxy --to 127.0.0.1:8080 --delay-ms 10    # prints the port it listens on
 //
 // Each connection gets a reader and a writer thread per direction; a writer
-// sends a chunk when its time comes. On exit (SIGTERM) it prints its CPU
-// seconds, so a benchmark can say what the proxy cost the machine.
+// sends a chunk when its time comes. --reset-one-in N resets a connection
+// (RST to both sides) before about one in N chunks from the server, as a
+// flaky link or a middlebox does. On exit (SIGTERM) it prints its CPU
+// seconds and the resets, so a benchmark can say what the proxy cost the
+// machine and a test that the faults happened. Packet loss is not emulated:
+// TCP retransmits it out of sight, which only adds delay.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -25,6 +29,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,7 +51,25 @@ struct Pipe {
   std::deque<Chunk> q;
 };
 
-void pump(int from, int to, std::chrono::microseconds delay) {
+std::atomic<std::uint64_t> g_resets{0};
+
+/// Whether to reset before this chunk: about one in `one_in` (0: never).
+bool draw_reset(unsigned one_in) {
+  static std::mutex m;
+  static std::mt19937 rng{12345};
+  if (one_in == 0) return false;
+  const std::scoped_lock lock(m);
+  return std::uniform_int_distribution<unsigned>(1, one_in)(rng) == 1;
+}
+
+/// RST to the peer: linger 0, then close's shutdown.
+void reset(int fd) {
+  const linger l{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::shutdown(fd, SHUT_RDWR);
+}
+
+void pump(int from, int to, std::chrono::microseconds delay, unsigned reset_one_in = 0) {
   auto pipe = std::make_shared<Pipe>();
   std::thread writer([pipe, to] {
     for (;;) {
@@ -78,6 +101,18 @@ void pump(int from, int to, std::chrono::microseconds delay) {
   for (;;) {
     const ssize_t r = ::recv(from, buf.data(), buf.size(), 0);
     if (r < 0 && errno == EINTR) continue;
+    if (r > 0 && draw_reset(reset_one_in)) {
+      ++g_resets;
+      reset(to);    // the client sees "connection reset by peer"
+      reset(from);  // and the server's side goes too
+      Chunk end{Clock::now(), {}};
+      {
+        const std::scoped_lock lock(pipe->m);
+        pipe->q.push_back(std::move(end));
+      }
+      pipe->cv.notify_one();
+      break;
+    }
     Chunk c{Clock::now() + delay, {}};
     if (r > 0) c.bytes.assign(buf.data(), buf.data() + r);
     {
@@ -114,10 +149,13 @@ int main(int argc, char** argv) {
   std::string to;
   int listen_port = 0;
   double delay_ms = 10;
+  unsigned reset_one_in = 0;
   app.add_option("--to", to, "HOST:PORT to forward to (IPv4)")->required();
   app.add_option("--listen", listen_port, "port on 127.0.0.1 (0: any free one, printed)")->check(CLI::Range(0, 65535));
   app.add_option("--delay-ms", delay_ms, "milliseconds each byte is held, each way (round trip: twice)")
       ->check(CLI::Range(0.0, 10000.0));
+  app.add_option("--reset-one-in", reset_one_in, "reset a connection before about one in N chunks from the server "
+                                                 "(0: never)");
   CLI11_PARSE(app, argc, argv);
   const auto colon = to.rfind(':');
   if (colon == std::string::npos) {
@@ -150,7 +188,7 @@ int main(int argc, char** argv) {
   while (!g_stop) {
     const int c = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
-    std::thread([c, host, port, delay] {
+    std::thread([c, host, port, delay, reset_one_in] {
       const int s = connect_to(host, port);
       if (s < 0) {
         ::close(c);
@@ -158,7 +196,7 @@ int main(int argc, char** argv) {
       }
       const int nodelay = 1;
       for (const int fd : {c, s}) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, sizeof nodelay);
-      std::thread back([s, c, delay] { pump(s, c, delay); });
+      std::thread back([s, c, delay, reset_one_in] { pump(s, c, delay, reset_one_in); });
       pump(c, s, delay);
       back.join();
       ::close(c);
@@ -167,10 +205,11 @@ int main(int argc, char** argv) {
   }
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
-  fmt::print(stderr, "pinfeed-delay-proxy: {:.2f} CPU seconds (user {:.2f}, system {:.2f})\n",
+  fmt::print(stderr, "pinfeed-delay-proxy: {:.2f} CPU seconds (user {:.2f}, system {:.2f}), {} resets\n",
              static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
                  static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6,
              static_cast<double>(u.ru_utime.tv_sec) + static_cast<double>(u.ru_utime.tv_usec) * 1e-6,
-             static_cast<double>(u.ru_stime.tv_sec) + static_cast<double>(u.ru_stime.tv_usec) * 1e-6);
+             static_cast<double>(u.ru_stime.tv_sec) + static_cast<double>(u.ru_stime.tv_usec) * 1e-6,
+             g_resets.load());
   return 0;
 }

@@ -442,6 +442,32 @@ def test_shards_made_elsewhere_stream_once_pinfeed_data_index_has_run(shards, ng
     assert refused.returncode != 0 and "index reads local copies" in refused.stderr, refused
 
 
+DELAY_PROXY = os.environ.get("PINFEED_DELAY_PROXY") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "release", "bench", "pinfeed-delay-proxy")
+
+
+def test_a_long_link_that_resets_connections_gives_the_same_batches(shards, nginx):
+    """50 ms round trips and connections reset mid-body (bench/delay_proxy.cpp
+    between the loader and nginx: no tc netem on this kernel), streamed and
+    staged: the same batches after retries."""
+    if not os.path.exists(DELAY_PROXY):
+        pytest.skip(f"{DELAY_PROXY} is not built (the CMake build's bench/ makes it)")
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    port = nginx["url"].split(":")[2].split("/")[0]
+    proxy = subprocess.Popen([DELAY_PROXY, "--to", f"127.0.0.1:{port}", "--delay-ms", "25", "--reset-one-in", "12"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        via = f"http://127.0.0.1:{int(proxy.stdout.readline())}"
+        for folder in ("stream", "data"):
+            loader = loader_for(pattern(f"{via}/{folder}"), remote_retries=10, remote_timeout=5)
+            assert batches(loader) == local, folder
+    finally:
+        proxy.terminate()
+        err = proxy.communicate(timeout=10)[1]
+    resets = int(err.rsplit(",", 1)[1].split()[0])
+    assert resets > 0, err
+
+
 def test_a_stale_index_is_refused_naming_the_shard_never_read_as_other_samples(shards, nginx):
     www = copy_of_stream(shards, "stale")
     shutil.copy(www / "train-000001.tar.index.json", www / "train-000000.tar.index.json")  # another shard's
