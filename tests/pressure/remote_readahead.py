@@ -40,6 +40,13 @@ HEADROOM = 64 * MiB  # the monitor's: critical below it
 BATCH = 16
 
 
+class Server(http.server.ThreadingHTTPServer):
+    """A listen backlog for the streaming reader's 32 connections at once
+    (socketserver's default of 5 drops SYNs, and each dropped one costs a
+    1-3 s retransmit: a slow test, not a fault under test)."""
+    request_queue_size = 128
+
+
 class Ranges(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     root = "."
@@ -71,7 +78,7 @@ class Ranges(http.server.BaseHTTPRequestHandler):
 
 def run_server(root, port_file):
     handler = type("H", (Ranges,), {"root": root})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = Server(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     with open(port_file + ".tmp", "w") as f:
         f.write(str(server.server_address[1]))

@@ -229,6 +229,13 @@ def test_pipe_shards_read_a_commands_output(shards):
         loader_for("pipe:false shard.tar", remote_retries=0)
 
 
+class Server(http.server.ThreadingHTTPServer):
+    """A listen backlog for the streaming reader's 32 connections at once
+    (socketserver's default of 5 drops SYNs, and each dropped one costs a
+    1-3 s retransmit: a slow test, not a fault under test)."""
+    request_queue_size = 128
+
+
 class Flaky(http.server.BaseHTTPRequestHandler):
     """Serves the shards with Range support; the first GET of each file is
     cut (mode "drop": the connection closes after half the body) or stalls
@@ -288,7 +295,7 @@ def flaky(shards):
 
     def start(mode):
         handler = type("Handler", (Flaky,), {"root": str(shards / "www"), "mode": mode, "seen": set(), "ranges": []})
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = Server(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
