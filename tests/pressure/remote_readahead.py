@@ -5,8 +5,9 @@ read-ahead gives its memory back like the pool.
 A Range-capable HTTP server (a separate process, outside the cgroup) serves
 packed shards with their index sidecars. The consumer, the Python loader in a
 memory cgroup of the test's own (700 MiB, no swap), streams them with a
-64 MiB read-ahead bound that holds the whole set, and reads slowly, so the
-fetched samples sit in its memory. A neighbour in the same cgroup then takes
+64 MiB read-ahead bound that holds the whole set, holds its first batch until
+the read-ahead has filled, then reads slowly, so the fetched samples sit in
+its memory. A neighbour in the same cgroup then takes
 memory until less than the monitor's 64 MiB headroom is left: critical.
 
 It asserts: the loader's read-ahead bound falls to 4 MiB and the fetched
@@ -99,15 +100,27 @@ def run_consumer(url, out):
     loader = pinfeed.Loader(url, batch_size=BATCH, size=64, threads=2, prefetch=2, shuffle=True, seed=1,
                             return_indices=True, remote_readahead=READAHEAD)
     progress = open(out + ".progress", "w")
-    seen = []
-    for k, (_, _, indices) in enumerate(loader):
-        seen += indices.tolist()
+
+    def report(k):
         st = loader.stats()["remote"]
         progress.write(json.dumps({"t": time.time(), "k": k, "ahead": st["readahead_bytes"],
                                    "limit": st["readahead_limit"], "dropped": st["dropped"],
                                    "requests": st["requests"], "rss": rss_anon()}) + "\n")
         progress.flush()
-        time.sleep(0.3 if k > 0 else 2.0)  # a slow step: the read-ahead fills and stays
+
+    seen = []
+    for k, (_, _, indices) in enumerate(loader):
+        seen += indices.tolist()
+        report(k)
+        if k == 0:
+            # Hold the first batch until the driver says go (it waits for the
+            # read-ahead to fill, however slow the machine), reporting the
+            # read-ahead every 0.1 s meanwhile.
+            deadline = time.time() + 60
+            while not os.path.exists(out + ".go") and time.time() < deadline:
+                time.sleep(0.1)
+                report(k)
+        time.sleep(0.3)  # a slow step: the fetched samples sit in memory
     json.dump({"seen": sorted(seen), "n": len(loader.samples)}, open(out, "w"))
     return 0
 
@@ -155,15 +168,21 @@ def drive(args):
         logf = open(log, "w")
         consumer = subprocess.Popen([sys.executable, __file__, "_consumer", "--url", url, "--out", out],
                                     stdout=logf, stderr=subprocess.STDOUT, preexec_fn=cg.enter())
-        # The read-ahead fills (the consumer waits 2 s after its first batch).
-        deadline = time.time() + 60
-        lines = []
+        # The read-ahead fills while the consumer holds its first batch: wait
+        # until it has taken most of the set and stopped growing for 0.5 s
+        # (a loaded 2-core CI machine is slow to fetch; a fixed sleep was not
+        # enough there), at most 45 s; the premise check below says if not.
+        deadline = time.time() + 45
+        lines, grew_at, last = [], time.time(), -1
         while time.time() < deadline and consumer.poll() is None:
             lines = progress_lines(out + ".progress")
             if lines:
-                break
+                ahead = lines[-1]["ahead"]
+                if ahead > last:
+                    grew_at, last = time.time(), ahead
+                elif ahead >= 24 * MiB and time.time() - grew_at > 0.5:
+                    break
             time.sleep(0.05)
-        time.sleep(0.8)
         lines = progress_lines(out + ".progress")
         if not lines:
             print(open(log, errors="replace").read()[-3000:])
@@ -176,6 +195,7 @@ def drive(args):
         t_squeeze = time.time()
         neighbour = subprocess.Popen([sys.executable, __file__, "_neighbour", "--target", str(target)],
                                      stdout=logf, stderr=subprocess.STDOUT, preexec_fn=cg.enter())
+        open(out + ".go", "w").close()
         wait_or_kill(neighbour, 60, failures, "the neighbour did not finish within 60 s")
         wait_or_kill(consumer, 120, failures, "the consumer did not finish its epoch within 120 s")
         logf.close()
