@@ -786,11 +786,13 @@ void Loader::stop() noexcept {
   if (!run_) return;
   auto run = std::move(run_);
   run->begin_stop();
+  dataset_->cancel_reads(true);  // a read waiting for a stalled server would hold the stop for its timeout
   try {
     engine_->arena.execute([&] { run->graph->wait_for_all(); });
   } catch (const std::exception& e) {
     pinfeed::detail::log().error("loader: stopping the epoch: {}", e.what());
   }
+  dataset_->cancel_reads(false);
   std::deque<detail::BuildPtr> undelivered;
   {
     const std::scoped_lock lock(run->mutex);

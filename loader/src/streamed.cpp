@@ -68,6 +68,11 @@
 // (remote.hpp's staging: atomic files, locks shared by the node's ranks,
 // LRU eviction) while the epoch streams; a shard's reads move to its local
 // copy once it is there, so the next epoch reads from disk.
+//
+// Stopping: Loader::stop turns cancel_reads on until its graph has drained,
+// and reads waiting for bytes throw Cancelled meanwhile: a loader dropped
+// while a server stalls goes at once instead of waiting out remote_timeout
+// and retries.
 
 namespace pinfeed::loader {
 
@@ -207,6 +212,7 @@ struct StreamedShards::Impl {
   std::uint64_t ahead = 0, base_limit = 0, limit = 0;
   StreamStats stats;
   bool closing = false;
+  bool cancelled = false;  // cancel_reads(true) .. cancel_reads(false)
   std::vector<std::shared_ptr<const void>> keep;  ///< the cache's locks
 
   CURLM* multi = nullptr;
@@ -732,6 +738,14 @@ void StreamedShards::plan(std::span<const std::size_t> order) const {
   m.wake();
 }
 
+void StreamedShards::cancel_reads(bool on) const {
+  {
+    const std::scoped_lock lock(impl_->mutex);
+    impl_->cancelled = on;
+  }
+  impl_->cv.notify_all();
+}
+
 void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const {
   Impl& m = *impl_;
   const Impl::Sample& s = m.samples.at(i);
@@ -754,6 +768,7 @@ void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const {
       if (const auto f = m.failed.find(i); f != m.failed.end()) std::rethrow_exception(f->second);
       if (m.shards[s.shard].failed) std::rethrow_exception(m.shards[s.shard].failed);
       if (m.closing) throw Error(fmt::format("{}: the dataset was closed while the sample was read", describe(i)));
+      if (m.cancelled) throw Cancelled(fmt::format("{}: the loader stopped its epoch while the sample was fetched", describe(i)));
       if (!m.queued.contains(i)) {
         m.queued.insert(i);
         m.demand.push_back(Impl::Job{i, m.gen, 0, false, 0, Clock::now()});

@@ -356,9 +356,13 @@ class PyLoader {
       feed_.reset();
       return;
     }
-    py::gil_scoped_release release;  // the feed waits for its copies
+    py::gil_scoped_release release;  // the feed waits for its copies, the loader for its threads
     ahead_.reset();
     feed_.reset();
+    // Stopped without the GIL: a decoding thread may wait for bytes an
+    // in-process Python server (a test's, a user's proxy) sends only when it
+    // gets the GIL.
+    loader_.reset();
   }
   PyLoader(const PyLoader&) = delete;
   PyLoader& operator=(const PyLoader&) = delete;

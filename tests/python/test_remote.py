@@ -7,6 +7,7 @@ one works on the other. Shards with index sidecars (www/stream, as pack
 writes them) stream sample by sample; without (www/data) they are staged
 whole: both paths meet the same oracle."""
 import collections
+import gc
 import hashlib
 import http.server
 import os
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -239,9 +241,11 @@ class Server(http.server.ThreadingHTTPServer):
 class Flaky(http.server.BaseHTTPRequestHandler):
     """Serves the shards with Range support; the first GET of each file is
     cut (mode "drop": the connection closes after half the body) or stalls
-    (mode "stall": half the body, then nothing)."""
+    (mode "stall": half the body, then nothing). Mode "hold": every Range
+    request gets no answer while `hold` is set (until `free` is)."""
     protocol_version = "HTTP/1.1"
     root, mode, seen, ranges, lock = None, "drop", set(), [], threading.Lock()
+    hold, free = threading.Event(), threading.Event()
 
     def log_message(self, *args):
         pass
@@ -265,6 +269,10 @@ class Flaky(http.server.BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         with self.lock:
             self.ranges.append(rng)
+        if rng and self.mode == "hold" and self.hold.is_set():
+            self.free.wait(60)
+            self.close_connection = True
+            return
         if rng and self.mode != "norange":
             first, _, last = rng.split("=")[1].partition("-")
             start = int(first)
@@ -294,14 +302,19 @@ def flaky(shards):
     servers = []
 
     def start(mode):
-        handler = type("Handler", (Flaky,), {"root": str(shards / "www"), "mode": mode, "seen": set(), "ranges": []})
+        handler = type("Handler", (Flaky,), {"root": str(shards / "www"), "mode": mode, "seen": set(), "ranges": [],
+                                             "hold": threading.Event(), "free": threading.Event()})
+        start.handlers.append(handler)
         server = Server(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/data", handler.ranges
 
+    start.handlers = []
     yield start
+    for h in start.handlers:
+        h.free.set()
     for s in servers:
         s.shutdown()
 
@@ -504,6 +517,36 @@ def test_a_server_that_ignores_range_is_named_when_streaming(shards, flaky):
     url, _ = flaky("norange")
     with pytest.raises(pinfeed.Error, match="whole object.*Range"):
         batches(loader_for(pattern(url.replace("/data", "/stream")), remote_retries=3, remote_timeout=5))
+
+
+def test_a_loader_dropped_while_the_server_stalls_is_gone_at_once(shards, flaky):
+    """A program that leaves mid-epoch (del, an exception, the end of a
+    function) while the server stalls: the decoding threads stop waiting for
+    their bytes, and the loader goes at once, not after remote_timeout (20 s
+    here) and its retries. The server runs in this process, as a user's
+    proxy or test server might: stopping the loader must not hold the GIL."""
+    url, _ = flaky("hold")
+    handler = flaky.handlers[-1]
+    loader = loader_for(pattern(url.replace("/data", "/stream")), remote_readahead=1, remote_timeout=20)
+    loader.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    deadline = time.monotonic() + 10  # batch 2 is ready, and the loader idles: the consumer holds the other slot
+    while time.monotonic() < deadline and not (loader.stats()["ready_batches"] == 1 and loader.stats()["in_flight"] == 0):
+        time.sleep(0.02)
+    handler.hold.set()  # from now on no sample comes
+    waits = loader.stats()["remote"]["waits"]
+    next(it)  # batch 2; batch 1's slot is free, and batch 3 waits for its samples
+    deadline = time.monotonic() + 10
+    while loader.stats()["remote"]["waits"] == waits and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert loader.stats()["remote"]["waits"] > waits, "premise: a read waits for the stalled server"
+    gone = weakref.ref(loader)
+    start = time.monotonic()
+    del it, loader
+    gc.collect()
+    took = time.monotonic() - start
+    assert gone() is None and took < 5, took
 
 
 # ---------------------------------------------------------------- S3

@@ -63,6 +63,12 @@ class Dataset {
   /// The order the next reads will come in (an epoch's, from its position):
   /// a streamed dataset fetches ahead along it. Thread-safe.
   virtual void plan(std::span<const std::size_t> order) const { (void)order; }
+  /// While on (the loader stopping its epoch: an early break, a new epoch,
+  /// its end), reads that would wait for bytes not yet here (a streamed
+  /// sample) throw Cancelled instead of waiting for a server. Without it, a
+  /// loader closed while a server stalls waits out the transfer's timeout
+  /// and retries. Thread-safe.
+  virtual void cancel_reads(bool on) const { (void)on; }
   /// A streamed dataset's transfers (none for local data).
   [[nodiscard]] virtual std::optional<StreamStats> stream_stats() const { return std::nullopt; }
 };
