@@ -138,7 +138,11 @@ struct EpochRun {
   std::mutex bad_mutex;  // guards bad_classes
   std::map<std::int64_t, BadClass> bad_classes;
 
-  EpochRun(const Dataset& d, const LoaderConfig& c) : dataset(&d), stage(d, c.transform, c.seed), config(c) {}
+  // The stage's reads stop with the run (a streamed read waiting for a
+  // stalled server would hold the stop for its timeout).
+  EpochRun(const Dataset& d, const LoaderConfig& c) : dataset(&d), stage(d, c.transform, c.seed), config(c) {
+    stage.stop_reads_on(stop.get_token());
+  }
 
   void fail(std::exception_ptr e) {
     {
@@ -786,13 +790,11 @@ void Loader::stop() noexcept {
   if (!run_) return;
   auto run = std::move(run_);
   run->begin_stop();
-  dataset_->cancel_reads(true);  // a read waiting for a stalled server would hold the stop for its timeout
   try {
     engine_->arena.execute([&] { run->graph->wait_for_all(); });
   } catch (const std::exception& e) {
     pinfeed::detail::log().error("loader: stopping the epoch: {}", e.what());
   }
-  dataset_->cancel_reads(false);
   std::deque<detail::BuildPtr> undelivered;
   {
     const std::scoped_lock lock(run->mutex);

@@ -52,7 +52,7 @@ CropPlan SampleStage::plan(std::size_t index, std::uint64_t epoch, SampleScratch
 void SampleStage::operator()(std::size_t index, std::uint64_t epoch, std::span<std::byte> out, SampleScratch& s,
                              StageTimes& times) const {
   auto t0 = std::chrono::steady_clock::now();
-  dataset_->read(index, s.bytes);
+  dataset_->read_stoppable(index, s.bytes, stop_);
   times.read_ns += since(t0);
 
   t0 = std::chrono::steady_clock::now();

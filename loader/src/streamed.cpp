@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -69,10 +70,10 @@
 // LRU eviction) while the epoch streams; a shard's reads move to its local
 // copy once it is there, so the next epoch reads from disk.
 //
-// Stopping: Loader::stop turns cancel_reads on until its graph has drained,
-// and reads waiting for bytes throw Cancelled meanwhile: a loader dropped
-// while a server stalls goes at once instead of waiting out remote_timeout
-// and retries.
+// Stopping: an epoch's reads come through read_stoppable with the run's stop
+// token, and one waiting for bytes throws Cancelled within 100 ms of the
+// stop: a loader dropped while a server stalls goes at once instead of
+// waiting out remote_timeout and retries.
 
 namespace pinfeed::loader {
 
@@ -212,7 +213,6 @@ struct StreamedShards::Impl {
   std::uint64_t ahead = 0, base_limit = 0, limit = 0;
   StreamStats stats;
   bool closing = false;
-  bool cancelled = false;  // cancel_reads(true) .. cancel_reads(false)
   bool served = false;     // a read has had its bytes: the stagers may start
   std::vector<std::shared_ptr<const void>> keep;  ///< the cache's locks
 
@@ -687,9 +687,17 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   impl->fetcher = std::thread([raw] { raw->run(); });
   impl->config.cancel = impl->cancel;  // the closing dataset stops a shard being cached mid-transfer
   if (!config.cache_dir.empty()) {
-    const std::size_t uncached = remote.size() - cached.size();
+    const auto uncached = static_cast<std::size_t>(std::count_if(
+        impl->shards.begin(), impl->shards.end(), [](const Impl::Shard& sh) { return sh.remote && !sh.fd; }));
     const std::size_t n = std::min<std::size_t>(std::max(1U, config.parallel), uncached);
-    for (std::size_t k = 0; k < n; ++k) impl->stagers.emplace_back([raw] { raw->stage(); });
+    for (std::size_t k = 0; k < n; ++k) {
+      try {
+        impl->stagers.emplace_back([raw] { raw->stage(); });
+      } catch (const std::system_error& e) {  // out of threads (RLIMIT_NPROC): fewer stagers, or none
+        pinfeed::detail::log().warn("remote: {} of {} threads to fill cache_dir started: {}", k, n, e.what());
+        break;
+      }
+    }
   }
   pinfeed::detail::log().info("remote: streaming {} shards ({} samples), read-ahead bound {} bytes, {} streams{}",
                               remote.size(), impl->samples.size(), impl->base_limit, config.streams,
@@ -753,15 +761,9 @@ void StreamedShards::plan(std::span<const std::size_t> order) const {
   m.wake();
 }
 
-void StreamedShards::cancel_reads(bool on) const {
-  {
-    const std::scoped_lock lock(impl_->mutex);
-    impl_->cancelled = on;
-  }
-  impl_->cv.notify_all();
-}
+void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const { read_stoppable(i, out, {}); }
 
-void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const {
+void StreamedShards::read_stoppable(std::size_t i, std::vector<std::byte>& out, const std::stop_token& stop) const {
   Impl& m = *impl_;
   const Impl::Sample& s = m.samples.at(i);
   if (s.size > kMaxSampleBytes) throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
@@ -783,7 +785,9 @@ void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const {
       if (const auto f = m.failed.find(i); f != m.failed.end()) std::rethrow_exception(f->second);
       if (m.shards[s.shard].failed) std::rethrow_exception(m.shards[s.shard].failed);
       if (m.closing) throw Error(fmt::format("{}: the dataset was closed while the sample was read", describe(i)));
-      if (m.cancelled) throw Cancelled(fmt::format("{}: the loader stopped its epoch while the sample was fetched", describe(i)));
+      if (stop.stop_requested()) {  // seen within the 100 ms wait below
+        throw Cancelled(fmt::format("{}: the loader stopped its epoch while the sample was fetched", describe(i)));
+      }
       if (!m.queued.contains(i)) {
         m.queued.insert(i);
         m.demand.push_back(Impl::Job{i, m.gen, 0, false, 0, Clock::now()});

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,12 +64,16 @@ class Dataset {
   /// The order the next reads will come in (an epoch's, from its position):
   /// a streamed dataset fetches ahead along it. Thread-safe.
   virtual void plan(std::span<const std::size_t> order) const { (void)order; }
-  /// While on (the loader stopping its epoch: an early break, a new epoch,
-  /// its end), reads that would wait for bytes not yet here (a streamed
-  /// sample) throw Cancelled instead of waiting for a server. Without it, a
-  /// loader closed while a server stalls waits out the transfer's timeout
-  /// and retries. Thread-safe.
-  virtual void cancel_reads(bool on) const { (void)on; }
+  /// read(), as an epoch's decoding threads do it: once `stop` is requested
+  /// (the loader stopping its epoch: an early break, a new epoch, its end),
+  /// a read that would wait for bytes not yet here (a streamed sample)
+  /// throws Cancelled instead of waiting for a server. Without it, a loader
+  /// closed while a server stalls waits out the transfer's timeout and
+  /// retries. Other reads (crop_params, scans) are not affected.
+  virtual void read_stoppable(std::size_t i, std::vector<std::byte>& out, const std::stop_token& stop) const {
+    (void)stop;
+    read(i, out);
+  }
   /// A streamed dataset's transfers (none for local data).
   [[nodiscard]] virtual std::optional<StreamStats> stream_stats() const { return std::nullopt; }
 };

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <span>
+#include <stop_token>
 #include <vector>
 
 #include "pinfeed/loader/dataset.hpp"
@@ -44,10 +45,15 @@ class SampleStage {
 
   [[nodiscard]] const TransformConfig& config() const noexcept { return config_; }
 
+  /// operator()'s reads give up waiting (Cancelled) once `stop` is
+  /// requested: Dataset::read_stoppable.
+  void stop_reads_on(std::stop_token stop) { stop_ = std::move(stop); }
+
  private:
   const Dataset* dataset_;
   TransformConfig config_;
   std::uint64_t seed_;
+  std::stop_token stop_;
 };
 
 }  // namespace pinfeed::loader

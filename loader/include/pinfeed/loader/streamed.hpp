@@ -64,7 +64,7 @@ class StreamedShards final : public Dataset {
   [[nodiscard]] std::string relative_name(std::size_t i) const override;
   [[nodiscard]] std::uint64_t stored_size(std::size_t i) const override;
   void plan(std::span<const std::size_t> order) const override;
-  void cancel_reads(bool on) const override;
+  void read_stoppable(std::size_t i, std::vector<std::byte>& out, const std::stop_token& stop) const override;
   [[nodiscard]] std::optional<StreamStats> stream_stats() const override;
 
   /// Follows `monitor`: the read-ahead bound is a quarter under elevated
