@@ -549,6 +549,34 @@ def test_a_loader_dropped_while_the_server_stalls_is_gone_at_once(shards, flaky)
     assert gone() is None and took < 5, took
 
 
+def test_a_crop_params_read_waits_through_another_epochs_stop(shards, flaky):
+    """Only the stopped epoch's reads give up: crop_params() on another
+    thread, waiting for a sample from a stalled server while the program
+    starts the next epoch, gets its answer once the server answers."""
+    order = [i for ind, _, _ in batches(loader_for(pattern(shards / "www" / "data"))) for i in ind]
+    url, _ = flaky("hold")
+    handler = flaky.handlers[-1]
+    loader = loader_for(pattern(url.replace("/data", "/stream")), remote_readahead=1, remote_timeout=20)
+    expected = loader_for(pattern(shards / "www" / "data")).crop_params(order[-1], 0)
+    loader.set_epoch(0)
+    it = iter(loader)
+    next(it)
+    handler.hold.set()
+    got = []
+    asking = threading.Thread(target=lambda: got.append(loader.crop_params(order[-1], 0)))  # the epoch's last: not fetched
+    asking.start()
+    time.sleep(0.5)
+    loader.set_epoch(1)
+    again = iter(loader)  # stops epoch 0: its reads give up, the crop's does not
+    time.sleep(0.5)
+    assert asking.is_alive() and not got, "premise: the crop waits for the held server"
+    handler.hold.clear()
+    handler.free.set()  # the held requests end unanswered, and their retries are served
+    asking.join(30)
+    assert got == [expected]
+    del again, it, loader
+
+
 # ---------------------------------------------------------------- S3
 
 S3DEPS = os.environ.get("PINFEED_S3DEPS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
