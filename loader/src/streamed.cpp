@@ -65,10 +65,11 @@
 // fetched samples past the new bound are given back at once (they are
 // fetched again when the loader comes to them).
 //
-// With cache_dir, stager threads (RemoteConfig::parallel, 8) stage whole
-// shards into the cache (remote.hpp's staging: atomic files, locks shared by the node's ranks,
-// LRU eviction) while the epoch streams; a shard's reads move to its local
-// copy once it is there, so the next epoch reads from disk.
+// With cache_dir, stager threads (RemoteConfig::parallel, 8), started by
+// the first read, stage whole shards into the cache (remote.hpp's staging:
+// atomic files, locks shared by the node's ranks, LRU eviction) while the
+// epoch streams; a shard's reads move to its local copy once it is there,
+// so the next epoch reads from disk.
 //
 // Stopping: an epoch's reads come through read_stoppable with the run's stop
 // token, and one waiting for bytes throws Cancelled within 100 ms of the
