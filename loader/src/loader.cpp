@@ -54,6 +54,11 @@ void LoaderConfig::validate() const {
   if (world_size == 0 || rank >= world_size) {
     throw ConfigError(fmt::format("loader rank {} is not in 0..world_size-1 (world_size {})", rank, world_size));
   }
+  if (watch_pressure && pressure_floor > std::max<std::size_t>(prefetch, 2)) {
+    pinfeed::detail::log().warn("loader: pressure_floor {} is over the pool's {} slots (prefetch): under critical "
+                                "pressure no slot is given back (at most {} does something)",
+                                pressure_floor, prefetch, prefetch);
+  }
   transform.validate_relations();  // scale and ratio ranges ordered, resize >= size for a center crop, std > 0
   for (std::size_t c = 0; c < 3; ++c) {
     if (!std::isfinite(transform.mean[c]) || !std::isfinite(transform.std[c])) {
@@ -842,7 +847,16 @@ bool Loader::wait_ready_until(std::optional<std::chrono::steady_clock::time_poin
     // in acquire, one waiting its turn) is resolved the same way, after 0.5 s.
     const auto starved_for = held_for(run.starved_since, pool_->starved(), now);
     std::size_t slot = 0;
-    if (((stuck && stuck_for >= 2ms) || starved_for >= 500ms) && pool_->lend_held(&slot) > 0) {
+    std::uint64_t lent = 0;
+    if ((stuck && stuck_for >= 2ms) || starved_for >= 500ms) {
+      try {
+        lent = pool_->lend_held(&slot);
+      } catch (const OutOfMemory&) {
+        run.return_token(slot);  // lent all the same: its Batch will not return it
+        throw;
+      }
+    }
+    if (lent > 0) {
       run.stuck_since.reset();
       run.starved_since.reset();
       run.return_token(slot);  // the lent batch's token, if it is this run's: its Batch will not return it (was_lent)

@@ -480,10 +480,12 @@ std::uint64_t BufferPool::lend_held(std::size_t* lent_slot) {
   const std::size_t index = slab_of_[slot];
   Slab& slab = slabs_[index];
   if (config_.held_limit_bytes > 0 && loose_bytes_ + slab.bytes > config_.held_limit_bytes) {
-    throw HeldLimit(fmt::format("{} batch(es) held by the program: {}, and one more would pass held_limit ({}). Drop "
+    const std::uint64_t held = loose_bytes_ + consumer_held_ * slab.bytes;
+    throw HeldLimit(fmt::format("{} batch(es) held by the program: {}, {} held_limit ({}). Drop "
                                 "references to earlier batches (labels are the program's own; images[0] or a loss "
                                 "whose graph holds the input keeps the whole batch), or raise held_limit",
-                                loose_.size() + consumer_held_, format_bytes(loose_bytes_ + consumer_held_ * slab.bytes),
+                                loose_.size() + consumer_held_, format_bytes(held),
+                                held > config_.held_limit_bytes ? "past" : "and one more would pass",
                                 format_bytes(config_.held_limit_bytes)));
   }
   // The memory becomes the lease's (freed at its release); the slot is
@@ -540,10 +542,24 @@ std::uint64_t BufferPool::lend_held(std::size_t* lent_slot) {
   ++work_generation_;
   if (slab.memory != SlabMemory::released) (void)return_slot_locked(slot, /*front=*/true);
   update_serving_locked();
+  // The slab was meant to get memory and did not (RLIMIT_AS, the cgroup):
+  // the batch waiting for this slot would wait forever, the maintainer
+  // retrying the mapping once a second. Raised instead, naming what failed;
+  // the slab stays released and is mapped again once there is room.
+  const bool refused = target != SlabMemory::released && fresh.data == nullptr;
+  const std::string lent = format_bytes(loose_bytes_);
+  const std::size_t lent_count = loose_.size();
   lock.unlock();
   slot_cv_.notify_all();
   work_cv_.notify_one();
   if (lent_slot != nullptr) *lent_slot = slot;
+  if (refused) {
+    throw OutOfMemory("mmap", fmt::format("buffer pool: a batch the program holds was lent out of the pool and its "
+                                          "slot could not get new memory ({} bytes: {}); {} batch(es), {}, are held "
+                                          "by the program. Drop references to earlier batches, or raise the "
+                                          "limit (ulimit -v, the memory cgroup)",
+                                          bytes, fresh.failure.empty() ? "refused" : fresh.failure, lent_count, lent));
+  }
   return bytes;
 }
 
@@ -868,9 +884,12 @@ void BufferPool::note_episode_locked() {
     if (s.memory == SlabMemory::pinned) pinned += s.slot_count;
     if (s.draining) draining += s.slot_count;
   }
+  // Said once per count: a second critical spell in the same episode
+  // (critical, elevated, critical) that released nothing more says nothing.
   if (level_ == PressureLevel::critical && critical_since_ && !shrink_reported_ && draining == 0 &&
-      episode_released_slots_ > 0) {
+      episode_released_slots_ > reported_released_slots_) {
     shrink_reported_ = true;
+    reported_released_slots_ = episode_released_slots_;
     last_release_seconds_ = seconds(*critical_since_);
     pinfeed::detail::log().warn(
         "buffer pool: critical memory pressure: gave {} slot(s) ({}) back to the kernel in {:.0f} ms; {} of {} slots "
@@ -884,6 +903,7 @@ void BufferPool::note_episode_locked() {
                                 episode_released_slots_, format_bytes(episode_released_bytes_),
                                 last_regrow_seconds_ * 1000, pinned, config_.slots);
     episode_released_slots_ = 0;
+    reported_released_slots_ = 0;
     episode_released_bytes_ = 0;
     critical_since_.reset();
   }

@@ -116,6 +116,56 @@ TEST(BufferPoolTest, LendingPastHeldLimitIsRefusedNamingTheCause) {
   }
 }
 
+// Under RLIMIT_AS or a full cgroup, the held batch's slot cannot get new
+// memory: lending raises OutOfMemory naming it, instead of leaving the
+// waiting batch without a slot forever.
+TEST(BufferPoolTest, ALentSlotThatCannotGetNewMemoryIsAnErrorNotAWait) {
+  Resources r;
+  const std::size_t slot = 64_KiB;
+  BufferPool pool(pool_config(1, slot, slot), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  held.hand_to_consumer();
+  r.pinned_checked.fail_next(100, "mmap");
+  r.pageable_checked.fail_next(100, "mmap");
+  std::size_t lent_slot = 99;
+  try {
+    (void)pool.lend_held(&lent_slot);
+    FAIL() << "lent with no memory to replace it";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("could not get new memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("held by the program"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(lent_slot, 0U) << "the caller is told which slot went, to settle its token";
+  r.pinned_checked.fail_next(0);
+  r.pageable_checked.fail_next(0);
+  held.release();
+  EXPECT_TRUE(held.was_lent());
+  ASSERT_TRUE(pool.wait_idle(5s));
+  auto again = pool.acquire(5s);  // mapped again once there is room
+  ASSERT_TRUE(again.has_value());
+}
+
+TEST(BufferPoolTest, HeldLimitSaysWhenTheHeldBytesAreAlreadyPastIt) {
+  Resources r;
+  const std::size_t slot = 64_KiB;
+  auto config = pool_config(3, slot, slot);
+  config.held_limit_bytes = round_up_to_page(slot);
+  BufferPool pool(config, r.pinned, r.pageable);
+  auto a = pool.acquire();
+  auto b = pool.acquire();
+  auto c = pool.acquire();
+  a.hand_to_consumer();
+  b.hand_to_consumer();
+  c.hand_to_consumer();
+  EXPECT_GT(pool.lend_held(), 0U);
+  try {
+    (void)pool.lend_held();
+    FAIL() << "passed held_limit";
+  } catch (const HeldLimit& e) {
+    EXPECT_NE(std::string(e.what()).find(", past held_limit"), std::string::npos) << e.what();
+  }
+}
+
 // A lent slot's memory that a copy still reads (a fence) is freed only once
 // the fence is ready.
 TEST(BufferPoolTest, LentMemoryBehindAFenceIsFreedWhenTheFenceIsReady) {

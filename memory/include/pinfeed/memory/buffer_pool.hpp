@@ -415,7 +415,7 @@ class BufferPool {
   // The current pressure episode, for the shrink and regrowth warnings and
   // their timings: when critical / normal began, and what it released.
   std::optional<Clock::time_point> critical_since_, normal_since_;
-  std::size_t episode_released_slots_ = 0;
+  std::size_t episode_released_slots_ = 0, reported_released_slots_ = 0;
   std::uint64_t episode_released_bytes_ = 0;
   bool shrink_reported_ = false;
   double last_release_seconds_ = -1, last_regrow_seconds_ = -1;
