@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cerrno>
 #include <cstring>
 
 #include "pinfeed/error.hpp"
@@ -20,7 +21,11 @@ TarWriter::TarWriter(std::filesystem::path path)
     : path_(std::move(path)),
       partial_(path_.string() + ".partial"),
       out_(partial_, std::ios::binary | std::ios::trunc) {
-  if (!out_) throw DataError(path_, "cannot create tar shard");
+  if (!out_) {
+    const int err = errno;  // left by filebuf::open's open(2)
+    throw DataError(path_, fmt::format("cannot create tar shard (writing {}): {}", partial_.string(),
+                                       err != 0 ? std::strerror(err) : "unknown reason"));
+  }
 }
 
 TarWriter::~TarWriter() {

@@ -1,6 +1,7 @@
 #include "pinfeed/loader/transform.hpp"
 
 #include "pinfeed/env.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/loader/options.hpp"
 
 #include <fmt/format.h>
@@ -74,8 +75,17 @@ SimdLevel initial_simd_level() noexcept {
   const SimdLevel cpu = cpu_simd_level();
   if (pinfeed::env::get("PINFEED_NO_AVX2")) return std::min(cpu, SimdLevel::sse2);
   const std::optional<std::string> asked = pinfeed::env::get("PINFEED_SIMD");
-  for (const auto& w : kSimdLevelWords) {  // an unknown word: the default
+  for (const auto& w : kSimdLevelWords) {
     if (asked && w.word == *asked) return std::min(cpu, w.value);
+  }
+  if (asked) {  // an unknown word: the default, said (the environment's line says it overrides one)
+    try {
+      std::string words;
+      for (const auto& w : kSimdLevelWords) words += fmt::format("{}{}", words.empty() ? "" : ", ", w.word);
+      pinfeed::detail::log().warn("environment: PINFEED_SIMD='{}' is not one of {}: ignored, the CPU's default is used",
+                                  *asked, words);
+    } catch (...) {  // static initialization: a log that cannot be written is no reason to stop
+    }
   }
   return cpu == SimdLevel::avx2 && avx2_runs_as_halves() ? SimdLevel::sse2 : cpu;
 }

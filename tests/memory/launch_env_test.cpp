@@ -67,6 +67,13 @@ TEST(LaunchEnvTest, ReadsTorchrunMpiPmiAndSlurmVariables) {
   EXPECT_THROW(env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"},
                     {"SLURM_STEP_TASKS_PER_NODE", "2(x"}}),
                ConfigError);
+  try {  // the whole value is named, not what was left of it
+    (void)env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"},
+               {"SLURM_STEP_TASKS_PER_NODE", "abc"}});
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_STEP_TASKS_PER_NODE='abc'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(LaunchEnvTest, HalfALaunchIsAnErrorNamingTheMissingVariable) {

@@ -26,10 +26,23 @@ void note_once(const char* name, const char* value) {
   const std::string_view n(name);
   if (n.starts_with("PINFEED_")) {
     detail::log().info("environment: {}={} overrides a default", name, value);
-  } else if (n.find("SECRET") != n.npos || n.find("TOKEN") != n.npos || n.find("PASSWORD") != n.npos) {
+  } else if (n.find("SECRET") != n.npos || n.find("TOKEN") != n.npos || n.find("PASSWORD") != n.npos ||
+             n.find("KEY_ID") != n.npos) {
     detail::log().debug("environment: {} is set (not shown: a credential)", name);  // AWS_SECRET_ACCESS_KEY, ...
   } else {
-    detail::log().debug("environment: {}={}", name, value);
+    // A URL's user:password@, query and fragment (AWS_ENDPOINT_URL with a
+    // token) are not shown: remote.hpp's redact_url rule, for the layer below it.
+    std::string shown(value);
+    if (const auto scheme = shown.find("://"); scheme != std::string::npos) {
+      const std::size_t host = scheme + 3;
+      if (const auto q = shown.find_first_of("?#", host); q != std::string::npos) shown.resize(q);
+      const auto path = shown.find('/', host);
+      if (const auto at = shown.rfind('@', path == std::string::npos ? shown.size() : path);
+          at != std::string::npos && at >= host) {
+        shown.erase(host, at + 1 - host);
+      }
+    }
+    detail::log().debug("environment: {}={}", name, shown);
   }
 }
 

@@ -33,6 +33,7 @@ int parse_int(const char* name, const char* text) {
 
 /// Tasks on node `node` from a Slurm layout "4(x2),3": 4, 4, 3.
 int tasks_on_node(const char* name, std::string_view layout, int node) {
+  const std::string_view whole = layout;
   int seen = 0;
   while (!layout.empty()) {
     const std::string_view item = layout.substr(0, layout.find(','));
@@ -47,7 +48,11 @@ int tasks_on_node(const char* name, std::string_view layout, int node) {
       auto [end2, ec2] = std::from_chars(times.data(), times.data() + times.size(), repeat);
       ok = item.back() == ')' && ec2 == std::errc() && end2 == times.data() + times.size() && repeat > 0;
     }
-    if (!ok) throw ConfigError(fmt::format("environment variable {}='{}' is not a Slurm task layout", name, layout));
+    if (!ok) {
+      throw ConfigError(fmt::format("environment variable {}='{}' is not a Slurm task layout (at '{}'; "
+                                    "a layout reads like 4(x2),3)",
+                                    name, whole, item));
+    }
     if (node < seen + repeat) return tasks;
     seen += repeat;
   }

@@ -21,7 +21,7 @@ std::size_t round_up_to_page(std::size_t bytes) noexcept {
 }
 
 std::string format_bytes(std::uint64_t bytes) {
-  static constexpr std::array<const char*, 6> kUnits{"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  static constexpr std::array<const char*, 7> kUnits{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   if (bytes < 1024) return fmt::format("{} B", bytes);
   double v = static_cast<double>(bytes);
   std::size_t unit = 0;
