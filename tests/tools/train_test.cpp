@@ -249,6 +249,13 @@ TEST_F(TrainToolTest, AValidationSetWithOtherClassesIsRefusedNamingTheFirstDiffe
   EXPECT_NE(r.err.find("'" + names[1] + "' in training"), std::string::npos) << r.err;
 }
 
+TEST_F(TrainToolTest, ADivergedRunFailsNamingTheStep) {
+  const Result r = train("--data " + data() + " --size 16 --pool 2 --devices cpu:1 --batch-size 8 --epochs 1 --lr 1e30");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.err.find("training diverged"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" at step "), std::string::npos) << r.err;
+}
+
 TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
   const std::string d = "--data " + data() + " --size 16 --pool 2 ";
   Result r = train(d + "--devices cpu:5 --batch-size 24");

@@ -486,7 +486,16 @@ void Worker::reduce_epoch(EpochSummary& s, std::uint64_t first_step, std::uint64
   host_all_reduce(st);
   double loss = 0, correct = 0;
   for (std::uint64_t k = first_step; k < end_step; ++k) {
-    s.step_loss.push_back(st[2 * k] / static_cast<float>(cfg_.global_batch));
+    const float step_loss = st[2 * k] / static_cast<float>(cfg_.global_batch);
+    if (!std::isfinite(step_loss)) {
+      // Every rank sees the same all-reduced loss and stops here together,
+      // before the epoch's checkpoint is written with the diverged weights.
+      throw Error(fmt::format("training diverged: the loss is {} at step {} (epoch {}, step {} of {}): lower the "
+                              "learning rate (--lr {:g}), or lengthen the warm-up",
+                              step_loss, static_cast<std::uint64_t>(s.epoch) * steps_per_epoch_ + k + 1, s.epoch,
+                              k + 1, steps_per_epoch_, cfg_.lr));
+    }
+    s.step_loss.push_back(step_loss);
     loss += st[2 * k];
     correct += st[2 * k + 1];
   }
