@@ -257,8 +257,9 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
         self.num_workers, self.prefetch = self._impl.threads(), prefetch
         self.copy, self.return_indices, self.return_paths = copy, return_indices, return_paths
         self.pin_memory = pin_memory
+        _data.dataloader_attributes(self)
         if self._subset is not None:
-            self._subset.check(self._impl.dataset_size(), os.fsdecode(data))
+            self._subset.check(self._impl.dataset_size(), _pinfeed.redact_spec(os.fsdecode(data)))
         # DataLoader's .dataset (the object given, or a view of the path's)
         # and .sampler (the one given, or one that shows the loader's).
         self.dataset = given if not isinstance(given, (str, bytes, os.PathLike)) and not isinstance(

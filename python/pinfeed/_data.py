@@ -101,7 +101,7 @@ def resolve(data, indices):
         subset_of = composed
     if isinstance(data, DatasetView):
         folder, view = data, data._subset
-        data = data.root
+        data = data._spec
         if view is not None:  # a Subset of a subset's view: indices of the view's subset
             subset_of = list(view.indices) if subset_of is None else [view.indices[i] for i in subset_of]
     elif not isinstance(data, (str, os.PathLike)) and chain:
@@ -149,7 +149,10 @@ class DatasetView:
 
     def __init__(self, loader, root, subset):
         self._loader = weakref.ref(loader)
-        self.root = os.fsdecode(root) if isinstance(root, bytes) else root
+        self._spec = os.fsdecode(root) if isinstance(root, bytes) else root  # as given: the loader's to open
+        # As shown (repr, errors, a user's print): URLs without credentials,
+        # signatures or a pipe: command's arguments (_pinfeed.redact_spec).
+        self.root = _pinfeed.redact_spec(self._spec) if isinstance(self._spec, str) else self._spec
         self._subset = subset
         self._base_size = loader._impl.dataset_size()
         self._size = self._base_size if subset is None else len(subset)
@@ -259,8 +262,12 @@ class FakeData:
     (the --dummy of training scripts, smoke tests, a model's speed without
     input). A torchvision FakeData instance is taken the same way."""
 
-    def __init__(self, size=1000, image_size=(3, 224, 224), num_classes=10, random_offset=0):
+    def __init__(self, size=1000, image_size=(3, 224, 224), num_classes=10, random_offset=0, shared_batches=False):
         self.size = _positive("size", size)
+        # Each batch is a tensor of its own (x.mul_(2) in a loop changes that
+        # batch only); shared_batches=True hands out views of one tensor,
+        # for a loop that only reads them (no copy per batch).
+        self.shared_batches = bool(shared_batches)
         try:
             c, h, w = image_size
         except (TypeError, ValueError):
@@ -275,8 +282,9 @@ class FakeData:
         return self.size
 
     def __repr__(self):
+        shared = ", shared_batches=True" if self.shared_batches else ""
         return (f"pinfeed.FakeData(size={self.size}, image_size={self.image_size}, num_classes={self.num_classes}, "
-                f"random_offset={self.random_offset})")
+                f"random_offset={self.random_offset}{shared})")
 
 
 def _positive(name, value, hi=1 << 40):
@@ -285,19 +293,30 @@ def _positive(name, value, hi=1 << 40):
     return int(value)
 
 
+def dataloader_attributes(loader):
+    """DataLoader's attributes that a script may read (to log its loader, or
+    to pass on), at the only values Loader takes for them: its defaults as
+    arguments (_compat._DATALOADER_DEFAULTS); batching and collation are the
+    loader's own."""
+    loader.batch_sampler = loader.generator = loader.collate_fn = loader.worker_init_fn = None
+    loader.multiprocessing_context = None
+    loader.timeout = 0
+
+
 class FakeLoader:
     """The loader of a FakeData: DataLoader's loop, sharding, len(),
     set_epoch, .dataset, .sampler, state_dict, with batches made once in
     memory (random pixels of the shape and layout asked for, normalized as
     the real loader normalizes; labels a fixed function of the index).
-    Every batch shares the images' memory (copy=True: tensors of its own)."""
+    Every batch is a tensor of its own, unless FakeData(shared_batches=True)
+    asks for views of one (copy=True: always its own)."""
 
     def __init__(self, data, batch_size, shuffle, seed, rank, world_size, trim, drop_last, layout, mean, std,
                  device, copy, return_indices, size_given):
         self.dataset = data
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self._trim, self.drop_last = rank, world_size, trim, drop_last
-        self.copy, self.return_indices = copy, return_indices
+        self.copy, self.return_indices = copy or not getattr(data, "shared_batches", False), return_indices
         self._n, self.num_classes = int(data.size), int(data.num_classes)
         self._offset = int(getattr(data, "random_offset", 0))
         _, h, w = (int(v) for v in data.image_size)
@@ -319,6 +338,7 @@ class FakeLoader:
         self._epoch, self._pinned, self._current, self._completed = 0, False, None, False
         self._resume = 0
         self.sampler = SamplerView(self)
+        dataloader_attributes(self)
 
     def __len__(self):
         n = self._samples_in_epoch()
@@ -382,11 +402,31 @@ class FakeLoader:
         return {"fake": True, "seed": self.seed, "epoch": self._current, "position": self._position,
                 "world_size": self.world_size}
 
-    def load_state_dict(self, state, strict=True):  # pylint: disable=unused-argument
+    def load_state_dict(self, state, strict=True):
+        """A FakeData loader's own state_dict(), for this world size and
+        seed (strict=False: another seed is taken with a warning)."""
+        if not isinstance(state, dict) or state.get("fake") is not True:
+            raise ValueError("load_state_dict: not a FakeData loader's state_dict() (a real pinfeed.Loader's state "
+                             "goes to a Loader over the same data)")
         for key in ("epoch", "position"):
             v = state.get(key)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
                 raise ValueError(f"state_dict[{key!r}] must be a non-negative integer, got {v!r}")
+        if state.get("world_size") != self.world_size:
+            raise ValueError(f"state_dict is of world_size {state.get('world_size')!r}, this loader's is "
+                             f"{self.world_size}: positions are per rank")
+        if state.get("seed") != self.seed:
+            if strict:
+                raise ValueError(f"state_dict is of seed {state.get('seed')!r}, this loader's is {self.seed}: "
+                                 "another order (strict=False resumes anyway)")
+            import warnings  # pylint: disable=import-outside-toplevel
+            warnings.warn(f"pinfeed: resuming a state_dict of seed {state.get('seed')!r} with seed {self.seed}",
+                          RuntimeWarning, stacklevel=2)
+        n = self._samples_in_epoch()
+        end = n // self.batch_size * self.batch_size if self.drop_last else n
+        if state["position"] > end:
+            raise ValueError(f"state_dict position {state['position']} is past the epoch's end ({end} samples "
+                             "per rank)")
         self._epoch, self._resume = int(state["epoch"]), int(state["position"])
 
     def stats(self):

@@ -160,6 +160,40 @@ def test_fakedata_gives_batches_from_memory_sharded_as_the_real_loader(dataset):
         pinfeed.Loader(fake, bogus=1)
 
 
+def test_fakedata_batches_are_their_own_and_a_foreign_state_is_refused():
+    """x.mul_(2) in a loop changes that batch only, as with DataLoader; a
+    state of another kind, world size, seed or past the epoch is refused."""
+    loader = pinfeed.Loader(pinfeed.FakeData(size=12, image_size=(3, 8, 8)), batch_size=4, seed=5)
+    first = [x.clone() for x, _ in loader]
+    for x, _ in loader:
+        x.mul_(2)
+    assert all(torch.equal(a, b) for a, b in zip(first, (x for x, _ in loader))), "an in-place op compounded"
+    shared = pinfeed.Loader(pinfeed.FakeData(size=12, image_size=(3, 8, 8), shared_batches=True), batch_size=4)
+    a, b = (x for x, _ in list(shared)[:2])
+    assert a.data_ptr() == b.data_ptr(), "shared_batches=True: views of one tensor"
+    state = loader.state_dict()
+    for bad, says in (({**state, "position": 10**9}, "past the epoch's end"),
+                      ({**state, "world_size": 2}, "world_size"),
+                      ({**state, "seed": 6}, "seed"),
+                      ({"epoch": 0, "position": 0, "seed": 5, "world_size": 1}, "not a FakeData")):
+        with pytest.raises(ValueError, match=says):
+            pinfeed.Loader(pinfeed.FakeData(size=12, image_size=(3, 8, 8)), batch_size=4, seed=5).load_state_dict(bad)
+    with pytest.warns(RuntimeWarning, match="seed"):
+        pinfeed.Loader(pinfeed.FakeData(size=12, image_size=(3, 8, 8)), batch_size=4, seed=5).load_state_dict(
+            {**state, "seed": 6}, strict=False)
+
+
+def test_dataloaders_attributes_are_there_at_their_values(dataset):
+    """batch_sampler, generator, collate_fn and the rest: DataLoader has
+    them, and a script that reads them (logging its loader) must not fail."""
+    reference = torch.utils.data.DataLoader(list(range(8)), batch_size=4)
+    for loader in (make(str(dataset)), pinfeed.Loader(pinfeed.FakeData(size=8, image_size=(3, 8, 8)), batch_size=4)):
+        for name in ("batch_sampler", "generator", "collate_fn", "worker_init_fn", "timeout",
+                     "multiprocessing_context"):
+            assert hasattr(reference, name) and hasattr(loader, name), name
+        assert loader.batch_sampler is None and loader.generator is None and loader.timeout == 0
+
+
 def test_len_is_the_whole_epoch_after_a_resume_as_statefuldataloader(dataset):
     """torchdata's StatefulDataLoader keeps len() after load_state_dict; the
     resumed iteration yields the rest. The same with another world size."""
