@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   auto* rm = app.add_subcommand("remote", "the same shards from a server (no cache, a fresh and a warm cache_dir) and "
                                           "from disk");
   add_loader_options(rm);  // --data: the URL pattern
-  pinfeed::tools::add_loader_flags(*rm, config, {"threads", "remote_readahead", "remote_streams", "remote_timeout",
+  pinfeed::tools::add_loader_flags(*rm, config, {"threads", "remote_readahead", "remote_streams", "remote_timeout", "remote_min_rate",
                                                  "remote_retries"});
   rm->add_option("--local", remote_local, "the same shards on local disk (pattern)")->required();
   rm->add_option("--cache-dir", remote_cache, "cache_dir for the cached runs")->required();

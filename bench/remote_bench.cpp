@@ -124,7 +124,8 @@ void print_report(const json& j) {
 int run_remote_bench(const pl::LoaderConfig& config, const std::string& local, const std::filesystem::path& cache_dir,
                      std::size_t repeat, bool as_json) {
   if (!pl::is_remote_url(config.dataset.substr(0, config.dataset.find(',')))) {
-    throw ConfigError(fmt::format("remote: --data '{}' is not a URL (http://, https://, s3://, pipe:)", config.dataset));
+    throw ConfigError(fmt::format("remote: --data '{}' is not a URL (http://, https://, s3://, pipe:)",
+                                  pl::redact_spec(config.dataset)));
   }
   pl::LoaderConfig local_config = config;
   local_config.dataset = local;
@@ -152,7 +153,7 @@ int run_remote_bench(const pl::LoaderConfig& config, const std::string& local, c
     f.push_back(run_round(fresh));
     w.push_back(run_round(warm));
   }
-  json j{{"remote", config.dataset}, {"local", local}, {"samples", samples}, {"bytes", bytes}, {"shards", shards},
+  json j{{"remote", pl::redact_spec(config.dataset)}, {"local", local}, {"samples", samples}, {"bytes", bytes}, {"shards", shards},
          {"threads", pl::default_threads(config.threads)}, {"rounds", repeat},
          {"readahead", config.remote.readahead}, {"streams", config.remote.streams}};
   j["results"] = {{"local", medians(l)},

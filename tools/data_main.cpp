@@ -141,7 +141,7 @@ struct PackCommand {
       if (out.ends_with('/') || slash == std::string::npos || slash < out.find("://") + 3 ||
           (out.starts_with("s3://") && out.find('/', 5) == std::string::npos)) {
         throw pinfeed::ConfigError(fmt::format("--out '{}': a URL ends in the shards' prefix, as in "
-                                               "s3://bucket/imagenet/train (train-000000.tar, ...)", out));
+                                               "s3://bucket/imagenet/train (train-000000.tar, ...)", pl::redact_url(out)));
       }
       pl::check_upload_target(out);  // missing credentials are said before the packing, not after
       const std::string name = pl::remote_shard_name(out + ".tar");
@@ -159,7 +159,8 @@ struct PackCommand {
       for (const auto& f : files) pl::upload_file(f, base + f.filename().string(), pl::RemoteConfig{});
       s.pattern = base + std::filesystem::path(s.pattern).filename().string();
     }
-    fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", s.samples, folder.num_classes(), s.pattern,
+    fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", s.samples, folder.num_classes(),
+               remote ? pl::redact_url(s.pattern) : s.pattern,
                seconds_since(t0));
     if (pack.max_side > 0) {
       fmt::print("  {} of {} re-encoded with the longer side {} at quality {}: {} -> {} of images\n", s.resized,
@@ -218,7 +219,7 @@ struct IndexCommand {
 
   int run(bool quiet) const {
     if (!out.empty() && (!pl::is_remote_url(out) || out.starts_with("pipe:") || !out.ends_with('/'))) {
-      throw pinfeed::ConfigError(fmt::format("--out '{}': a URL prefix ending in / (s3://bucket/dir/)", out));
+      throw pinfeed::ConfigError(fmt::format("--out '{}': a URL prefix ending in / (s3://bucket/dir/)", pl::redact_spec(out)));
     }
     if (!out.empty()) pl::check_upload_target(out);
     std::size_t n = 0;
@@ -226,11 +227,11 @@ struct IndexCommand {
       if (pl::is_remote_url(tar.string())) {
         throw pinfeed::ConfigError(fmt::format("index: '{}' is a URL: index reads local copies of the shards (the "
                                                "same bytes), and --out uploads the sidecars beside the remote ones",
-                                               tar.string()));
+                                               pl::redact_url(tar.string())));
       }
       const auto sidecar = pl::write_shard_index(tar);
       if (!out.empty()) pl::upload_file(sidecar, out + sidecar.filename().string(), pl::RemoteConfig{});
-      if (!quiet) fmt::print("{}\n", out.empty() ? sidecar.string() : out + sidecar.filename().string());
+      if (!quiet) fmt::print("{}\n", out.empty() ? sidecar.string() : pl::redact_url(out + sidecar.filename().string()));
       ++n;
     }
     fmt::print("indexed {} shard{}\n", n, n == 1 ? "" : "s");

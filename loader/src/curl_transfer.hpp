@@ -5,6 +5,8 @@
 // Private to the loader library.
 #include <curl/curl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,11 +33,25 @@ struct Transfer {
   bool restarted = false;         ///< the server ignored the Range: the file was truncated
   std::string error_body;         ///< the start of a non-2xx body, for the message
   std::string etag;
+  std::string last_modified;      ///< the answer's Last-Modified
   std::string content_range;      ///< a 206's Content-Range value ("bytes a-b/total")
   std::string write_error;
   std::string* text = nullptr;    ///< a 2xx body kept in memory instead (a listing, a sample)
   std::uint64_t text_limit = 0;   ///< with text: more than this many bytes ends the transfer (0: no limit)
+  const char* text_what = "this answer";  ///< what the limit is for, in its message
+  /// With fd: the file may not grow past this many bytes (0: no bound);
+  /// `byte_limit_why` says what set it, for the message.
+  std::uint64_t byte_limit = 0;
+  std::uint64_t file_base = 0;    ///< bytes the file held when this transfer began (a resume)
+  std::string byte_limit_why;
   CURL* handle = nullptr;
+  // Note [Bounded waits]: watch_progress's state.
+  const std::atomic<bool>* cancel = nullptr;
+  double min_rate = 0;            ///< bytes/s a transfer must keep up over `window` seconds
+  double window = 0;
+  std::chrono::steady_clock::time_point window_start{};
+  std::uint64_t window_bytes = 0;
+  std::string stalled;            ///< set when the progress check ended the transfer: why
 };
 
 /// curl_global_init, once per process, before any handle.
@@ -47,8 +63,17 @@ std::size_t on_header(char* data, std::size_t size, std::size_t n, void* user);
 /// headers (S3's) go into `headers`, which must outlive the transfer.
 Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList& headers,
                  const std::string& target_override = {});
+/// Ends the transfer when `config.cancel` is set, or when it brings less than
+/// `config.min_rate` bytes/s over any `config.read_timeout` seconds (headers
+/// included: a trickled answer is a stall), setting t.stalled. libcurl's
+/// own low-speed check is 1 byte/s and sees only the body. The transfer then
+/// ends with CURLE_ABORTED_BY_CALLBACK: t.stalled says which.
+void watch_progress(CURL* h, Transfer& t, const RemoteConfig& config);
 /// 4xx answers no retry changes (429, 408 and 416 are retried, as is 5xx).
 bool final_status(long code);
+/// Why a libcurl failure no retry changes is final ("" for the others:
+/// timeouts, resets, refused connections are retried).
+std::string permanent_error(CURLcode rc);
 /// "HTTP status 404 NoSuchKey: The specified key does not exist."
 std::string status_text(long code, const std::string& body);
 /// Seconds before retry `attempt` (0-based): backoff doubling to 8 s, 0.5-1.5x jitter.
@@ -56,7 +81,5 @@ double backoff_seconds(const RemoteConfig& config, unsigned attempt);
 /// One request without state between tries, retried per `config`.
 void request(const std::string& url, const RemoteConfig& config, const std::string& target,
              const std::function<void(CURL*, Transfer&)>& setup, const std::function<void(CURL*, Transfer&)>& done);
-/// A small object's body (a shard's index), with the retries.
-std::string fetch_text(const std::string& url, const RemoteConfig& config, std::uint64_t limit);
 
 }  // namespace pinfeed::loader::detail

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <iterator>
@@ -240,8 +241,10 @@ FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes)
     ++lineno;
     // A NUL cuts a path short for every C API that opens it: refuse the line.
     if (line.find('\0') != std::string_view::npos) {
-      throw DataError(list, fmt::format("line {}: contains a NUL byte (at column {}); a path cannot hold one", lineno,
-                                        line.find('\0') + 1));
+      std::string shown;
+      for (const char c : line.substr(0, 200)) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+      throw DataError(list, fmt::format("line {}: '{}' contains a NUL byte (\\0, at column {}); a path cannot hold one",
+                                        lineno, shown, line.find('\0') + 1));
     }
     const auto first = line.find_first_not_of(" \t\r");
     if (first == std::string_view::npos || line[first] == '#') continue;
@@ -525,6 +528,23 @@ bool TarShards::header_matches(const char* h, std::uint64_t size, std::uint64_t 
   return ok && sum == stored && declared == size && stored == header_sum;
 }
 
+bool TarShards::header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum,
+                               std::string_view name) noexcept {
+  if (!header_matches(h, size, header_sum)) return false;
+  const std::string_view field(h, ::strnlen(h, 100));
+  const std::string_view prefix(h + 345, ::strnlen(h + 345, 155));
+  const bool ustar = std::memcmp(h + 257, "ustar", 5) == 0;
+  if (ustar && !prefix.empty()) {
+    if (name.size() == prefix.size() + 1 + field.size() && name.starts_with(prefix) && name[prefix.size()] == '/' &&
+        name.ends_with(field)) {
+      return true;
+    }
+  }
+  if (field == name) return true;
+  // A long name: the header holds a cut copy (GNU) or a stand-in (pax).
+  return name.size() >= 100 && (name.starts_with(field) || field.find("PaxHeader") != std::string_view::npos);
+}
+
 std::vector<TarShards::IndexedSample> TarShards::index_fd(int fd, std::uint64_t file_size, const fs::path& path,
                                                           std::size_t max_classes) {
   std::vector<IndexedSample> out;
@@ -717,38 +737,160 @@ std::string TarShards::summary() const {
 
 // ---------------------------------------------------------------- opening
 
-std::vector<fs::path> expand_shard_pattern(const std::string& pattern) {
-  std::vector<fs::path> out;
-  std::size_t start = 0;
-  while (start <= pattern.size()) {
-    const auto comma = std::min(pattern.find(',', start), pattern.size());
-    const std::string part = pattern.substr(start, comma - start);
-    start = comma + 1;
-    if (part.empty()) continue;
-    const auto open = part.find('{');
-    if (open == std::string::npos) {
-      out.emplace_back(part);
+namespace {
+
+constexpr std::size_t kMaxExpanded = 1'000'000;
+
+/// Where the '}' closing the '{' at `open` is (npos: none), skipping escapes.
+std::size_t matching_brace(const std::string& s, std::size_t open) {
+  int depth = 0;
+  for (std::size_t i = open; i < s.size(); ++i) {
+    if (s[i] == '\\') {
+      ++i;
+    } else if (s[i] == '{') {
+      ++depth;
+    } else if (s[i] == '}' && --depth == 0) {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+
+/// `s` split at the commas outside braces (escaped ones kept, escaped); a
+/// group's body at its own level's commas alike.
+std::vector<std::string> split_top(const std::string& s) {
+  std::vector<std::string> out(1);
+  int depth = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '\\' && i + 1 < s.size()) {
+      out.back() += s.substr(i, 2);
+      ++i;
       continue;
     }
-    const auto close = part.find('}', open);
-    const auto dots = part.find("..", open);
-    if (close == std::string::npos || dots == std::string::npos || dots > close) {
-      throw ConfigError(fmt::format("shard pattern '{}': expected {{first..last}}", part));
+    if (c == '{') ++depth;
+    if (c == '}' && depth > 0) --depth;
+    if (depth == 0 && c == ',') {
+      out.emplace_back();
+      continue;
     }
-    const std::string a = part.substr(open + 1, dots - open - 1), b = part.substr(dots + 2, close - dots - 2);
-    std::uint64_t lo = 0, hi = 0;
-    const auto r1 = std::from_chars(a.data(), a.data() + a.size(), lo);
-    const auto r2 = std::from_chars(b.data(), b.data() + b.size(), hi);
-    if (a.empty() || b.empty() || r1.ec != std::errc{} || r2.ec != std::errc{} || lo > hi || hi - lo > 1'000'000) {
-      throw ConfigError(fmt::format("shard pattern '{}': bad range {{{}..{}}}", part, a, b));
-    }
-    const std::size_t width = a.size();  // zero padding taken from the first number
-    for (std::uint64_t v = lo; v <= hi; ++v) {
-      out.emplace_back(part.substr(0, open) + fmt::format("{:0{}}", v, width) + part.substr(close + 1));
-    }
-    if (comma >= pattern.size()) break;
+    out.back() += c;
   }
-  if (out.empty()) throw ConfigError(fmt::format("shard pattern '{}' names no file", pattern));
+  return out;
+}
+
+/// {first..last} or {first..last..step}: numbers (zero-padded to the longer
+/// bound when either starts with 0, as braceexpand does) or single letters,
+/// up or down. Nothing when `body` is not a range.
+std::optional<std::vector<std::string>> range_of(const std::string& body, const std::string& shown) {
+  const auto dots = body.find("..");
+  if (dots == std::string::npos) return std::nullopt;
+  const std::string a = body.substr(0, dots);
+  std::string b = body.substr(dots + 2), step_text;
+  if (const auto more = b.find(".."); more != std::string::npos) {
+    step_text = b.substr(more + 2);
+    b.resize(more);
+  }
+  std::int64_t step = 1;
+  if (!step_text.empty()) {
+    const auto r = std::from_chars(step_text.data(), step_text.data() + step_text.size(), step);
+    if (r.ec != std::errc{} || r.ptr != step_text.data() + step_text.size() || step == 0) {
+      throw ConfigError(fmt::format("shard pattern '{}': bad step in {{{}}}", shown, body));
+    }
+    step = step < 0 ? -step : step;
+  }
+  std::vector<std::string> out;
+  const auto letter = [](const std::string& t) { return t.size() == 1 && std::isalpha(static_cast<unsigned char>(t[0])) != 0; };
+  if (letter(a) && letter(b)) {
+    const int lo = a[0], hi = b[0], dir = lo <= hi ? 1 : -1;
+    for (int c = lo; dir > 0 ? c <= hi : c >= hi; c += dir * static_cast<int>(step)) out.emplace_back(1, static_cast<char>(c));
+    return out;
+  }
+  std::uint64_t lo = 0, hi = 0;
+  const auto r1 = std::from_chars(a.data(), a.data() + a.size(), lo);
+  const auto r2 = std::from_chars(b.data(), b.data() + b.size(), hi);
+  if (a.empty() || b.empty() || r1.ec != std::errc{} || r2.ec != std::errc{} || r1.ptr != a.data() + a.size() ||
+      r2.ptr != b.data() + b.size()) {
+    throw ConfigError(fmt::format("shard pattern '{}': bad range {{{}}} (numbers or single letters: {{000..099}}, "
+                                  "{{a..f}}; a list is {{x,y}}; \\{{ is a literal brace)",
+                                  shown, body));
+  }
+  if ((lo > hi ? lo - hi : hi - lo) / static_cast<std::uint64_t>(step) >= kMaxExpanded) {
+    throw ConfigError(fmt::format("shard pattern '{}': {{{}}} names over {} shards", shown, body, kMaxExpanded));
+  }
+  const bool padded = (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
+  const std::size_t width = padded ? std::max(a.size(), b.size()) : 0;
+  const auto n = (lo > hi ? lo - hi : hi - lo) / static_cast<std::uint64_t>(step);
+  for (std::uint64_t k = 0; k <= n; ++k) {
+    const std::uint64_t v = lo <= hi ? lo + k * static_cast<std::uint64_t>(step) : lo - k * static_cast<std::uint64_t>(step);
+    out.push_back(fmt::format("{:0{}}", v, width));
+  }
+  return out;
+}
+
+/// Every group of `s` expanded, left to right (webdataset's braceexpand:
+/// lists {a,b}, ranges {a..b}, nested and several in one name).
+void expand_groups(const std::string& s, const std::string& shown, std::vector<std::string>& out) {
+  std::size_t open = std::string::npos;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\') {
+      ++i;
+    } else if (s[i] == '{') {
+      open = i;
+      break;
+    }
+  }
+  if (open == std::string::npos) {
+    if (out.size() >= kMaxExpanded) throw ConfigError(fmt::format("shard pattern '{}' names over {} shards", shown, kMaxExpanded));
+    out.push_back(s);
+    return;
+  }
+  const std::size_t close = matching_brace(s, open);
+  if (close == std::string::npos) {
+    throw ConfigError(fmt::format("shard pattern '{}': a '{{' without its '}}' (\\{{ is a literal brace)", shown));
+  }
+  const std::string head = s.substr(0, open), body = s.substr(open + 1, close - open - 1), tail = s.substr(close + 1);
+  std::vector<std::string> choices = split_top(body);
+  if (choices.size() == 1) {
+    auto range = range_of(body, shown);
+    if (!range) {
+      throw ConfigError(fmt::format("shard pattern '{}': {{{}}} is neither a list {{a,b}} nor a range {{first..last}} "
+                                    "(\\{{ is a literal brace)",
+                                    shown, body));
+    }
+    choices = std::move(*range);
+  }
+  for (const std::string& c : choices) expand_groups(head + c + tail, shown, out);
+}
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == ',' || s[i + 1] == '{' || s[i + 1] == '}' || s[i + 1] == '\\')) ++i;
+    out += s[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> split_shard_spec(const std::string& spec) {
+  std::vector<std::string> out;
+  for (std::string& part : split_top(spec)) {
+    if (!part.empty()) out.push_back(std::move(part));
+  }
+  return out;
+}
+
+std::vector<fs::path> expand_shard_pattern(const std::string& pattern) {
+  std::vector<fs::path> out;
+  for (const std::string& part : split_shard_spec(pattern)) {
+    const std::string shown = is_remote_url(part) ? redact_url(part) : part;
+    std::vector<std::string> names;
+    expand_groups(part, shown, names);
+    for (const std::string& n : names) out.emplace_back(unescape(n));
+  }
+  if (out.empty()) throw ConfigError(fmt::format("shard pattern '{}' names no file", redact_spec(pattern)));
   return out;
 }
 
@@ -877,7 +1019,7 @@ std::unique_ptr<Dataset> open_remote_shards(const std::vector<fs::path>& expande
     return std::make_unique<TarShards>(local, std::move(sources), staged.keep, max_classes);
   } catch (const DataError& e) {
     for (std::size_t i = 0; i < local.size(); ++i) {
-      if (local[i] == e.path() && local[i] != expanded[i]) throw DataError(expanded[i], e.reason());
+      if (local[i] == e.path() && local[i] != expanded[i]) throw DataError(redact_url(expanded[i].string()), e.reason());
     }
     throw;
   }
@@ -889,8 +1031,8 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& r
                                       const RemoteConfig& remote) {
   std::error_code ec;
   if (spec.empty()) throw ConfigError("dataset: no path given");
-  if (is_remote_url(spec) || spec.find(",http") != std::string::npos || spec.find(",s3://") != std::string::npos ||
-      spec.find(",pipe:") != std::string::npos) {
+  const std::vector<std::string> parts = split_shard_spec(spec);
+  if (std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return is_remote_url(p); })) {
     check_max_classes(max_classes);
     std::vector<fs::path> expanded;
     for (const fs::path& p : expand_shard_pattern(spec)) {
@@ -904,7 +1046,8 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& r
     for (const fs::path& p : expanded) {
       const std::string s = p.string();
       if (!is_remote_url(s) && lower(p.extension().string()) != ".tar") {
-        throw ConfigError(fmt::format("dataset '{}': '{}' is not a tar shard (URLs name WebDataset shards)", spec, s));
+        throw ConfigError(fmt::format("dataset '{}': '{}' is not a tar shard (URLs name WebDataset shards)",
+                                      redact_spec(spec), s));
       }
       if (is_remote_url(s) && !s.starts_with("pipe:")) (void)remote_shard_name(s);  // a URL naming no file, said now
     }

@@ -146,8 +146,14 @@ std::vector<LoaderOption> make_options() {
                                                       "bytes of remote shards cache_dir may keep; least recently used "
                                                       "go first (0: no bound)"),
       real<&L::remote, &RemoteConfig::read_timeout>("remote_timeout", 0, true, 86400,
-                                                    "seconds a remote transfer may stall (or take to connect, at "
-                                                    "most 10) before it is retried"),
+                                                    "seconds over which a remote transfer must keep "
+                                                    "remote_min_rate (and at most the time to connect, with 10 s), "
+                                                    "or it is retried; also bounds a wait for another process's "
+                                                    "cache lock, x (remote_retries + 1)"),
+      real<&L::remote, &RemoteConfig::min_rate>("remote_min_rate", 0, false, 1e12,
+                                                "bytes/s a remote transfer (or a pipe: command's output) must average "
+                                                "over any remote_timeout seconds, headers included; slower is a stall, "
+                                                "retried (0: only a transfer that brings nothing)"),
       integer<&L::remote, &RemoteConfig::retries>("remote_retries", 0, 100,
                                                   "retries of a failed remote transfer after its first try (backoff "
                                                   "0.5 s doubling, with jitter); a 4xx but 408/416/429 fails at once"),

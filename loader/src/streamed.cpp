@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -84,7 +85,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr std::uint64_t kHeader = 512;
-constexpr std::uint64_t kMaxIndexBytes = 256ULL << 20U;
+/// A sidecar's size limit: ~900k samples of one shard (Note [Bounded sidecars]).
+constexpr std::uint64_t kMaxIndexBytes = 64ULL << 20U;
 
 }  // namespace
 
@@ -116,33 +118,191 @@ fs::path write_shard_index(const fs::path& tar, std::size_t max_classes) {
   return out;
 }
 
+namespace {
+
+/// Note [Bounded sidecars]: a sidecar is read by a SAX handler that keeps
+/// only well-formed entries ([key, offset, size, label, header_sum], whole
+/// numbers) and stops at the first thing that is not one, so its memory is
+/// its text and its entries, never a document tree (64 MiB of "[]," was
+/// 1.75 GiB as one). The entries are then held to what a tar can be: each
+/// member's data on a 512-byte block after its header, inside the shard,
+/// under the sample limit, no two overlapping, no key twice; and a reader
+/// checks the header's name, size and checksum before using the bytes.
+class IndexReader : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit IndexReader(ShardIndex& out) : out_(out) {}
+
+  bool null() override { return scalar("null"); }
+  bool boolean(bool) override { return scalar("a boolean"); }
+  bool number_integer(number_integer_t v) override {
+    if (v < 0) return entry_value(Value{v, true}, "a negative number");
+    return entry_value(Value{v, true}, nullptr);
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (in_entry() || top_key_ == "size" || top_key_ == "version") {
+      if (v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) return fail("a number too large");
+    }
+    return entry_value(Value{static_cast<std::int64_t>(v), true}, nullptr);
+  }
+  bool number_float(number_float_t, const string_t&) override {
+    return in_entry() || top_key_ == "size" ? fail("a fractional number where a whole one belongs")
+                                            : scalar("a fractional number");
+  }
+  bool string(string_t& v) override {
+    if (in_entry()) {
+      if (field_ != 0) return fail("a string where a number belongs");
+      entry_.key = std::move(v);
+      ++field_;
+      return true;
+    }
+    if (depth_ == 1 && top_key_ == "format") format_ = v;
+    return depth_ == 1 || skipping() ? true : fail("a string where an entry belongs");
+  }
+  bool binary(binary_t&) override { return fail("binary data"); }
+  bool start_object(std::size_t) override {
+    ++depth_;
+    if (depth_ == 1 || skipping()) return true;
+    return fail("an object where an entry belongs");
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (depth_ == 1) top_key_ = k;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    ++depth_;
+    if (depth_ == 2 && top_key_ == "samples") {
+      samples_seen_ = true;
+      return true;
+    }
+    if (depth_ == 3 && top_key_ == "samples") {
+      entry_ = {};
+      field_ = 0;
+      return true;
+    }
+    return skipping() ? true : fail("an array where an entry's field belongs");
+  }
+  bool end_array() override {
+    if (depth_ == 3 && top_key_ == "samples") {
+      if (field_ != 5) return fail(fmt::format("an entry with {} fields, not [key, offset, size, label, header_sum]", field_));
+      out_.samples.push_back(std::move(entry_));
+    }
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    if (error_.empty()) error_ = fmt::format("{} (at byte {})", e.what(), position);
+    return false;
+  }
+
+  [[nodiscard]] const std::string& error() const { return error_; }
+  [[nodiscard]] const std::string& format() const { return format_; }
+  [[nodiscard]] std::int64_t version() const { return version_; }
+  [[nodiscard]] bool has_size() const { return size_seen_; }
+  [[nodiscard]] bool has_samples() const { return samples_seen_; }
+
+ private:
+  struct Value {
+    std::int64_t v;
+    bool whole;
+  };
+  [[nodiscard]] bool in_entry() const { return depth_ == 3 && top_key_ == "samples"; }
+  [[nodiscard]] bool skipping() const { return depth_ >= 2 && top_key_ != "samples"; }  // another key's value
+  bool fail(const std::string& what) {
+    if (error_.empty()) {
+      error_ = fmt::format("{} (entry {} of \"samples\")", what, out_.samples.size());
+      if (!in_entry() && depth_ <= 2) error_ = what;
+    }
+    return false;
+  }
+  bool scalar(const char* what) {
+    if (in_entry()) return fail(fmt::format("{} in an entry", what));
+    return true;
+  }
+  bool entry_value(Value x, const char* problem) {
+    if (depth_ == 1) {
+      if (top_key_ == "size") {
+        if (problem != nullptr) return fail(fmt::format("\"size\" is {}", problem));
+        out_.size = static_cast<std::uint64_t>(x.v);
+        size_seen_ = true;
+      } else if (top_key_ == "version") {
+        version_ = x.v;
+      }
+      return true;
+    }
+    if (!in_entry()) return skipping() ? true : fail("a number where an entry belongs");
+    if (field_ == 0 || field_ >= 5) return fail("a number where the key belongs, or a sixth field");
+    if (problem != nullptr && field_ != 3) return fail(fmt::format("{} for an offset, size or checksum", problem));
+    switch (field_) {
+      case 1: entry_.offset = static_cast<std::uint64_t>(x.v); break;
+      case 2: entry_.size = static_cast<std::uint64_t>(x.v); break;
+      case 3: entry_.label = x.v; break;
+      default: entry_.header_sum = static_cast<std::uint64_t>(x.v); break;
+    }
+    ++field_;
+    return true;
+  }
+
+  ShardIndex& out_;
+  int depth_ = 0;
+  std::string top_key_, format_, error_;
+  std::int64_t version_ = 0;
+  bool size_seen_ = false, samples_seen_ = false;
+  TarShards::IndexedSample entry_;
+  unsigned field_ = 0;
+};
+
+}  // namespace
+
 ShardIndex parse_shard_index(const std::string& text, const std::string& source, std::size_t max_classes) {
   ShardIndex out;
-  try {
-    const auto j = nlohmann::json::parse(text);
-    if (j.value("format", "") != "pinfeed-shard-index" || j.value("version", 0) != 1) {
-      throw DataError(source, "not a pinfeed shard index (format pinfeed-shard-index, version 1)");
+  IndexReader reader(out);
+  const bool ok = nlohmann::json::sax_parse(text, &reader, nlohmann::json::input_format_t::json, true, true);
+  if (!ok || !reader.error().empty()) {
+    throw DataError(source, fmt::format("not a readable shard index: {}", reader.error().empty() ? "malformed" : reader.error()));
+  }
+  if (reader.format() != "pinfeed-shard-index" || reader.version() != 1) {
+    throw DataError(source, "not a pinfeed shard index (format pinfeed-shard-index, version 1)");
+  }
+  if (!reader.has_size() || !reader.has_samples()) {
+    throw DataError(source, "not a readable shard index: no \"size\" or no \"samples\"");
+  }
+  std::vector<std::pair<std::uint64_t, std::size_t>> by_offset;
+  std::unordered_set<std::string_view> keys;
+  by_offset.reserve(out.samples.size());
+  for (std::size_t k = 0; k < out.samples.size(); ++k) {
+    const TarShards::IndexedSample& s = out.samples[k];
+    if (s.offset < kHeader || s.offset > out.size || s.size > out.size - s.offset) {
+      throw DataError(source, fmt::format("sample '{}' at byte {} ({} bytes) is outside the {}-byte shard", s.key,
+                                          s.offset, s.size, out.size));
     }
-    out.size = j.at("size").get<std::uint64_t>();
-    for (const auto& e : j.at("samples")) {
-      TarShards::IndexedSample s;
-      s.key = e.at(0).get<std::string>();
-      s.offset = e.at(1).get<std::uint64_t>();
-      s.size = e.at(2).get<std::uint64_t>();
-      s.label = e.at(3).get<std::int64_t>();
-      s.header_sum = e.at(4).get<std::uint64_t>();
-      if (s.offset < kHeader || s.offset > out.size || s.size > out.size - s.offset) {
-        throw DataError(source, fmt::format("sample '{}' at byte {} ({} bytes) is outside the {}-byte shard", s.key,
-                                            s.offset, s.size, out.size));
-      }
-      if (s.label < 0 || static_cast<std::uint64_t>(s.label) >= max_classes) {
-        throw DataError(source, fmt::format("sample '{}': label {} is not in 0..{} (max_classes)", s.key, s.label,
-                                            max_classes - 1));
-      }
-      out.samples.push_back(std::move(s));
+    if (s.offset % kHeader != 0) {
+      throw DataError(source, fmt::format("sample '{}' at byte {}: a tar member's data starts on a 512-byte block",
+                                          s.key, s.offset));
     }
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(source, fmt::format("not a readable shard index: {}", e.what()));
+    if (s.size > kMaxSampleBytes) {
+      throw DataError(source, fmt::format("sample '{}' is {} bytes, over the {}-byte limit for one sample", s.key,
+                                          s.size, kMaxSampleBytes));
+    }
+    if (s.label < 0 || static_cast<std::uint64_t>(s.label) >= max_classes) {
+      throw DataError(source, fmt::format("sample '{}': label {} is not in 0..{} (max_classes)", s.key, s.label,
+                                          max_classes - 1));
+    }
+    if (!keys.insert(s.key).second) throw DataError(source, fmt::format("sample '{}' is listed twice", s.key));
+    by_offset.emplace_back(s.offset, k);
+  }
+  std::sort(by_offset.begin(), by_offset.end());
+  for (std::size_t k = 1; k < by_offset.size(); ++k) {
+    const TarShards::IndexedSample& prev = out.samples[by_offset[k - 1].second];
+    const TarShards::IndexedSample& next = out.samples[by_offset[k].second];
+    // The next member's header comes after this member's data, rounded up to a block.
+    if (next.offset < prev.offset + (prev.size + kHeader - 1) / kHeader * kHeader + kHeader) {
+      throw DataError(source, fmt::format("samples '{}' (byte {}) and '{}' (byte {}) overlap: not one tar's members",
+                                          prev.key, prev.offset, next.key, next.offset));
+    }
   }
   return out;
 }
@@ -277,6 +437,7 @@ struct StreamedShards::Impl {
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &a->t);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, detail::on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &a->t);
+    detail::watch_progress(h, a->t, config);  // a trickle is a stall; closing ends it
     const std::string range = fmt::format("{}-{}", s.offset - kHeader, s.offset + s.size - 1);
     curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());  // copied by libcurl
     return a;
@@ -308,7 +469,7 @@ struct StreamedShards::Impl {
     if (a.body.size() != need(a.job.index)) {
       return fmt::format("{} bytes arrived of the {} asked for", a.body.size(), need(a.job.index));
     }
-    if (!TarShards::header_matches(a.body.data(), s.size, s.header_sum)) {
+    if (!TarShards::header_matches(a.body.data(), s.size, s.header_sum, s.key)) {
       changed = true;
       return fmt::format("member {} at byte {} is not the indexed one: the shard changed after its index was written "
                          "(pinfeed-data index makes a new one)",
@@ -363,8 +524,12 @@ struct StreamedShards::Impl {
     } else if (rc == CURLE_WRITE_ERROR && code == 200) {
       bool changed = false;
       fatal = std::make_exception_ptr(RemoteError(sh.url, code, check_answer(a, code, changed)));
+    } else if (const std::string why = detail::permanent_error(rc); !why.empty()) {
+      fatal = std::make_exception_ptr(RemoteError(sh.url, 0, why));
     } else {
-      retry_why = rc != CURLE_OK ? curl_easy_strerror(rc) : detail::status_text(code, a.t.error_body);
+      retry_why = !a.t.stalled.empty() ? a.t.stalled
+                  : rc != CURLE_OK     ? curl_easy_strerror(rc)
+                                       : detail::status_text(code, a.t.error_body);
     }
     const std::scoped_lock lock(mutex);
     if (!fatal && a.job.attempt < config.retries) {
@@ -488,7 +653,7 @@ struct StreamedShards::Impl {
         if (!shards[s].remote || shards[s].fd) continue;
       }
       try {
-        StagedShards staged = stage_shards({shards[s].url}, config);
+        StagedShards staged = stage_shards({shards[s].url}, config, {shards[s].bytes});
         RegularFile file(staged.local.front(), "a tar shard");
         if (file.size() != shards[s].bytes) {
           pinfeed::detail::log().warn("remote: {}: the cached copy is {} bytes, its index says {}: read remotely",
@@ -593,7 +758,7 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   }
   // The sidecars, `parallel` at once.
   std::atomic<std::size_t> next{0};
-  std::atomic<bool> missing{false};
+  std::atomic<bool> missing{false}, no_ranges{false};
   std::exception_ptr failure;
   std::mutex failure_mutex;
   {
@@ -605,7 +770,22 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
           const std::size_t s = remote[k];
           const std::string url = shard_index_url(specs[s]);
           try {
-            const std::string text = detail::fetch_text(url, config, kMaxIndexBytes);
+            // Asked for as a Range (bytes 0-): a 206 says the server streams;
+            // a plain server (python3 -m http.server) sends a 200, and the
+            // set is staged instead, with no request more than the sidecars.
+            std::string text;
+            detail::request(
+                url, config, {},
+                [&](CURL* h, detail::Transfer& t) {
+                  text.clear();
+                  t.text = &text;
+                  t.text_limit = kMaxIndexBytes;
+                  t.text_what = "a shard's index sidecar";
+                  curl_easy_setopt(h, CURLOPT_RANGE, "0-");
+                },
+                [&](CURL* h, detail::Transfer&) {
+                  if (detail::response_code(h) != 206) no_ranges = true;
+                });
             indexes[s] = parse_shard_index(text, redact_url(url), max_classes);
             impl->shards[s].bytes = indexes[s].size;
           } catch (const RemoteError& e) {
@@ -632,6 +812,13 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   }
   if (failure) std::rethrow_exception(failure);
   if (missing) return nullptr;
+  if (no_ranges) {
+    pinfeed::detail::log().warn("remote: {} answers Range requests with the whole object (no Range support): "
+                                "streaming is off, the shards are staged whole (nginx, S3 and most object stores "
+                                "stream)",
+                                redact_url(specs[remote.front()]));
+    return nullptr;
+  }
   std::int64_t max_label = -1;
   for (std::size_t s = 0; s < specs.size(); ++s) {
     for (TarShards::IndexedSample& x : indexes[s].samples) {
@@ -825,7 +1012,7 @@ void StreamedShards::read_stoppable(std::size_t i, std::vector<std::byte>& out, 
     if (r == 0) throw DatasetChanged(sh.shown, fmt::format("{} is cut short at byte {}: the shard changed", s.key, s.offset - kHeader + done));
     done += static_cast<std::size_t>(r);
   }
-  if (!TarShards::header_matches(buf.data(), s.size, s.header_sum)) {
+  if (!TarShards::header_matches(buf.data(), s.size, s.header_sum, s.key)) {
     throw DatasetChanged(sh.shown, fmt::format("member {} at byte {} is not the indexed one any more: restart to "
                                                "index it again",
                                                s.key, s.offset - kHeader));

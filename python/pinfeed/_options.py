@@ -59,6 +59,7 @@ class LoaderOptions(TypedDict, total=False):
     held_limit: int
     cache_limit: int
     remote_timeout: float
+    remote_min_rate: float
     remote_retries: int
     remote_readahead: int
     remote_streams: int

@@ -30,8 +30,10 @@
 #include "pinfeed/env.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
+#include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/loader.hpp"
 #include "pinfeed/loader/options.hpp"
+#include "pinfeed/loader/remote.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/diagnostics.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
@@ -308,6 +310,41 @@ class CpuConsumer {
 };
 #endif
 
+/// A Loader made on a thread of its own, the GIL released, while this
+/// thread runs the interpreter's signal handlers every 50 ms: an exception
+/// they raise (KeyboardInterrupt) sets `cancel`, waits for the open to end,
+/// and is raised here instead of its result.
+std::shared_ptr<pl::Loader> open_interruptibly(pl::LoaderConfig config, std::atomic<bool>& cancel) {
+  std::shared_ptr<pl::Loader> made;
+  std::exception_ptr error;
+  std::atomic<bool> done{false};
+  std::thread opener([&] {
+    try {
+      made = std::make_shared<pl::Loader>(std::move(config));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done.store(true);
+  });
+  bool interrupted = false;
+  while (!done.load()) {
+    without_gil([&] {
+      for (int k = 0; k < 10 && !done.load(); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    });
+    if (!interrupted && !done.load() && PyErr_CheckSignals() != 0) {
+      interrupted = true;  // the Python error stays set until it is raised below
+      cancel.store(true);
+    }
+  }
+  without_gil([&] { opener.join(); });
+  if (interrupted) {
+    without_gil([&] { made.reset(); });  // opened after all, or cancelled: either way not wanted
+    throw py::error_already_set();
+  }
+  if (error) std::rethrow_exception(error);
+  return made;
+}
+
 class PyLoader {
  public:
   /// `device`: None, or {"type": "cpu"|"cuda", "index", "normalize",
@@ -338,8 +375,14 @@ class PyLoader {
       dlpack_device_ = DLDevice{dt.indexed ? kDLCUDA : kDLCPU, dt.indexed ? index : 0};
       feed_ = std::make_shared<pt::DeviceFeed>(std::move(backend), fo);
     }
-    py::gil_scoped_release release;  // opening and indexing a dataset can take a while
-    loader_ = std::make_shared<pl::Loader>(std::move(c));
+    // Opening and indexing a dataset can take a while (remote shards staged,
+    // sidecars fetched, another rank's lock waited for): it runs on a thread
+    // of its own while this one takes signals, and Ctrl-C cancels it
+    // (RemoteConfig::cancel: transfers, backoffs, lock waits and pipe:
+    // commands end within 100 ms) and raises KeyboardInterrupt.
+    auto cancel = std::make_shared<std::atomic<bool>>(false);
+    c.remote.cancel = cancel;
+    loader_ = open_interruptibly(std::move(c), *cancel);
   }
   ~PyLoader() {
     if (::getpid() != pid_) {
@@ -780,6 +823,17 @@ void bind_functions(py::module_& m) {
       },
       py::arg("dataset_size"), py::arg("rank"), py::arg("world_size"), py::arg("shuffle"), py::arg("seed"),
       py::arg("drop_last"), py::arg("epoch"), "pinfeed's DistributedSampler: rank's indices of an epoch");
+  m.def(
+      "expand_shard_pattern",
+      [](const std::string& pattern) {
+        std::vector<std::string> out;
+        for (const auto& p : pl::expand_shard_pattern(pattern)) out.push_back(p.string());
+        return out;
+      },
+      "a shard pattern's sources, as webdataset's braceexpand expands it ('\\,' a literal comma)");
+  m.def("redact_spec", &pl::redact_spec,
+        "a dataset spec as pinfeed shows it: URLs without user:password@, query and fragment, pipe: commands "
+        "as their program and shard");
   m.def("loader_options", &loader_options, "the loader's option table: name, type, default, range, help");
   m.def("default_normalization", [] {
     const pl::TransformConfig t;

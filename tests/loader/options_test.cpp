@@ -138,7 +138,7 @@ TEST(LoaderOptionsTest, EveryOptionSaysWhatEvaluationUses) {
       "interpolation", "layout", "dct_scaling", "roi_decode", "bad_sample", "max_replacements",
       "max_replaced_share", "max_classes", "max_image_pixels", "pin", "require_pinned", "pin_method",
       "pinned_fraction", "local_ranks", "watch_pressure", "pressure_floor", "held_warning", "held_limit",
-      "cache_limit", "remote_timeout", "remote_retries", "remote_readahead", "remote_streams"};  // how shards arrive, not what they hold
+      "cache_limit", "remote_timeout", "remote_min_rate", "remote_retries", "remote_readahead", "remote_streams"};  // how shards arrive, not what they hold
   for (const LoaderOption& o : loader_options()) {
     EXPECT_NE(o.evaluation.empty(), same_in_evaluation.count(o.name) == 0)
         << o.name << ": give its row an evaluation value, or list it here as meaning the same in evaluation";

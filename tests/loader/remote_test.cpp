@@ -6,8 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <span>
+#include <thread>
 #include <fmt/format.h>
 #include <cstdlib>
 #include <filesystem>
@@ -91,7 +98,7 @@ TEST_F(RemoteCacheTest, AFailingCommandIsARemoteErrorNamingIt) {
     (void)open_dataset("pipe:exit 3; x.tar", {}, kDefaultMaxClasses, config);
     FAIL() << "no error";
   } catch (const RemoteError& e) {
-    EXPECT_NE(std::string(e.what()).find("pipe:exit 3; x.tar: the command exited with status 3 (gave up after 2 tries)"),
+    EXPECT_NE(std::string(e.what()).find("pipe:exit \u2026 x.tar: the command exited with status 3 (gave up after 2 tries)"),
               std::string::npos)
         << e.what();
   }
@@ -119,6 +126,11 @@ TEST(RemoteTest, UrlsAreShownWithoutSecrets) {
   EXPECT_EQ(redact_url("https://user:pw@h/p/a.tar?X-Amz-Signature=s&X-Amz-Security-Token=t"), "https://h/p/a.tar");
   EXPECT_EQ(redact_url("s3://b/k.tar"), "s3://b/k.tar");
   EXPECT_EQ(redact_url("pipe:cat a.tar"), "pipe:cat a.tar");
+  EXPECT_EQ(redact_url("pipe:curl -s -H 'Authorization: Bearer T0KEN' https://u:pw@h/a.tar?s=1"),
+            "pipe:curl \u2026 https://h/a.tar");
+  EXPECT_EQ(redact_url("pipe:AWS_SECRET_ACCESS_KEY=s3cr3t aws s3 cp s3://b/x.tar -"), "pipe:aws \u2026 s3://b/x.tar");
+  EXPECT_EQ(redact_spec("https://u:pw@h/s-{0..3}.tar?t=X,/data/a.tar,s3://b/c.tar"),
+            "https://h/s-{0..3}.tar,/data/a.tar,s3://b/c.tar");
   const RemoteError e("https://h/a.tar?sig=secret", 403, "HTTP status 403");
   EXPECT_EQ(std::string(e.what()).find("secret"), std::string::npos) << e.what();
   EXPECT_EQ(e.url(), "https://h/a.tar");
@@ -192,11 +204,165 @@ TEST_F(RemoteCacheTest, WhatKilledProcessesLeftIsSweptAndNothingElse) {
 
   RemoteConfig config;
   config.cache_dir = dir_.path() / "cache";
-  const fs::path torn = config.cache_dir / "0123456789abcdef" / "train-000009.tar.part";
-  fs::create_directories(torn.parent_path());
+  { StagedShards s = stage_shards({pipes()[0]}, config); }  // makes the cache's entry folder
+  const fs::path torn = cache_path(pipes()[0], config).parent_path() / "train-000009.tar.part";
   testing::write_bytes(torn, std::as_bytes(std::span("half a shard")));
   { StagedShards s = stage_shards({pipes()[0]}, config); }
   EXPECT_FALSE(fs::exists(torn)) << "a killed fetch's .part stays";
+}
+
+// ---------------------------------------------------------------- the cache owns only its own files
+
+TEST_F(RemoteCacheTest, SweepAndEvictionTouchNothingTheCacheDidNotMake) {
+  // cache_dir is a folder people use ($HOME, a scratch): their files look
+  // like ours by name, and one folder is even named like an entry.
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "home";
+  const auto plant = [&](const fs::path& rel) {
+    fs::create_directories((config.cache_dir / rel).parent_path());
+    testing::write_bytes(config.cache_dir / rel, std::as_bytes(std::span("someone else's bytes, a few of them")));
+  };
+  const std::vector<fs::path> theirs = {"downloads/movie.mkv.part", "backup/x.tar", "backup/x.tar.meta",
+                                        "pinfeed-0123456789abcdef/y.tar", "pinfeed-0123456789abcdef/y.tar.meta",
+                                        "pinfeed-0123456789abcdef/z.tar.part", "a.tar.part"};
+  for (const fs::path& p : theirs) plant(p);
+  for (const fs::path& p : expand_shard_pattern(data_.shards)) {  // room for the largest shard: evict all it may
+    config.cache_limit = std::max<std::uint64_t>(config.cache_limit, fs::file_size(p));
+  }
+  { StagedShards s = stage_shards(pipes(), config); }
+  { StagedShards s = stage_shards({pipes()[0]}, config); }
+  for (const fs::path& p : theirs) EXPECT_TRUE(fs::exists(config.cache_dir / p)) << p << " was removed";
+  EXPECT_FALSE(fs::exists(cache_path(pipes()[1], config))) << "the cache's own unheld shard was not evicted";
+}
+
+TEST_F(RemoteCacheTest, APlantedLinkIsRefusedNamingItNeverFollowed) {
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "cache";
+  const fs::path elsewhere = dir_.path() / "elsewhere";
+  fs::create_directories(elsewhere);
+  const fs::path entry = cache_path(pipes()[0], config).parent_path();
+  fs::create_directories(config.cache_dir);
+  fs::create_directory_symlink(elsewhere, entry);  // the entry folder, linked away
+  try {
+    (void)stage_shards({pipes()[0]}, config);
+    ADD_FAILURE() << "a linked entry folder was used";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(entry.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("symbolic link"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(elsewhere)) << "wrote through the link";
+  fs::remove(entry);
+
+  // Inside a real entry: a dangling .lock link (would create a file outside)
+  // and a .meta.tmp linked to a victim (would overwrite it).
+  { StagedShards s = stage_shards({pipes()[0]}, config); }
+  const fs::path shard = cache_path(pipes()[0], config);
+  const fs::path victim = dir_.path() / "victim.txt";
+  testing::write_bytes(victim, std::as_bytes(std::span("precious")));
+  fs::remove(shard.string() + ".lock");
+  fs::create_symlink(dir_.path() / "created-outside", shard.string() + ".lock");
+  EXPECT_THROW((void)stage_shards({pipes()[0]}, config), DataError);
+  EXPECT_FALSE(fs::exists(dir_.path() / "created-outside"));
+  fs::remove(shard.string() + ".lock");
+  fs::remove(shard.string() + ".meta");  // fetched again: the sidecar is written anew
+  fs::create_symlink(victim, shard.string() + ".meta.tmp");
+  { StagedShards s = stage_shards({pipes()[0]}, config); }
+  EXPECT_EQ(fs::file_size(victim), 9U) << "the victim was written through a planted .meta.tmp";
+  EXPECT_TRUE(fs::exists(shard.string() + ".meta"));
+}
+
+TEST_F(RemoteCacheTest, APipeCommandsSecretsNeverReachTheCache) {
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "cache";
+  const std::string secret = "pipe:TOKEN=s3cr3t cat " + pipes()[0].substr(9);
+  { StagedShards s = stage_shards({secret}, config); }
+  const fs::path meta = cache_path(secret, config).string() + ".meta";
+  std::string text(fs::file_size(meta), '\0');
+  std::FILE* f = std::fopen(meta.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(std::fread(text.data(), 1, text.size(), f), text.size());
+  std::fclose(f);
+  EXPECT_EQ(text.find("s3cr3t"), std::string::npos) << text;
+  EXPECT_EQ(fs::status(meta).permissions() & (fs::perms::group_all | fs::perms::others_all), fs::perms::none);
+}
+
+// ---------------------------------------------------------------- bounded waits and bytes
+
+TEST_F(RemoteCacheTest, ACommandsWholeProcessGroupIsKilledAtItsByteBudget) {
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "cache";
+  config.cache_limit = 1 << 20;
+  config.retries = 3;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    (void)stage_shards({"pipe:sleep 97.531 & cat /dev/zero # endless.tar"}, config);
+    ADD_FAILURE() << "an endless command was cached";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("cache_limit"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "retried a bound";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_NE(std::system("pgrep -f 'sleep 97[.]531' >/dev/null"), 0) << "the command's child outlived it";
+  for (const auto& f : fs::recursive_directory_iterator(config.cache_dir)) {
+    EXPECT_NE(f.path().extension(), ".part") << f.path() << " stays";
+  }
+}
+
+TEST_F(RemoteCacheTest, AStalledCommandIsKilledAndAnotherProcesssLockIsWaitedForBoundedNamingIt) {
+  RemoteConfig config;
+  config.cache_dir = dir_.path() / "cache";
+  config.read_timeout = 0.3;
+  config.retries = 0;
+  try {
+    (void)stage_shards({"pipe:sleep 86.421 # stalled.tar"}, config);
+    ADD_FAILURE() << "no error";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find("remote_min_rate"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(std::system("pgrep -f 'sleep 86[.]421' >/dev/null"), 0) << "the stalled command still runs";
+
+  // Another process holds NAME.fetch (stopped in a debugger): a bounded
+  // wait, then an error naming it.
+  { StagedShards s = stage_shards({pipes()[0]}, config); }
+  const std::string fetch = cache_path(pipes()[0], config).string() + ".fetch";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t holder = ::fork();
+  if (holder == 0) {
+    const int fd = ::open(fetch.c_str(), O_RDWR);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(1);
+    (void)!::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    (void)stage_shards({pipes()[0]}, config);
+    ADD_FAILURE() << "no error";
+  } catch (const RemoteError& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("process {}", holder)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  ::kill(holder, SIGKILL);
+  ::waitpid(holder, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST_F(RemoteCacheTest, StagingIsCancelledWithinAMoment) {
+  RemoteConfig config;
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  config.cancel = cancel;
+  std::jthread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancel->store(true);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW((void)stage_shards({"pipe:sleep 75.319 # slow.tar", pipes()[0]}, config), Cancelled);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_NE(std::system("pgrep -f 'sleep 75[.]319' >/dev/null"), 0);
 }
 
 // ---------------------------------------------------------------- streamed shards' index
@@ -265,6 +431,30 @@ TEST(RemoteTest, ABrokenIndexIsRefusedNamingItAndTheSample) {
   refused(head + R"([["a.jpg",512,10,10,1]]})", "label 10 is not in 0..9");
   refused(head + R"([["a.jpg",512]]})", "not a readable shard index");
   refused("{", "not a readable shard index");
+  // Entries a tar cannot have: on a block boundary, one member each, no
+  // overlap, under the sample limit, whole numbers.
+  refused(head + R"([["a.jpg",700,10,0,1]]})", "512-byte block");
+  refused(head + R"([["a.jpg",512.5,10,0,1]]})", "fractional");
+  refused(head + R"([["a.jpg",512,10,0,1],["a.jpg",1536,10,0,1]]})", "listed twice");
+  refused(head + R"([["a.jpg",512,1000,0,1],["b.jpg",1024,10,0,1]]})", "overlap");
+  refused(head + R"([["a.jpg",512,10,0,1],["b.jpg",512,10,0,1]]})", "overlap");
+  refused(head + "[[],[],[]]}", "0 fields");
+  refused(R"({"format":"pinfeed-shard-index","version":1,"size":9000000000,"samples":[["a.jpg",512,8589934592,0,1]]})",
+          "over the");
+}
+
+TEST(RemoteTest, ASidecarIsReadInBoundedMemory) {
+  // 16 MiB of "[]," was a document tree of 5.6 million arrays (+440 MiB):
+  // read by the SAX reader, it stops at the first, its memory the text's.
+  std::string text = R"({"format":"pinfeed-shard-index","version":1,"size":4096,"samples":[)";
+  while (text.size() < (16U << 20U)) text += "[],";
+  text += "[]]}";
+  EXPECT_THROW((void)parse_shard_index(text, "big.tar.index.json", 10), DataError);
+  // A well-formed large one parses into its entries and nothing more.
+  std::string good = R"({"format":"pinfeed-shard-index","version":1,"size":1048576000,"samples":[)";
+  for (int k = 0; k < 100000; ++k) good += fmt::format(R"({}["k{}.jpg",{},100,0,1])", k == 0 ? "" : ",", k, 512 + 1024 * k);
+  good += "]}";
+  EXPECT_EQ(parse_shard_index(good, "good.tar.index.json", 10).samples.size(), 100000U);
 }
 
 TEST_F(RemoteCacheTest, TheReadAheadBoundFollowsThePressureLevel) {

@@ -209,6 +209,11 @@ class TarShards final : public Dataset {
   /// bytes whose checksum field is `header_sum` (a reader's check that the
   /// bytes it read are the indexed member's).
   static bool header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum) noexcept;
+  /// The same, and its name is `name` (a name too long for the header's
+  /// fields, kept in a GNU or pax record before it, must start with what
+  /// the header holds): an index entry pointing at another member's header
+  /// is not taken for its own.
+  static bool header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum, std::string_view name) noexcept;
 
  private:
   struct Sample : IndexedSample {
@@ -249,9 +254,14 @@ class TarShards final : public Dataset {
   std::size_t num_classes_ = 0;
 };
 
-/// "data/shard-{000..012}.tar" -> 13 paths; "a.tar,b.tar" -> 2; no braces -> itself.
-/// Throws ConfigError on a malformed pattern.
+/// Shard patterns as webdataset's braceexpand reads them: every group,
+/// ranges and lists, nested ("data/s-{000..012}.tar" -> 13 paths,
+/// "s-{0..1}-{a,b}.tar" -> 4); sources separated by ',' or '::' outside
+/// braces ("a.tar,b.tar" -> 2); "\," "\{" "\}" are literal (a comma in a
+/// pipe: command or an S3 key). Throws ConfigError on a malformed pattern.
 std::vector<std::filesystem::path> expand_shard_pattern(const std::string& pattern);
+/// A spec's sources, unexpanded: split at ',' and '::' outside braces.
+std::vector<std::string> split_shard_spec(const std::string& spec);
 
 /// Refuses (ConfigError) a validation set whose classes are not the
 /// training set's: for two ImageFolders the class names must be the same

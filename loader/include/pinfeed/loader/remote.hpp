@@ -43,7 +43,11 @@ struct RemoteConfig {
   std::filesystem::path cache_dir;  ///< shards kept across runs (empty: a private folder removed at close)
   std::uint64_t cache_limit = 0;    ///< bytes the cache may hold; least recently used shards go first (0: no bound)
   double connect_timeout = 10.0;    ///< seconds to connect
-  double read_timeout = 30.0;       ///< seconds a transfer may go without a byte before it is retried
+  double read_timeout = 30.0;       ///< seconds over which a transfer must keep min_rate, else it is retried
+  /// Bytes per second a transfer (or a pipe: command's output) must average
+  /// over any read_timeout seconds, headers included; slower is a stall,
+  /// retried (Note [Bounded waits], remote.cpp).
+  double min_rate = 4096;
   unsigned retries = 5;             ///< tries after the first, with exponential backoff and jitter
   double backoff = 0.5;             ///< seconds before the first retry (doubling, at most 8 s)
   unsigned parallel = 8;            ///< shards fetched at once
@@ -53,8 +57,9 @@ struct RemoteConfig {
   /// Shrinks under memory pressure.
   std::uint64_t readahead = 0;
   unsigned streams = 32;            ///< Range requests in flight at once while streaming
-  /// Set: transfers stop at their next progress call and are not retried
-  /// (a dataset closing while its shards are being cached).
+  /// Set: transfers, retries' backoff, lock waits and pipe: commands stop
+  /// within 100 ms and throw Cancelled (a dataset closing while its shards
+  /// are cached, a program interrupted while the dataset opens).
   std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
@@ -76,10 +81,16 @@ struct StreamStats {
 /// "http://", "https://", "s3://" or "pipe:".
 [[nodiscard]] bool is_remote_url(std::string_view spec) noexcept;
 
-/// `url` as messages, logs and the cache's sidecars show it: without its
-/// query and fragment (a presigned URL's signature and token) and without
-/// user:password@. pipe: commands are shown as they are.
+/// `url` as messages, logs, repr, JSON and the cache's sidecars show it: the
+/// one redaction rule. Without its query and fragment (a presigned URL's
+/// signature and token) and without user:password@; a pipe: command as its
+/// program and the argument naming the shard, every other word "…"
+/// ("pipe:curl … https://h/a.tar").
 [[nodiscard]] std::string redact_url(const std::string& url);
+
+/// A dataset spec as shown: each of its comma-separated parts that is a URL
+/// through redact_url (brace patterns stay), local paths as they are.
+[[nodiscard]] std::string redact_spec(const std::string& spec);
 
 /// Where an s3:// URL is fetched from: AWS_ENDPOINT_URL (path style:
 /// endpoint/bucket/key) or https://bucket.s3.REGION.amazonaws.com/key.
@@ -94,6 +105,7 @@ struct StreamStats {
 struct FetchResult {
   std::uint64_t bytes = 0;   ///< the file's size
   std::string etag;          ///< the server's, when it gave one
+  std::string last_modified; ///< the server's Last-Modified, when it gave one
   unsigned attempts = 0;     ///< transfers made (1: no retry)
   std::uint64_t resumed = 0; ///< bytes not fetched again thanks to Range requests
 };
@@ -129,7 +141,10 @@ void check_upload_target(const std::string& url);
 [[nodiscard]] std::filesystem::path cache_path(const std::string& url, const RemoteConfig& config);
 
 /// Stages every URL (parallel fetches; a valid cached copy is reused after
-/// the server confirms its size and ETag). Throws RemoteError.
-[[nodiscard]] StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config);
+/// the server confirms it). sizes[i], when given and not 0, is urls[i]'s
+/// indexed size: a copy of another size is not used and a download past it
+/// stops. Throws RemoteError; Cancelled when config.cancel is set.
+[[nodiscard]] StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConfig& config,
+                                        const std::vector<std::uint64_t>& sizes = {});
 
 }  // namespace pinfeed::loader
