@@ -15,12 +15,14 @@ if ! PYTHONPATH=build/pydeps /usr/bin/python3 -c "import webdataset" 2>/dev/null
   /usr/bin/python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --target build/pydeps \
     webdataset==1.0.2 braceexpand==0.1.7
 fi
-# An S3 server for tests/python/test_remote.py: moto's standalone server and
-# boto3, in their own folder (run as a separate process, never on the suite's
-# path: their dependencies must not shadow Debian's).
-if ! PYTHONPATH=build/s3deps /usr/bin/python3 -c "import moto.server, flask_cors" 2>/dev/null; then
+# S3 servers for tests/python/test_remote*.py: moto's standalone server and
+# boto3, and LocalBucket (a second implementation, never tuned to: stdlib
+# only, Range, HEAD, ListObjectsV2), in their own folder (run as separate
+# processes, never on the suite's path: their dependencies must not shadow
+# Debian's).
+if ! PYTHONPATH=build/s3deps /usr/bin/python3 -c "import moto.server, flask_cors, localbucket" 2>/dev/null; then
   /usr/bin/python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --target build/s3deps \
-    "moto[s3]==5.1.18" flask==3.1.3 flask-cors==6.0.5
+    "moto[s3]==5.1.18" flask==3.1.3 flask-cors==6.0.5 localbucket==1.2.1
 fi
 if [[ $preset == tsan ]]; then bash scripts/build-tsan-tbb.sh; fi
 cmake --preset "$preset" >/dev/null

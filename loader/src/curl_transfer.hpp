@@ -44,6 +44,8 @@ struct Transfer {
   std::uint64_t byte_limit = 0;
   std::uint64_t file_base = 0;    ///< bytes the file held when this transfer began (a resume)
   std::string byte_limit_why;
+  std::uint64_t unknown_limit = 0;  ///< also, for a body of no announced length (0: no bound)
+  std::string unknown_limit_why;
   CURL* handle = nullptr;
   // Note [Bounded waits]: watch_progress's state.
   const std::atomic<bool>* cancel = nullptr;

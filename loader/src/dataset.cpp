@@ -531,6 +531,9 @@ bool TarShards::header_matches(const char* h, std::uint64_t size, std::uint64_t 
 bool TarShards::header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum,
                                std::string_view name) noexcept {
   if (!header_matches(h, size, header_sum)) return false;
+  // A name that is not ASCII is in a pax record before the header, which
+  // holds a stand-in (Python's tarfile writes '?' for each character).
+  if (std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; })) return true;
   const std::string_view field(h, ::strnlen(h, 100));
   const std::string_view prefix(h + 345, ::strnlen(h + 345, 155));
   const bool ustar = std::memcmp(h + 257, "ustar", 5) == 0;
@@ -794,16 +797,18 @@ std::optional<std::vector<std::string>> range_of(const std::string& body, const 
   std::int64_t step = 1;
   if (!step_text.empty()) {
     const auto r = std::from_chars(step_text.data(), step_text.data() + step_text.size(), step);
-    if (r.ec != std::errc{} || r.ptr != step_text.data() + step_text.size() || step == 0) {
-      throw ConfigError(fmt::format("shard pattern '{}': bad step in {{{}}}", shown, body));
+    if (r.ec != std::errc{} || r.ptr != step_text.data() + step_text.size() || step == 0 ||
+        step < -static_cast<std::int64_t>(kMaxExpanded) || step > static_cast<std::int64_t>(kMaxExpanded)) {
+      throw ConfigError(fmt::format("shard pattern '{}': bad step in {{{}}} (a whole number, not 0, at most {})", shown,
+                                    body, kMaxExpanded));
     }
     step = step < 0 ? -step : step;
   }
   std::vector<std::string> out;
   const auto letter = [](const std::string& t) { return t.size() == 1 && std::isalpha(static_cast<unsigned char>(t[0])) != 0; };
   if (letter(a) && letter(b)) {
-    const int lo = a[0], hi = b[0], dir = lo <= hi ? 1 : -1;
-    for (int c = lo; dir > 0 ? c <= hi : c >= hi; c += dir * static_cast<int>(step)) out.emplace_back(1, static_cast<char>(c));
+    const std::int64_t lo = a[0], hi = b[0], dir = lo <= hi ? 1 : -1;
+    for (std::int64_t c = lo; dir > 0 ? c <= hi : c >= hi; c += dir * step) out.emplace_back(1, static_cast<char>(c));
     return out;
   }
   std::uint64_t lo = 0, hi = 0;

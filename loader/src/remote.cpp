@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <ctime>
 #include <atomic>
 #include <cerrno>
 #include <cctype>
@@ -58,22 +59,64 @@ namespace {
 /// pipe:COMMAND as shown: its program and the argument naming the shard
 /// (itself redacted), every other word "…" (a header with a bearer token,
 /// a password option). "pipe:cat a.tar" stays as it is.
+/// A command's words as the shell splits them: quotes ('...', "...") and
+/// backslashes kept together with what they hold, and removed.
+std::vector<std::string> shell_words(std::string_view command) {
+  std::vector<std::string> out;
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  for (std::size_t i = 0; i < command.size(); ++i) {
+    const char c = command[i];
+    if (quote != 0) {
+      if (c == quote) {
+        quote = 0;
+      } else if (c == '\\' && quote == '"' && i + 1 < command.size()) {
+        word += command[++i];
+      } else {
+        word += c;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (c == '\\' && i + 1 < command.size()) {
+      word += command[++i];
+      in_word = true;
+    } else if (std::isspace(static_cast<unsigned char>(c)) != 0) {
+      if (in_word) out.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) out.push_back(std::move(word));
+  return out;
+}
+
+/// NAME=value, as the shell takes an assignment before a command.
+bool is_assignment(const std::string& w) {
+  const auto eq = w.find('=');
+  if (eq == std::string::npos || eq == 0) return false;
+  if (std::isdigit(static_cast<unsigned char>(w[0])) != 0) return false;
+  return std::all_of(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(eq),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; });
+}
+
 std::string redact_pipe(const std::string& url) {
-  std::istringstream words(url.substr(5));
-  std::string w, program, shard;
+  std::string program, shard;
   bool elided = false;
-  while (words >> w) {
-    if (program.empty() && w.find('=') != std::string::npos && w.find('/') == std::string::npos) {
-      elided = true;  // VAR=value before the program
+  for (const std::string& w : shell_words(std::string_view(url).substr(5))) {
+    if (program.empty() && is_assignment(w)) {
+      elided = true;  // VAR=value before the program: a secret, often
       continue;
     }
     if (program.empty()) {
       program = w;
       continue;
     }
-    std::string bare = w;
-    std::erase(bare, '\'');
-    std::erase(bare, '"');
+    const std::string& bare = w;
     const std::string path = bare.substr(0, bare.find_first_of("?#"));
     if (path.ends_with(".tar") && shard.empty()) {
       shard = redact_url(bare);
@@ -226,20 +269,23 @@ std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
     return bytes;
   }
   if (t.fd < 0) return bytes;  // a HEAD's (empty) body
-  if (t.byte_limit != 0) {
+  if (t.byte_limit != 0 || t.unknown_limit != 0) {
     // Note [Byte budgets]: a body past the shard's budget stops here, and a
     // server that announces one stops before its first byte is written.
     const std::uint64_t base = t.restarted || (t.resuming && code == 200) ? 0 : t.file_base;
     curl_off_t length = -1;
     curl_easy_getinfo(t.handle, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
-    if (length >= 0 && base + static_cast<std::uint64_t>(length) > t.byte_limit) {
+    const bool unknown = length < 0 && t.unknown_limit != 0 && (t.byte_limit == 0 || t.unknown_limit < t.byte_limit);
+    const std::uint64_t limit = unknown ? t.unknown_limit : t.byte_limit;
+    const std::string& why = unknown ? t.unknown_limit_why : t.byte_limit_why;
+    if (limit != 0 && length >= 0 && base + static_cast<std::uint64_t>(length) > limit) {
       t.write_error = fmt::format("the server announces {} bytes, over the {} allowed by {}",
-                                  base + static_cast<std::uint64_t>(length), t.byte_limit, t.byte_limit_why);
+                                  base + static_cast<std::uint64_t>(length), limit, why);
       return 0;
     }
-    if (base + t.written + bytes > t.byte_limit) {
+    if (limit != 0 && base + t.written + bytes > limit) {
       t.write_error = fmt::format("more than {} bytes arrived, over the {} allowed by {}: stopped",
-                                  base + t.written + bytes, t.byte_limit, t.byte_limit_why);
+                                  base + t.written + bytes, limit, why);
       return 0;
     }
   }
@@ -710,6 +756,16 @@ bool is_entry(const CacheFolder& root, const std::string& name) {
   return ::fstatat(root.fd.get(), marker.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
 }
 
+/// This host's name, for names other hosts sharing cache_dir must not take
+/// for theirs.
+std::string host_name() {
+  std::array<char, 256> h{};
+  if (::gethostname(h.data(), h.size() - 1) != 0) return "host";
+  std::string out(h.data());
+  std::replace(out.begin(), out.end(), '-', '_');
+  return out.empty() ? "host" : out;
+}
+
 /// cache_dir (made if missing; the user's choice, so a link to it is fine).
 CacheFolder open_cache_root(const fs::path& root) {
   std::error_code ec;
@@ -725,7 +781,7 @@ CacheFolder open_entry(const CacheFolder& root, const std::string& name) {
   if (::fstatat(root.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     // Made under a temporary name with its marker, then renamed into place:
     // nobody ever sees an entry without its marker.
-    std::string temp = fmt::format(".{}new-{}-XXXXXX", kEntryPrefix, ::getpid());
+    std::string temp = fmt::format(".{}new-{}-{}-XXXXXX", kEntryPrefix, ::getpid(), host_name());
     const std::string full = (root.path / temp).string();
     std::string templ = full;
     if (::mkdtemp(templ.data()) == nullptr) {
@@ -736,11 +792,18 @@ CacheFolder open_entry(const CacheFolder& root, const std::string& name) {
       const CacheFolder fresh = open_folder(templ);
       (void)open_in(fresh, kMarker, O_WRONLY | O_CREAT | O_EXCL);
     }
-    if (::renameat2(root.fd.get(), temp.c_str(), root.fd.get(), name.c_str(), RENAME_NOREPLACE) != 0) {
+    int rc = ::renameat2(root.fd.get(), temp.c_str(), root.fd.get(), name.c_str(), RENAME_NOREPLACE);
+    if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+      // NFS, CephFS, Lustre and most FUSE file systems have no
+      // RENAME_NOREPLACE: a plain rename cannot replace a folder that holds
+      // anything (an entry holds its marker), so it is as safe here.
+      rc = ::renameat(root.fd.get(), temp.c_str(), root.fd.get(), name.c_str());
+    }
+    if (rc != 0) {
       const int err = errno;
       std::error_code e2;
       fs::remove_all(templ, e2);
-      if (err != EEXIST) {
+      if (err != EEXIST && err != ENOTEMPTY) {
         throw DataError(root.path / name, fmt::format("cannot make the cache's folder: {}", std::strerror(err)));
       }  // another rank made it meanwhile
     }
@@ -753,6 +816,12 @@ CacheFolder open_entry(const CacheFolder& root, const std::string& name) {
   }
   UniqueFd fd(::openat(root.fd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) refuse_planted(root.path / name, "not a folder of pinfeed's");
+  // The folder opened is the one checked (not one swapped in since): ours,
+  // with its marker.
+  if (::fstat(fd.get(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+      ::fstatat(fd.get(), kMarker, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+    refuse_planted(root.path / name, "a folder without pinfeed's .pinfeed-cache marker (or another user's)");
+  }
   return {std::move(fd), root.path / name};
 }
 
@@ -760,13 +829,23 @@ CacheFolder open_entry(const CacheFolder& root, const std::string& name) {
 /// shard's known size, cache_limit, and the free space of the disk less a
 /// reserve (the least of 1 GiB and 5% of it), so an endless body never
 /// fills the disk.
-std::pair<std::uint64_t, std::string> fetch_budget(int fd, const fs::path& where, const RemoteConfig& config,
-                                                   std::uint64_t expected) {
+struct Budget {
+  std::uint64_t limit = 0;    ///< always (0: none)
+  std::string why;
+  std::uint64_t unknown = 0;  ///< also, for a body of no announced length (0: none)
+  std::string unknown_why;
+};
+
+/// cache_limit bounds what has no length of its own (a chunked body, a
+/// command's output): a shard whose size is known may pass it, and stays
+/// with a warning while in use, as before.
+Budget fetch_budget(int fd, const fs::path& where, const RemoteConfig& config, std::uint64_t expected) {
+  Budget b;
   std::uint64_t limit = expected;
   std::string why = expected != 0 ? "the size its index gives" : "";
-  if (config.cache_limit != 0 && (limit == 0 || config.cache_limit < limit)) {
-    limit = config.cache_limit;
-    why = "cache_limit";
+  if (config.cache_limit != 0 && expected == 0) {
+    b.unknown = config.cache_limit;
+    b.unknown_why = "cache_limit (the answer gave no length)";
   }
   struct statvfs v {};
   if (::fstatvfs(fd, &v) == 0) {
@@ -779,7 +858,9 @@ std::pair<std::uint64_t, std::string> fetch_budget(int fd, const fs::path& where
                         format_bytes(avail), format_bytes(reserve));
     }
   }
-  return {limit, why};
+  b.limit = limit;
+  b.why = why;
+  return b;
 }
 
 FetchResult fetch_into(const std::string& url, const CacheFolder& dir, const std::string& name,
@@ -796,7 +877,7 @@ FetchResult fetch_into(const std::string& url, const CacheFolder& dir, const std
       if (!keep) ::unlinkat(dir.fd.get(), name.c_str(), 0);
     }
   } drop{dir, part_name};
-  const auto [limit, limit_why] = fetch_budget(fd.get(), dir.path, config, expected);
+  const Budget budget = fetch_budget(fd.get(), dir.path, config, expected);
   FetchResult out;
   std::string last;
   long last_code = 0;
@@ -809,8 +890,15 @@ FetchResult fetch_into(const std::string& url, const CacheFolder& dir, const std
       if (::ftruncate(fd.get(), 0) != 0 || ::lseek(fd.get(), 0, SEEK_SET) != 0) {
         throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
       }
-      last = run_pipe(url.substr(5), fd.get(), config, limit, limit_why);
-      if (limit != 0 && file_size_of(fd.get()) > limit) throw RemoteError(url, 0, last);  // a bound: no retry changes it
+      // A command's output has no length: the tighter bound holds.
+      const bool unknown_tighter = budget.unknown != 0 && (budget.limit == 0 || budget.unknown < budget.limit);
+      const std::uint64_t limit = unknown_tighter ? budget.unknown : budget.limit;
+      const std::string& why = unknown_tighter ? budget.unknown_why : budget.why;
+      last = run_pipe(url.substr(5), fd.get(), config, limit, why);
+      if (limit != 0 && file_size_of(fd.get()) > limit) {
+        throw RemoteError(url, 0, last.empty() ? fmt::format("the command wrote more than {} bytes ({})", limit, why)
+                                               : last);  // a bound: no retry changes it
+      }
       done = last.empty();
     } else {
       HeaderList headers;
@@ -820,8 +908,10 @@ FetchResult fetch_into(const std::string& url, const CacheFolder& dir, const std
       t.handle = h.get();
       t.resuming = have > 0;
       t.file_base = have;
-      t.byte_limit = limit;
-      t.byte_limit_why = limit_why;
+      t.byte_limit = budget.limit;
+      t.byte_limit_why = budget.why;
+      t.unknown_limit = budget.unknown;
+      t.unknown_limit_why = budget.unknown_why;
       watch_progress(h.get(), t, config);
       if (::lseek(fd.get(), 0, SEEK_END) < 0) throw RemoteError(url, 0, std::strerror(errno));
       curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, on_body);
@@ -832,8 +922,10 @@ FetchResult fetch_into(const std::string& url, const CacheFolder& dir, const std
         curl_easy_setopt(h.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(have));
         // The rest of the same object, or (a changed one) all of the new:
         // never the tail of one version after the head of another.
-        if (!out.etag.empty()) {
-          headers.reset(curl_slist_append(headers.release(), ("If-Range: " + out.etag).c_str()));
+        // Without an ETag, Last-Modified is the validator (RFC 9110).
+        const std::string validator = !out.etag.empty() ? out.etag : out.last_modified;
+        if (!validator.empty()) {
+          headers.reset(curl_slist_append(headers.release(), ("If-Range: " + validator).c_str()));
           curl_easy_setopt(h.get(), CURLOPT_HTTPHEADER, headers.get());
         }
       }
@@ -1041,7 +1133,9 @@ std::string lock_holder(int fd) {
     std::istringstream words(line);
     std::string id, type, advisory, mode, pid, dev;
     words >> id >> type >> advisory >> mode >> pid >> dev;
-    if (type == "FLOCK" && dev == where && pid != std::to_string(::getpid())) return "process " + pid;
+    if (type == "FLOCK" && dev == where) {
+      return pid == std::to_string(::getpid()) ? "this process (another of its datasets)" : "process " + pid;
+    }
   }
   return "another process (not on this host, or gone meanwhile)";
 }
@@ -1064,7 +1158,7 @@ void lock_bounded(const UniqueFd& fd, int how, const CacheFolder& dir, const std
     }
     return sum;
   };
-  const double budget = std::max(0.05, config.read_timeout) * (config.retries + 1);
+  const double budget = std::max(0.05, config.read_timeout) * (static_cast<double>(config.retries) + 1);
   const auto start = Clock::now();
   auto changed = start;
   std::uint64_t seen = progress();
@@ -1194,24 +1288,40 @@ ShardOutcome stage_one(const std::string& url, const CacheFolder& root, const fs
   return out;  // NAME.fetch is let go here
 }
 
-/// The entry folders of the cache at `root` (Note [Cache ownership]).
-std::vector<CacheFolder> entries_of(const CacheFolder& root) {
-  std::vector<CacheFolder> out;
+/// The entry folders of the cache at `root` (Note [Cache ownership]), by
+/// name: one is opened at a time (thousands of pipe: shards are thousands
+/// of folders, and descriptors are the readers' too).
+std::vector<std::string> entries_of(const CacheFolder& root) {
+  std::vector<std::string> out;
   std::error_code ec;
   for (auto it = fs::directory_iterator(root.path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (!is_entry(root, name)) continue;
-    UniqueFd fd(::openat(root.fd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (fd) out.push_back({std::move(fd), root.path / name});
+    std::string name = it->path().filename().string();
+    if (is_entry(root, name)) out.push_back(std::move(name));
   }
   return out;
+}
+
+/// An entry folder that exists, opened and checked (nothing: not one now).
+std::optional<CacheFolder> open_existing_entry(const CacheFolder& root, const std::string& name) {
+  UniqueFd fd(::openat(root.fd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0 || st.st_uid != ::geteuid() ||
+      ::fstatat(fd.get(), kMarker, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+    return std::nullopt;
+  }
+  return CacheFolder{std::move(fd), root.path / name};
 }
 
 /// The names in `dir` (never following a link).
 std::vector<std::string> names_in(const CacheFolder& dir) {
   std::vector<std::string> out;
-  DIR* d = ::fdopendir(::dup(dir.fd.get()));
-  if (d == nullptr) return out;
+  const int copy = ::fcntl(dir.fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return out;
+  DIR* d = ::fdopendir(copy);
+  if (d == nullptr) {
+    ::close(copy);
+    return out;
+  }
   ::rewinddir(d);
   while (const dirent* e = ::readdir(d)) {
     const std::string n = e->d_name;
@@ -1238,24 +1348,24 @@ std::optional<UniqueFd> try_lock(const CacheFolder& dir, const std::string& name
 /// only NAME + NAME.meta pairs in the cache's own entry folders.
 void evict(const CacheFolder& root, std::uint64_t limit, std::uint64_t own_bytes) {
   struct Entry {
-    std::size_t folder;
-    std::string name;
+    std::string folder, name;
     std::uint64_t bytes;
     std::int64_t used_ns;
   };
-  const std::vector<CacheFolder> folders = entries_of(root);
   std::vector<Entry> entries;
   std::uint64_t total = 0;
-  for (std::size_t f = 0; f < folders.size(); ++f) {
-    for (const std::string& meta : names_in(folders[f])) {
+  for (const std::string& folder : entries_of(root)) {
+    const auto dir = open_existing_entry(root, folder);
+    if (!dir) continue;
+    for (const std::string& meta : names_in(*dir)) {
       if (!meta.ends_with(".meta")) continue;
       const std::string name = meta.substr(0, meta.size() - 5);
       struct stat st {}, ms {};
-      if (::fstatat(folders[f].fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
-          ::fstatat(folders[f].fd.get(), meta.c_str(), &ms, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(ms.st_mode)) {
+      if (::fstatat(dir->fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+          ::fstatat(dir->fd.get(), meta.c_str(), &ms, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(ms.st_mode)) {
         continue;
       }
-      entries.push_back({f, name, static_cast<std::uint64_t>(st.st_size),
+      entries.push_back({folder, name, static_cast<std::uint64_t>(st.st_size),
                          static_cast<std::int64_t>(st.st_atim.tv_sec) * 1'000'000'000 + st.st_atim.tv_nsec});
       total += static_cast<std::uint64_t>(st.st_size);
     }
@@ -1264,7 +1374,9 @@ void evict(const CacheFolder& root, std::uint64_t limit, std::uint64_t own_bytes
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.used_ns < b.used_ns; });
   for (const Entry& e : entries) {
     if (total <= limit) break;
-    const CacheFolder& dir = folders[e.folder];
+    const auto opened = open_existing_entry(root, e.folder);
+    if (!opened) continue;
+    const CacheFolder& dir = *opened;
     const auto fetch = try_lock(dir, e.name + ".fetch");  // being checked or fetched
     if (!fetch) continue;
     const auto use = try_lock(dir, e.name + ".lock");  // in use by a dataset
@@ -1294,7 +1406,10 @@ bool process_gone(const std::string& pid_text) {
 /// (NAME.fetch free): a killed fetch's; and entry folders a killed process
 /// was making (.pinfeed-new-PID-*).
 void sweep_parts(const CacheFolder& root) {
-  for (const CacheFolder& dir : entries_of(root)) {
+  for (const std::string& folder : entries_of(root)) {
+    const auto opened = open_existing_entry(root, folder);
+    if (!opened) continue;
+    const CacheFolder& dir = *opened;
     for (const std::string& part : names_in(dir)) {
       if (!part.ends_with(".part")) continue;
       struct stat st {};
@@ -1303,18 +1418,36 @@ void sweep_parts(const CacheFolder& root) {
       if (fetch) ::unlinkat(dir.fd.get(), part.c_str(), 0);
     }
   }
+  // .pinfeed-new-PID-HOST-XXXXXX: this host's, its process gone, and old
+  // (another host sharing the folder has its own name in it).
   const std::string temp = fmt::format(".{}new-", kEntryPrefix);
+  std::size_t old_layout = 0;
   for (const std::string& name : names_in(root)) {
+    if (name.size() == 16 && std::all_of(name.begin(), name.end(), [](char c) {
+          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        })) {
+      ++old_layout;  // a cache folder of pinfeed before December 2026
+    }
     if (!name.starts_with(temp)) continue;
     const std::string rest = name.substr(temp.size());
+    const auto dash = rest.find('-');
+    const std::string host = dash == std::string::npos ? "" : rest.substr(dash + 1, rest.rfind('-') - dash - 1);
     struct stat st {};
-    if (!process_gone(rest.substr(0, rest.find('-'))) ||
+    if (dash == std::string::npos || host != host_name() || !process_gone(rest.substr(0, dash)) ||
         ::fstatat(root.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
-        st.st_uid != ::geteuid()) {
+        st.st_uid != ::geteuid() || ::time(nullptr) - st.st_mtim.tv_sec < 600) {
       continue;
     }
     std::error_code ec;
     fs::remove_all(root.path / name, ec);  // holds only a marker
+  }
+  if (old_layout > 0) {
+    static std::once_flag told;
+    std::call_once(told, [&] {
+      pinfeed::detail::log().warn("remote cache {}: {} folder(s) named by a bare 16-digit hash are an older pinfeed's "
+                                  "cache, no longer read or evicted: delete them to get their space back",
+                                  root.path.string(), old_layout);
+    });
   }
 }
 

@@ -87,6 +87,7 @@ namespace {
 constexpr std::uint64_t kHeader = 512;
 /// A sidecar's size limit: ~900k samples of one shard (Note [Bounded sidecars]).
 constexpr std::uint64_t kMaxIndexBytes = 64ULL << 20U;
+constexpr std::uint64_t kMaxIndexEntries = 1'000'000;
 
 }  // namespace
 
@@ -188,6 +189,12 @@ class IndexReader : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override {
     if (depth_ == 3 && top_key_ == "samples") {
       if (field_ != 5) return fail(fmt::format("an entry with {} fields, not [key, offset, size, label, header_sum]", field_));
+      // A member takes a header and a block at least: no more entries than
+      // the shard has room for (its "size" comes first in what pack writes).
+      const std::uint64_t cap = size_seen_ ? out_.size / 1024 + 1 : kMaxIndexEntries;
+      if (out_.samples.size() >= std::min<std::uint64_t>(cap, kMaxIndexEntries)) {
+        return fail(fmt::format("more entries than a {}-byte shard can hold", size_seen_ ? out_.size : 0));
+      }
       out_.samples.push_back(std::move(entry_));
     }
     --depth_;
@@ -298,6 +305,9 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& source,
   for (std::size_t k = 1; k < by_offset.size(); ++k) {
     const TarShards::IndexedSample& prev = out.samples[by_offset[k - 1].second];
     const TarShards::IndexedSample& next = out.samples[by_offset[k].second];
+    if (next.offset == prev.offset && next.size == prev.size && next.header_sum == prev.header_sum) {
+      continue;  // a hard link: its entry is its target's bytes, as tar extracts it
+    }
     // The next member's header comes after this member's data, rounded up to a block.
     if (next.offset < prev.offset + (prev.size + kHeader - 1) / kHeader * kHeader + kHeader) {
       throw DataError(source, fmt::format("samples '{}' (byte {}) and '{}' (byte {}) overlap: not one tar's members",
@@ -325,6 +335,7 @@ struct StreamedShards::Impl {
   };
   struct Sample : TarShards::IndexedSample {
     std::uint32_t shard = 0;
+    bool linked = false;  ///< a hard link's entry: the header at its offset names its target
   };
   struct Job {
     std::size_t index = 0;
@@ -469,7 +480,8 @@ struct StreamedShards::Impl {
     if (a.body.size() != need(a.job.index)) {
       return fmt::format("{} bytes arrived of the {} asked for", a.body.size(), need(a.job.index));
     }
-    if (!TarShards::header_matches(a.body.data(), s.size, s.header_sum, s.key)) {
+    if (!(s.linked ? TarShards::header_matches(a.body.data(), s.size, s.header_sum)
+                   : TarShards::header_matches(a.body.data(), s.size, s.header_sum, s.key))) {
       changed = true;
       return fmt::format("member {} at byte {} is not the indexed one: the shard changed after its index was written "
                          "(pinfeed-data index makes a new one)",
@@ -832,6 +844,11 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   if (impl->samples.empty()) {
     throw DataError(impl->shards.front().shown, "dataset is empty: no key.jpg + key.cls pairs in the shards");
   }
+  {
+    std::map<std::pair<std::uint32_t, std::uint64_t>, unsigned> at;
+    for (const Impl::Sample& x : impl->samples) ++at[{x.shard, x.offset}];
+    for (Impl::Sample& x : impl->samples) x.linked = at[{x.shard, x.offset}] > 1;
+  }
   impl->num_classes = static_cast<std::size_t>(max_label + 1);
   impl->remote_shards = remote.size();
   impl->stats.shards = remote.size();
@@ -1012,7 +1029,8 @@ void StreamedShards::read_stoppable(std::size_t i, std::vector<std::byte>& out, 
     if (r == 0) throw DatasetChanged(sh.shown, fmt::format("{} is cut short at byte {}: the shard changed", s.key, s.offset - kHeader + done));
     done += static_cast<std::size_t>(r);
   }
-  if (!TarShards::header_matches(buf.data(), s.size, s.header_sum, s.key)) {
+  if (!(s.linked ? TarShards::header_matches(buf.data(), s.size, s.header_sum)
+                 : TarShards::header_matches(buf.data(), s.size, s.header_sum, s.key))) {
     throw DatasetChanged(sh.shown, fmt::format("member {} at byte {} is not the indexed one any more: restart to "
                                                "index it again",
                                                s.key, s.offset - kHeader));

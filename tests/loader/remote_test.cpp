@@ -129,6 +129,8 @@ TEST(RemoteTest, UrlsAreShownWithoutSecrets) {
   EXPECT_EQ(redact_url("pipe:curl -s -H 'Authorization: Bearer T0KEN' https://u:pw@h/a.tar?s=1"),
             "pipe:curl \u2026 https://h/a.tar");
   EXPECT_EQ(redact_url("pipe:AWS_SECRET_ACCESS_KEY=s3cr3t aws s3 cp s3://b/x.tar -"), "pipe:aws \u2026 s3://b/x.tar");
+  // Quotes and a '/' in a value (half of AWS secret keys have one) hide nothing.
+  EXPECT_EQ(redact_url("pipe:AUTH='Bearer T0K' KEY=ab/cd curl -s \"https://h/a.tar\""), "pipe:curl \u2026 https://h/a.tar");
   EXPECT_EQ(redact_spec("https://u:pw@h/s-{0..3}.tar?t=X,/data/a.tar,s3://b/c.tar"),
             "https://h/s-{0..3}.tar,/data/a.tar,s3://b/c.tar");
   const RemoteError e("https://h/a.tar?sig=secret", 403, "HTTP status 403");
@@ -437,7 +439,9 @@ TEST(RemoteTest, ABrokenIndexIsRefusedNamingItAndTheSample) {
   refused(head + R"([["a.jpg",512.5,10,0,1]]})", "fractional");
   refused(head + R"([["a.jpg",512,10,0,1],["a.jpg",1536,10,0,1]]})", "listed twice");
   refused(head + R"([["a.jpg",512,1000,0,1],["b.jpg",1024,10,0,1]]})", "overlap");
-  refused(head + R"([["a.jpg",512,10,0,1],["b.jpg",512,10,0,1]]})", "overlap");
+  refused(head + R"([["a.jpg",512,10,0,1],["b.jpg",512,20,0,1]]})", "overlap");
+  // A hard link: another name for the same member (offset, size, checksum).
+  EXPECT_EQ(parse_shard_index(head + R"([["a.jpg",512,10,0,1],["b.jpg",512,10,1,1]]})", "l.json", 10).samples.size(), 2U);
   refused(head + "[[],[],[]]}", "0 fields");
   refused(R"({"format":"pinfeed-shard-index","version":1,"size":9000000000,"samples":[["a.jpg",512,8589934592,0,1]]})",
           "over the");

@@ -311,6 +311,85 @@ def test_a_sidecar_entry_naming_another_members_bytes_is_refused(shards, nginx):
         batches(loader_for(url_for(nginx, "swapped") + "/train-000000.tar", bad_sample="fail"))
 
 
+# ---------------------------------------------------------------- a second S3 implementation
+
+S3DEPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "s3deps")
+
+
+@pytest.fixture
+def localbucket(shards, tmp_path):
+    """LocalBucket (PyPI, stdlib only; scripts/test.sh installs it into
+    build/s3deps): another S3 the code was never tuned to, serving a bucket
+    folder with the shards, their sidecars, and a prefix without sidecars."""
+    if not os.path.exists(os.path.join(S3DEPS, "localbucket.py")):
+        pytest.skip(f"localbucket is not installed in {S3DEPS} (scripts/test.sh installs it)")
+    bucket = tmp_path / "s3" / "bucket"
+    shutil.copytree(shards / "www" / "stream", bucket / "stream")
+    shutil.copytree(shards / "www" / "data", bucket / "staged")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, os.path.join(S3DEPS, "localbucket.py"), str(tmp_path / "s3"), "--port",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.skip("localbucket did not start")
+            time.sleep(0.05)
+    yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "AKIDLOCAL",
+           "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"}
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_another_s3_implementation_streams_lists_caches_and_takes_uploads(shards, localbucket, monkeypatch, tmp_path):
+    for k, v in localbucket.items():
+        monkeypatch.setenv(k, v)
+    local = batches(loader_for(pattern(shards / "www" / "data")))
+    streamed = loader_for(pattern("s3://bucket/stream"), remote_streams=4)
+    assert batches(streamed) == local
+    assert streamed.stats()["remote"]["requests"] > 0, "streamed by Range requests"
+    listed = loader_for("s3://bucket/staged/", cache_dir=tmp_path / "c")
+    assert batches(listed) == local
+    again = loader_for("s3://bucket/staged/", cache_dir=tmp_path / "c")  # HEAD confirms its ETag: no GET
+    assert batches(again) == local
+    subprocess.run([data_tool(), "-q", "pack", "--from", str(shards / "set" / "train"), "--out",
+                    "s3://bucket/packed/train", "--per-shard", "6"], check=True, env=dict(os.environ, **localbucket))
+    assert batches(loader_for(pattern("s3://bucket/packed"), remote_streams=4)) == local
+
+
+def test_shards_with_hard_links_and_non_ascii_names_stream_as_they_read_from_disk(shards, nginx):
+    """The name check spares what tar itself makes: a GNU tar hard link
+    (its entry is its target's header and bytes) and a pax name that is not
+    ASCII (the header holds '?' for each character)."""
+    www = shards / "www" / "made"
+    www.mkdir(exist_ok=True)
+    src = sorted((shards / "set" / "train").rglob("*.jpg"))[:3]
+    work = shards / "made-src"
+    work.mkdir(exist_ok=True)
+    shutil.copy(src[0], work / "a.jpg")
+    os.link(work / "a.jpg", work / "b.jpg")
+    for k, label in (("a", "0"), ("b", "1")):
+        (work / f"{k}.cls").write_text(label)
+    subprocess.run(["tar", "cf", str(www / "links.tar"), "a.jpg", "a.cls", "b.jpg", "b.cls"], cwd=work, check=True)
+    with tarfile.open(www / "pax.tar", "w", format=tarfile.PAX_FORMAT) as t:
+        for k, (img, label) in enumerate(zip(src[1:], ("2", "1"))):
+            t.add(img, arcname=f"caf\u00e9-{k}.jpg")
+            info = tarfile.TarInfo(f"caf\u00e9-{k}.cls")
+            info.size = 1
+            t.addfile(info, io.BytesIO(label.encode()))
+    for name in ("links.tar", "pax.tar"):
+        subprocess.run([data_tool(), "-q", "index", str(www / name)], check=True)
+        local = batches(loader_for(str(www / name)))
+        remote = loader_for(url_for(nginx, "made") + "/" + name)
+        assert batches(remote) == local, name
+        assert remote.stats()["remote"]["requests"] > 0, "streamed"
+
+
 # ---------------------------------------------------------------- secrets
 
 def test_credentials_and_signatures_never_reach_a_person(shards, nginx, tmp_path):
@@ -333,6 +412,8 @@ def test_credentials_and_signatures_never_reach_a_person(shards, nginx, tmp_path
     shown += [debug.stdout, debug.stderr]
     pipe = "pipe:curl -s -H 'Authorization: Bearer hunter2' " + url_for(nginx, "data") + "/train-000000.tar"
     shown.append(repr(loader_for(pipe, cache_dir=tmp_path / "c").dataset))
+    quoted = "pipe:AUTH='Bearer hunter2' KEY=ab/hunter2 curl -s " + url_for(nginx, "data") + "/train-000001.tar"
+    shown.append(repr(loader_for(quoted, cache_dir=tmp_path / "c").dataset))
     shown += [p.read_text() for p in (tmp_path / "c").rglob("*.meta")]
     for text in shown:
         assert "hunter2" not in text and "s3cr3t" not in text, text[-2000:]

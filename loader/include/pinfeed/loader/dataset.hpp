@@ -256,8 +256,8 @@ class TarShards final : public Dataset {
 
 /// Shard patterns as webdataset's braceexpand reads them: every group,
 /// ranges and lists, nested ("data/s-{000..012}.tar" -> 13 paths,
-/// "s-{0..1}-{a,b}.tar" -> 4); sources separated by ',' or '::' outside
-/// braces ("a.tar,b.tar" -> 2); "\," "\{" "\}" are literal (a comma in a
+/// "s-{0..1}-{a,b}.tar" -> 4); sources separated by ',' outside braces
+/// ("a.tar,b.tar" -> 2); "\," "\{" "\}" are literal (a comma in a
 /// pipe: command or an S3 key). Throws ConfigError on a malformed pattern.
 std::vector<std::filesystem::path> expand_shard_pattern(const std::string& pattern);
 /// A spec's sources, unexpanded: split at ',' and '::' outside braces.
