@@ -222,3 +222,29 @@ def test_iter_on_another_thread_while_next_waits_supersedes_it_cleanly(dataset):
         assert all(n == 8 for n in got[:-1]) and all(0 < n <= 8 for n in got), got
         assert sum(b_counts) == len(loader.samples), b_counts
         assert errors and ("superseded" in errors[0] or errors[0] == "stop"), errors
+
+
+def test_held_batches_past_an_address_space_limit_raise_never_hang(dataset):
+    """Under RLIMIT_AS (the real kernel limit), a loop that keeps every batch
+    runs out of room for the slots lent in their place: next() raises,
+    naming it, where it waited forever logging 'mapping failed' (issue 51)."""
+    code = f"""
+import resource, pinfeed
+loader = pinfeed.Loader({str(dataset)!r}, batch_size=8, size=224, threads=1, prefetch=2, watch_pressure=False)
+held = [next(iter(loader))]
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), resource.RLIM_INFINITY))
+try:
+    for epoch in range(100):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            held.append(batch)
+    print("no error", flush=True)
+except (pinfeed.Error, MemoryError, RuntimeError) as e:
+    print("raised:", e, flush=True)
+"""
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert "raised:" in r.stdout, (r.stdout, r.stderr[-3000:])
+    assert "memory" in r.stdout.lower() or "RLIMIT_AS" in r.stdout, r.stdout
+    assert time.monotonic() - start < 60
