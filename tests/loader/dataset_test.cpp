@@ -225,6 +225,16 @@ TEST_F(DatasetTest, AnAbandonedTarWriterLeavesNoShard) {
   EXPECT_FALSE(std::filesystem::exists(shard.string() + ".partial"));
 }
 
+TEST_F(DatasetTest, ATarWriterThatCannotCreateItsFileSaysWhy) {
+  try {
+    TarWriter w(dir_.path() / "no-such-folder" / "x.tar");
+    FAIL() << "created";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.reason().find("No such file or directory"), std::string::npos) << e.reason();
+    EXPECT_NE(e.reason().find("x.tar.partial"), std::string::npos) << e.reason();
+  }
+}
+
 TEST_F(DatasetTest, AFifoNamedLikeAnImageIsRefusedWithoutBlocking) {
   const auto fifo = data_.folder / "class01" / "pipe.jpg";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);

@@ -5,6 +5,9 @@
 #include "pinfeed/memory/pool_plan.hpp"
 #include "pinfeed/units.hpp"
 
+#include <cstdint>
+#include <limits>
+
 namespace pinfeed::memory {
 namespace {
 
@@ -17,6 +20,12 @@ PoolPlanRequest request(unsigned gpus, std::uint64_t batch, unsigned prefetch, P
   r.prefetch = prefetch;
   r.policy = BudgetPolicy{0.5, method, 0};
   return r;
+}
+
+TEST(PoolPlanTest, SizesArePrintedInTheirUnitUpToExbibytes) {
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(std::numeric_limits<std::uint64_t>::max()), "16.00 EiB");  // was "16384.00 PiB"
 }
 
 TEST(PoolPlanTest, ParsesBatchShapes) {

@@ -248,3 +248,13 @@ except (pinfeed.Error, MemoryError, RuntimeError) as e:
     assert "raised:" in r.stdout, (r.stdout, r.stderr[-3000:])
     assert "memory" in r.stdout.lower() or "RLIMIT_AS" in r.stdout, r.stdout
     assert time.monotonic() - start < 60
+
+
+def test_a_bad_simd_word_and_a_floor_over_the_pool_are_said(dataset):
+    """PINFEED_SIMD=garbage was ignored while the log said it overrode a
+    default; pressure_floor=100 over a 4-slot pool was taken without a word."""
+    r = subprocess.run([sys.executable, "-c", f"import pinfeed; pinfeed.Loader({str(dataset)!r}, pressure_floor=100)"],
+                       capture_output=True, text=True, env=dict(os.environ, PINFEED_SIMD="garbage"), timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "PINFEED_SIMD='garbage' is not one of" in r.stderr, r.stderr[-2000:]
+    assert "pressure_floor 100 is over the pool's 4 slots" in r.stderr, r.stderr[-2000:]
