@@ -116,7 +116,7 @@ class Hostile(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
-        if self.mode == "trickle":
+        if self.mode == "trickle" or (self.mode == "trickle-tar" and self.path.endswith(".tar")):
             try:
                 for b in body[start:end]:
                     self.wfile.write(bytes([b]))
@@ -156,9 +156,11 @@ def plain_http_server(root):
 
 # ---------------------------------------------------------------- every wait ends
 
-@pytest.mark.parametrize("mode,folder", [("trickle", "data"), ("slowhead", "data"), ("trickle", "stream")])
+@pytest.mark.parametrize("mode,folder", [("trickle", "data"), ("slowhead", "data"), ("trickle", "stream"),
+                                         ("trickle-tar", "stream")])
 def test_a_trickling_server_is_a_stall_within_the_budget(hostile, mode, folder):
-    """1 byte/s in the body, in the headers, or in a sidecar: under
+    """1 byte/s in the body, in the headers, in a sidecar, or in the samples
+    a stream reads (a first batch that never came): under
     remote_min_rate, so a stall after remote_timeout, and an error after the
     retries; libcurl's own 1 byte/s limit let each run forever."""
     base, _ = hostile(mode)
@@ -214,6 +216,24 @@ def test_ctrl_c_ends_an_open_that_waits_on_a_server_or_a_command(tmp_path):
             assert p.returncode == 3, (spec, out, err)
             assert time.monotonic() - sent < 2, spec
     assert subprocess.run(["pgrep", "-f", "sleep 63[.]21"], capture_output=True).returncode != 0, "the command lives"
+
+
+def test_a_read_only_cache_dir_says_so(shards, nginx, tmp_path):
+    """A cache_dir on a read-only mount (a real one: a bind mount remounted
+    read-only in a mount namespace of its own) is named with the reason,
+    where "No such file or directory" was said for its lock."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a mount namespace")
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    code = (f"import pinfeed\ntry:\n    pinfeed.Loader({url_for(nginx, 'data') + '/train-000000.tar'!r}, "
+            f"cache_dir={str(cache)!r})\nexcept pinfeed.Error as e:\n    print(e)")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {cache} {cache} && "
+                        f"mount -o remount,bind,ro {cache} && exec {sys.executable} -c \"$0\"", code],
+                       capture_output=True, text=True, timeout=60)
+    if "mount:" in r.stderr:
+        pytest.skip(f"no read-only bind mount here: {r.stderr[-300:]}")
+    assert "Read-only file system" in r.stdout and str(cache) in r.stdout, (r.stdout, r.stderr[-2000:])
 
 
 # ---------------------------------------------------------------- answers no retry changes
