@@ -80,8 +80,25 @@ std::string permanent_error(CURLcode rc);
 std::string status_text(long code, const std::string& body);
 /// Seconds before retry `attempt` (0-based): backoff doubling to 8 s, 0.5-1.5x jitter.
 double backoff_seconds(const RemoteConfig& config, unsigned attempt);
+/// The backoff before retry `attempt`, cut short (Cancelled naming `url`)
+/// when config.cancel is set.
+void sleep_backoff(const RemoteConfig& config, unsigned attempt, const std::string& url);
 /// One request without state between tries, retried per `config`.
 void request(const std::string& url, const RemoteConfig& config, const std::string& target,
              const std::function<void(CURL*, Transfer&)>& setup, const std::function<void(CURL*, Transfer&)>& done);
+
+/// What a HEAD says of an object.
+struct Head {
+  std::uint64_t size = 0;
+  bool size_known = false;
+  std::string etag;
+  std::string last_modified;  ///< the server's Last-Modified, as it gave it
+};
+/// The server's size, ETag and Last-Modified for `url` (HEAD), with the retries.
+Head head_url(const std::string& url, const RemoteConfig& config);
+/// Whether the server's bytes still are those of `local` (`size` bytes),
+/// for a server that gives neither ETag nor Last-Modified: its first and
+/// last 64 KiB, by Range (false when it cannot say: no Range support).
+bool same_ends(const std::string& url, int local, std::uint64_t size, const RemoteConfig& config);
 
 }  // namespace pinfeed::loader::detail

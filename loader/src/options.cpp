@@ -84,11 +84,41 @@ std::string_view print_layout(Layout l) { return to_string(l); }
 std::string_view print_interpolation(Interpolation i) { return to_string(i); }
 std::string_view print_policy(BadSamplePolicy p) { return to_string(p); }
 
+/// How remote shards arrive (remote.hpp): cache, waits, retries, streaming.
+std::vector<LoaderOption> remote_options() {
+  using L = LoaderConfig;
+  constexpr double u64_max = 18446744073709551615.0;
+  return {
+      integer<&L::remote, &RemoteConfig::cache_limit>("cache_limit", 0, u64_max,
+                                                      "bytes of remote shards cache_dir may keep; least recently used "
+                                                      "go first (0: no bound)"),
+      real<&L::remote, &RemoteConfig::read_timeout>("remote_timeout", 0, true, 86400,
+                                                    "seconds over which a remote transfer must keep "
+                                                    "remote_min_rate (and at most the time to connect, with 10 s), "
+                                                    "or it is retried; also bounds a wait for another process's "
+                                                    "cache lock, x (remote_retries + 1)"),
+      real<&L::remote, &RemoteConfig::min_rate>("remote_min_rate", 0, false, 1e12,
+                                                "bytes/s a remote transfer (or a pipe: command's output) must average "
+                                                "over any remote_timeout seconds, headers included; slower is a stall, "
+                                                "retried (0: only a transfer that brings nothing)"),
+      integer<&L::remote, &RemoteConfig::retries>("remote_retries", 0, 100,
+                                                  "retries of a failed remote transfer after its first try (backoff "
+                                                  "0.5 s doubling, with jitter); a 4xx but 408/416/429 fails at once"),
+      integer<&L::remote, &RemoteConfig::readahead>("remote_readahead", 0, u64_max,
+                                                    "bytes of streamed remote samples fetched ahead of the loader "
+                                                    "(0: 1/16 of available memory, within 4-256 MiB); with "
+                                                    "watch_pressure a quarter under elevated pressure, 4 MiB under "
+                                                    "critical"),
+      integer<&L::remote, &RemoteConfig::streams>("remote_streams", 1, 1024,
+                                                  "Range requests in flight at once while streaming remote shards"),
+  };
+}
+
 std::vector<LoaderOption> make_options() {
   using L = LoaderConfig;
   using T = TransformConfig;
   constexpr double u64_max = 18446744073709551615.0;
-  return {
+  std::vector<LoaderOption> out{
       integer<&L::batch_size>("batch_size", 1, kMaxBatchSize, "samples per batch"),
       integer<&L::threads>("threads", 0, kMaxThreads, "decode threads (0: the cores divided by the ranks on this host)"),
       integer<&L::prefetch>("prefetch", 1, static_cast<double>(kMaxPrefetch), "batches in flight: pool slots"),
@@ -142,29 +172,9 @@ std::vector<LoaderOption> make_options() {
                                 "(0: the pool's size)"),
       integer<&L::held_limit>("held_limit", 0, u64_max,
                               "bytes of batches the program may keep before next() raises (0: no limit)"),
-      integer<&L::remote, &RemoteConfig::cache_limit>("cache_limit", 0, u64_max,
-                                                      "bytes of remote shards cache_dir may keep; least recently used "
-                                                      "go first (0: no bound)"),
-      real<&L::remote, &RemoteConfig::read_timeout>("remote_timeout", 0, true, 86400,
-                                                    "seconds over which a remote transfer must keep "
-                                                    "remote_min_rate (and at most the time to connect, with 10 s), "
-                                                    "or it is retried; also bounds a wait for another process's "
-                                                    "cache lock, x (remote_retries + 1)"),
-      real<&L::remote, &RemoteConfig::min_rate>("remote_min_rate", 0, false, 1e12,
-                                                "bytes/s a remote transfer (or a pipe: command's output) must average "
-                                                "over any remote_timeout seconds, headers included; slower is a stall, "
-                                                "retried (0: only a transfer that brings nothing)"),
-      integer<&L::remote, &RemoteConfig::retries>("remote_retries", 0, 100,
-                                                  "retries of a failed remote transfer after its first try (backoff "
-                                                  "0.5 s doubling, with jitter); a 4xx but 408/416/429 fails at once"),
-      integer<&L::remote, &RemoteConfig::readahead>("remote_readahead", 0, u64_max,
-                                                    "bytes of streamed remote samples fetched ahead of the loader "
-                                                    "(0: 1/16 of available memory, within 4-256 MiB); with "
-                                                    "watch_pressure a quarter under elevated pressure, 4 MiB under "
-                                                    "critical"),
-      integer<&L::remote, &RemoteConfig::streams>("remote_streams", 1, 1024,
-                                                  "Range requests in flight at once while streaming remote shards"),
   };
+  for (LoaderOption& o : remote_options()) out.push_back(std::move(o));
+  return out;
 }
 
 std::string number_text(double v) {

@@ -400,6 +400,66 @@ struct StreamedShards::Impl {
     if (multi != nullptr) curl_multi_wakeup(multi);
   }
 
+  /// The shards' indexed samples, in order, with what a reader checks.
+  void add_samples(std::vector<ShardIndex>& indexes) {
+    std::int64_t max_label = -1;
+    for (std::size_t s = 0; s < indexes.size(); ++s) {
+      for (TarShards::IndexedSample& x : indexes[s].samples) {
+        max_label = std::max(max_label, x.label);
+        Sample sample;
+        static_cast<TarShards::IndexedSample&>(sample) = std::move(x);
+        sample.shard = static_cast<std::uint32_t>(s);
+        samples.push_back(std::move(sample));
+      }
+    }
+    if (samples.empty()) throw DataError(shards.front().shown, "dataset is empty: no key.jpg + key.cls pairs in the shards");
+    std::map<std::pair<std::uint32_t, std::uint64_t>, unsigned> at;  // a hard link shares its target's offset
+    for (const Sample& x : samples) ++at[{x.shard, x.offset}];
+    for (Sample& x : samples) x.linked = at[{x.shard, x.offset}] > 1;
+    num_classes = static_cast<std::size_t>(max_label + 1);
+  }
+
+  /// Copies cache_dir already holds are read from the first sample on (each
+  /// confirmed by the server first, as staging does); the rest stream while
+  /// the stagers fetch them.
+  void use_cached_copies(const std::vector<std::size_t>& remote) {
+    std::vector<std::string> cached;
+    std::vector<std::size_t> cached_at;
+    for (const std::size_t s : remote) {
+      const fs::path p = cache_path(shards[s].url, config);
+      std::error_code ec;
+      if (!p.empty() && fs::exists(p.string() + ".meta", ec)) {
+        cached.push_back(shards[s].url);
+        cached_at.push_back(s);
+      }
+    }
+    if (cached.empty()) return;
+    StagedShards staged = stage_shards(cached, config);
+    for (std::size_t k = 0; k < cached.size(); ++k) {
+      Shard& sh = shards[cached_at[k]];
+      RegularFile file(staged.local[k], "a tar shard");
+      if (file.size() != sh.bytes) continue;  // another version than the index's: streamed
+      sh.fd = std::make_shared<const UniqueFd>(file.take());
+      ++stats.shards_local;
+    }
+    keep.push_back(staged.keep);
+  }
+
+  /// With cache_dir: up to `parallel` stagers, one per shard not cached.
+  void start_stagers() {
+    const auto uncached = static_cast<std::size_t>(
+        std::count_if(shards.begin(), shards.end(), [](const Shard& sh) { return sh.remote && !sh.fd; }));
+    const std::size_t n = std::min<std::size_t>(std::max(1U, config.parallel), uncached);
+    for (std::size_t k = 0; k < n; ++k) {
+      try {
+        stagers.emplace_back([this] { stage(); });
+      } catch (const std::system_error& e) {  // out of threads (RLIMIT_NPROC): fewer stagers, or none
+        pinfeed::detail::log().warn("remote: {} of {} threads to fill cache_dir started: {}", k, n, e.what());
+        break;
+      }
+    }
+  }
+
   /// The next transfer to start, under the lock: a retry that is due, then
   /// a read waiting for its sample, then the plan while the bound has room.
   std::optional<Job> next_job(Clock::time_point now) {
@@ -736,6 +796,73 @@ struct StreamedShards::Impl {
   }
 };
 
+namespace {
+
+enum class SidecarOutcome { indexed, missing, no_ranges };
+
+/// The remote shards' index sidecars, `parallel` at once, into indexes[s]:
+/// every one read (indexed), one missing (the set is staged), or served
+/// without Range support (staged too). Throws what fails otherwise.
+SidecarOutcome fetch_sidecars(const std::vector<std::string>& specs, const std::vector<std::size_t>& remote,
+                              std::size_t max_classes, const RemoteConfig& config, std::vector<ShardIndex>& indexes) {
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> missing{false}, no_ranges{false};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  {
+    std::vector<std::jthread> pool;
+    const unsigned workers = std::max(1U, std::min<unsigned>(config.parallel, static_cast<unsigned>(remote.size())));
+    for (unsigned w = 0; w < workers && !remote.empty(); ++w) {
+      pool.emplace_back([&] {
+        for (std::size_t k = next++; k < remote.size() && !missing; k = next++) {
+          const std::size_t s = remote[k];
+          const std::string url = shard_index_url(specs[s]);
+          try {
+            // Asked for as a Range (bytes 0-): a 206 says the server streams;
+            // a plain server (python3 -m http.server) sends a 200, and the
+            // set is staged instead, with no request more than the sidecars.
+            std::string text;
+            detail::request(
+                url, config, {},
+                [&](CURL* h, detail::Transfer& t) {
+                  text.clear();
+                  t.text = &text;
+                  t.text_limit = kMaxIndexBytes;
+                  t.text_what = "a shard's index sidecar";
+                  curl_easy_setopt(h, CURLOPT_RANGE, "0-");
+                },
+                [&](CURL* h, detail::Transfer&) {
+                  if (detail::response_code(h) != 206) no_ranges = true;
+                });
+            indexes[s] = parse_shard_index(text, redact_url(url), max_classes);
+          } catch (const RemoteError& e) {
+            // S3 answers 403 for a missing key to a reader without
+            // s3:ListBucket: staging then says what the shard itself gets.
+            if (e.status() == 404 || e.status() == 410 || e.status() == 403) {
+              pinfeed::detail::log().info("remote: {} has no index sidecar ({}): staging whole shards instead of "
+                                          "streaming (pinfeed-data index makes sidecars)",
+                                          redact_url(specs[s]), e.what());
+              missing = true;
+              continue;
+            }
+            const std::scoped_lock lock(failure_mutex);
+            if (!failure) failure = std::current_exception();
+            next = remote.size();
+          } catch (...) {
+            const std::scoped_lock lock(failure_mutex);
+            if (!failure) failure = std::current_exception();
+            next = remote.size();
+          }
+        }
+      });
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  return missing ? SidecarOutcome::missing : no_ranges ? SidecarOutcome::no_ranges : SidecarOutcome::indexed;
+}
+
+}  // namespace
+
 std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::string>& specs, std::size_t max_classes,
                                                      const RemoteConfig& config) {
   for (const std::string& u : specs) {
@@ -768,62 +895,10 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
       sh.fd = std::make_shared<const UniqueFd>(file.take());
     }
   }
-  // The sidecars, `parallel` at once.
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> missing{false}, no_ranges{false};
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  {
-    std::vector<std::jthread> pool;
-    const unsigned workers = std::max(1U, std::min<unsigned>(config.parallel, static_cast<unsigned>(remote.size())));
-    for (unsigned w = 0; w < workers && !remote.empty(); ++w) {
-      pool.emplace_back([&] {
-        for (std::size_t k = next++; k < remote.size() && !missing; k = next++) {
-          const std::size_t s = remote[k];
-          const std::string url = shard_index_url(specs[s]);
-          try {
-            // Asked for as a Range (bytes 0-): a 206 says the server streams;
-            // a plain server (python3 -m http.server) sends a 200, and the
-            // set is staged instead, with no request more than the sidecars.
-            std::string text;
-            detail::request(
-                url, config, {},
-                [&](CURL* h, detail::Transfer& t) {
-                  text.clear();
-                  t.text = &text;
-                  t.text_limit = kMaxIndexBytes;
-                  t.text_what = "a shard's index sidecar";
-                  curl_easy_setopt(h, CURLOPT_RANGE, "0-");
-                },
-                [&](CURL* h, detail::Transfer&) {
-                  if (detail::response_code(h) != 206) no_ranges = true;
-                });
-            indexes[s] = parse_shard_index(text, redact_url(url), max_classes);
-            impl->shards[s].bytes = indexes[s].size;
-          } catch (const RemoteError& e) {
-            // S3 answers 403 for a missing key to a reader without
-            // s3:ListBucket: staging then says what the shard itself gets.
-            if (e.status() == 404 || e.status() == 410 || e.status() == 403) {
-              pinfeed::detail::log().info("remote: {} has no index sidecar ({}): staging whole shards instead of "
-                                          "streaming (pinfeed-data index makes sidecars)",
-                                          redact_url(specs[s]), e.what());
-              missing = true;
-              continue;
-            }
-            const std::scoped_lock lock(failure_mutex);
-            if (!failure) failure = std::current_exception();
-            next = remote.size();
-          } catch (...) {
-            const std::scoped_lock lock(failure_mutex);
-            if (!failure) failure = std::current_exception();
-            next = remote.size();
-          }
-        }
-      });
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-  if (missing) return nullptr;
+  const SidecarOutcome got = fetch_sidecars(specs, remote, max_classes, config, indexes);
+  if (got == SidecarOutcome::missing) return nullptr;
+  for (const std::size_t s : remote) impl->shards[s].bytes = indexes[s].size;
+  const bool no_ranges = got == SidecarOutcome::no_ranges;
   if (no_ranges) {
     pinfeed::detail::log().warn("remote: {} answers Range requests with the whole object (no Range support): "
                                 "streaming is off, the shards are staged whole (nginx, S3 and most object stores "
@@ -831,25 +906,7 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
                                 redact_url(specs[remote.front()]));
     return nullptr;
   }
-  std::int64_t max_label = -1;
-  for (std::size_t s = 0; s < specs.size(); ++s) {
-    for (TarShards::IndexedSample& x : indexes[s].samples) {
-      max_label = std::max(max_label, x.label);
-      Impl::Sample sample;
-      static_cast<TarShards::IndexedSample&>(sample) = std::move(x);
-      sample.shard = static_cast<std::uint32_t>(s);
-      impl->samples.push_back(std::move(sample));
-    }
-  }
-  if (impl->samples.empty()) {
-    throw DataError(impl->shards.front().shown, "dataset is empty: no key.jpg + key.cls pairs in the shards");
-  }
-  {
-    std::map<std::pair<std::uint32_t, std::uint64_t>, unsigned> at;
-    for (const Impl::Sample& x : impl->samples) ++at[{x.shard, x.offset}];
-    for (Impl::Sample& x : impl->samples) x.linked = at[{x.shard, x.offset}] > 1;
-  }
-  impl->num_classes = static_cast<std::size_t>(max_label + 1);
+  impl->add_samples(indexes);
   impl->remote_shards = remote.size();
   impl->stats.shards = remote.size();
   if (config.readahead != 0) {
@@ -859,30 +916,7 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
     impl->base_limit = std::clamp<std::uint64_t>(room / 16, 4ULL << 20U, 256ULL << 20U);
   }
   impl->limit = impl->base_limit;
-  // Copies cache_dir already holds are read from the first sample on (each
-  // confirmed by the server first, as staging does); the rest stream while
-  // the stager fetches them.
-  std::vector<std::string> cached;
-  std::vector<std::size_t> cached_at;
-  for (const std::size_t s : remote) {
-    const fs::path p = cache_path(specs[s], config);
-    std::error_code ec;
-    if (!p.empty() && fs::exists(p.string() + ".meta", ec)) {
-      cached.push_back(specs[s]);
-      cached_at.push_back(s);
-    }
-  }
-  if (!cached.empty()) {
-    StagedShards staged = stage_shards(cached, config);
-    for (std::size_t k = 0; k < cached.size(); ++k) {
-      Impl::Shard& sh = impl->shards[cached_at[k]];
-      RegularFile file(staged.local[k], "a tar shard");
-      if (file.size() != sh.bytes) continue;  // another version than the index's: streamed
-      sh.fd = std::make_shared<const UniqueFd>(file.take());
-      ++impl->stats.shards_local;
-    }
-    impl->keep.push_back(staged.keep);
-  }
+  impl->use_cached_copies(remote);
   detail::curl_init_once();
   impl->multi = curl_multi_init();
   if (impl->multi == nullptr) throw RemoteError(specs.front(), 0, "libcurl could not make a multi handle");
@@ -891,19 +925,7 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   Impl* raw = impl.get();
   impl->fetcher = std::thread([raw] { raw->run(); });
   impl->config.cancel = impl->cancel;  // the closing dataset stops a shard being cached mid-transfer
-  if (!config.cache_dir.empty()) {
-    const auto uncached = static_cast<std::size_t>(std::count_if(
-        impl->shards.begin(), impl->shards.end(), [](const Impl::Shard& sh) { return sh.remote && !sh.fd; }));
-    const std::size_t n = std::min<std::size_t>(std::max(1U, config.parallel), uncached);
-    for (std::size_t k = 0; k < n; ++k) {
-      try {
-        impl->stagers.emplace_back([raw] { raw->stage(); });
-      } catch (const std::system_error& e) {  // out of threads (RLIMIT_NPROC): fewer stagers, or none
-        pinfeed::detail::log().warn("remote: {} of {} threads to fill cache_dir started: {}", k, n, e.what());
-        break;
-      }
-    }
-  }
+  if (!config.cache_dir.empty()) impl->start_stagers();
   pinfeed::detail::log().info("remote: streaming {} shards ({} samples), read-ahead bound {} bytes, {} streams{}",
                               remote.size(), impl->samples.size(), impl->base_limit, config.streams,
                               config.cache_dir.empty() ? "" : ", caching whole shards into cache_dir");

@@ -472,6 +472,17 @@ SlabMemory BufferPool::lend_target_locked(const Slab& slab) const {
   return may_pin && pinned + slab.bytes <= in.pinned_budget_bytes ? SlabMemory::pinned : SlabMemory::pageable;
 }
 
+void BufferPool::check_held_limit_locked(std::uint64_t slab_bytes) const {
+  if (config_.held_limit_bytes == 0 || loose_bytes_ + slab_bytes <= config_.held_limit_bytes) return;
+  const std::uint64_t held = loose_bytes_ + consumer_held_ * slab_bytes;
+  throw HeldLimit(fmt::format("{} batch(es) held by the program: {}, {} held_limit ({}). Drop "
+                              "references to earlier batches (labels are the program's own; images[0] or a loss "
+                              "whose graph holds the input keeps the whole batch), or raise held_limit",
+                              loose_.size() + consumer_held_, format_bytes(held),
+                              held > config_.held_limit_bytes ? "past" : "and one more would pass",
+                              format_bytes(config_.held_limit_bytes)));
+}
+
 std::uint64_t BufferPool::lend_held(std::size_t* lent_slot) {
   std::unique_lock lock(mutex_);
   const std::optional<std::size_t> found = lendable_locked();
@@ -479,15 +490,7 @@ std::uint64_t BufferPool::lend_held(std::size_t* lent_slot) {
   const std::size_t slot = *found;
   const std::size_t index = slab_of_[slot];
   Slab& slab = slabs_[index];
-  if (config_.held_limit_bytes > 0 && loose_bytes_ + slab.bytes > config_.held_limit_bytes) {
-    const std::uint64_t held = loose_bytes_ + consumer_held_ * slab.bytes;
-    throw HeldLimit(fmt::format("{} batch(es) held by the program: {}, {} held_limit ({}). Drop "
-                                "references to earlier batches (labels are the program's own; images[0] or a loss "
-                                "whose graph holds the input keeps the whole batch), or raise held_limit",
-                                loose_.size() + consumer_held_, format_bytes(held),
-                                held > config_.held_limit_bytes ? "past" : "and one more would pass",
-                                format_bytes(config_.held_limit_bytes)));
-  }
+  check_held_limit_locked(slab.bytes);
   // The memory becomes the lease's (freed at its release); the slot is
   // parked, out of every list, while the slab gets new memory off the lock.
   loose_[slab.data] = Loose{slab.bytes, slab.owner, slab.memory == SlabMemory::pinned};

@@ -335,6 +335,8 @@ class BufferPool {
   /// The memory a lent slab gets back: pinned within the budget, pageable,
   /// or released (critical pressure, floor kept without it).
   [[nodiscard]] SlabMemory lend_target_locked(const Slab& slab) const;
+  /// HeldLimit when lending one more slab of `slab_bytes` would pass held_limit.
+  void check_held_limit_locked(std::uint64_t slab_bytes) const;
   SlotLease lease_locked(std::size_t slot);
   bool reclaim_one_fenced(std::unique_lock<std::mutex>& lock, std::chrono::microseconds wait);
   /// A slot comes back: into the free list, or parked when its slab drains.
