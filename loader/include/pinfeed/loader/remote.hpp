@@ -10,7 +10,7 @@
 // closes) to be read as a local shard, the cache itself (also filled by the
 // streaming reader), uploads and listings. Either way sample order, torch
 // order, fingerprints and resume are those of the same shards on disk. Note
-// [Remote staging] (remote.cpp) says what a file in the cache promises and
+// [Remote staging] (remote_cache.cpp) says what a file in the cache promises and
 // how ranks share it.
 #include <atomic>
 #include <cstdint>
