@@ -203,8 +203,11 @@ def test_ctrl_c_ends_an_open_that_waits_on_a_server_or_a_command(tmp_path):
                     print("interrupted", flush=True)
                     sys.exit(3)
             """)
+            # SIGINT at its default in the child whatever this process
+            # inherited (a background job starts with it ignored, and Python
+            # then installs no handler of its own).
             p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+                                 text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             assert p.stdout.readline().strip() == "opening"
             time.sleep(1.0)
             p.send_signal(signal.SIGINT)
