@@ -1,10 +1,12 @@
 #pragma once
-// The libcurl pieces remote.cpp (staging, uploads, listings) and streamed.cpp
+// The libcurl pieces remote.cpp (uploads, HEAD), remote_fetch.cpp (staging),
+// s3_listing.cpp and streamed.cpp
 // (per-sample Range reads) share: one way to make a handle (timeouts, S3
 // signing, redirect rules), one body/header sink, one reading of statuses.
 // Private to the loader library.
 #include <curl/curl.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -54,6 +56,7 @@ struct Transfer {
   std::chrono::steady_clock::time_point window_start{};
   std::uint64_t window_bytes = 0;
   std::string stalled;            ///< set when the progress check ended the transfer: why
+  std::array<char, CURL_ERROR_SIZE> curl_error{};  ///< libcurl's message for the failure (CURLOPT_ERRORBUFFER)
 };
 
 /// curl_global_init, once per process, before any handle.
@@ -75,7 +78,9 @@ void watch_progress(CURL* h, Transfer& t, const RemoteConfig& config);
 bool final_status(long code);
 /// Why a libcurl failure no retry changes is final ("" for the others:
 /// timeouts, resets, refused connections are retried).
-std::string permanent_error(CURLcode rc);
+/// `t.curl_error` (libcurl's own message) tells a response header over its
+/// limit, which libcurl 8 reports as a receive error, from a reset.
+std::string permanent_error(CURLcode rc, const Transfer& t);
 /// "HTTP status 404 NoSuchKey: The specified key does not exist."
 std::string status_text(long code, const std::string& body);
 /// Seconds before retry `attempt` (0-based): backoff doubling to 8 s, 0.5-1.5x jitter.

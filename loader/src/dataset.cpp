@@ -799,8 +799,7 @@ std::optional<std::vector<std::string>> range_of(const std::string& body, const 
     const auto r = std::from_chars(step_text.data(), step_text.data() + step_text.size(), step);
     if (r.ec != std::errc{} || r.ptr != step_text.data() + step_text.size() || step == 0 ||
         step < -static_cast<std::int64_t>(kMaxExpanded) || step > static_cast<std::int64_t>(kMaxExpanded)) {
-      throw ConfigError(fmt::format("shard pattern '{}': bad step in {{{}}} (a whole number, not 0, at most {})", shown,
-                                    body, kMaxExpanded));
+      return std::nullopt;  // not a range: literal
     }
     step = step < 0 ? -step : step;
   }
@@ -811,33 +810,35 @@ std::optional<std::vector<std::string>> range_of(const std::string& body, const 
     for (std::int64_t c = lo; dir > 0 ? c <= hi : c >= hi; c += dir * step) out.emplace_back(1, static_cast<char>(c));
     return out;
   }
-  std::uint64_t lo = 0, hi = 0;
+  std::int64_t lo = 0, hi = 0;  // negative bounds too, as braceexpand takes them
   const auto r1 = std::from_chars(a.data(), a.data() + a.size(), lo);
   const auto r2 = std::from_chars(b.data(), b.data() + b.size(), hi);
   if (a.empty() || b.empty() || r1.ec != std::errc{} || r2.ec != std::errc{} || r1.ptr != a.data() + a.size() ||
-      r2.ptr != b.data() + b.size()) {
-    throw ConfigError(fmt::format("shard pattern '{}': bad range {{{}}} (numbers or single letters: {{000..099}}, "
-                                  "{{a..f}}; a list is {{x,y}}; \\{{ is a literal brace)",
-                                  shown, body));
+      r2.ptr != b.data() + b.size() || lo < -(std::int64_t{1} << 62) || hi < -(std::int64_t{1} << 62) ||
+      lo > (std::int64_t{1} << 62) || hi > (std::int64_t{1} << 62)) {
+    return std::nullopt;  // not a range ({x..1}, {1.5..2}): literal, as braceexpand keeps it
   }
-  if ((lo > hi ? lo - hi : hi - lo) / static_cast<std::uint64_t>(step) >= kMaxExpanded) {
+  const auto n = static_cast<std::uint64_t>(lo > hi ? lo - hi : hi - lo) / static_cast<std::uint64_t>(step);
+  if (n >= kMaxExpanded) {
     throw ConfigError(fmt::format("shard pattern '{}': {{{}}} names over {} shards", shown, body, kMaxExpanded));
   }
-  const bool padded = (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
-  const std::size_t width = padded ? std::max(a.size(), b.size()) : 0;
-  const auto n = (lo > hi ? lo - hi : hi - lo) / static_cast<std::uint64_t>(step);
+  const auto zero_led = [](const std::string& t) {
+    const std::size_t d = t.starts_with('-') ? 1 : 0;
+    return t.size() > d + 1 && t[d] == '0';
+  };
+  const std::size_t width = zero_led(a) || zero_led(b) ? std::max(a.size(), b.size()) : 0;
   for (std::uint64_t k = 0; k <= n; ++k) {
-    const std::uint64_t v = lo <= hi ? lo + k * static_cast<std::uint64_t>(step) : lo - k * static_cast<std::uint64_t>(step);
-    out.push_back(fmt::format("{:0{}}", v, width));
+    const std::int64_t v = lo <= hi ? lo + static_cast<std::int64_t>(k) * step : lo - static_cast<std::int64_t>(k) * step;
+    out.push_back(v < 0 ? fmt::format("-{:0{}}", -v, width > 0 ? width - 1 : 0) : fmt::format("{:0{}}", v, width));
   }
   return out;
 }
 
 /// Every group of `s` expanded, left to right (webdataset's braceexpand:
 /// lists {a,b}, ranges {a..b}, nested and several in one name).
-void expand_groups(const std::string& s, const std::string& shown, std::vector<std::string>& out) {
+void expand_groups(const std::string& s, const std::string& shown, std::vector<std::string>& out, std::size_t from = 0) {
   std::size_t open = std::string::npos;
-  for (std::size_t i = 0; i < s.size(); ++i) {
+  for (std::size_t i = from; i < s.size(); ++i) {
     if (s[i] == '\\') {
       ++i;
     } else if (s[i] == '{') {
@@ -845,27 +846,23 @@ void expand_groups(const std::string& s, const std::string& shown, std::vector<s
       break;
     }
   }
-  if (open == std::string::npos) {
+  const std::size_t close = open == std::string::npos ? open : matching_brace(s, open);
+  if (close == std::string::npos) {  // no group (an unmatched brace is literal, as braceexpand keeps it)
     if (out.size() >= kMaxExpanded) throw ConfigError(fmt::format("shard pattern '{}' names over {} shards", shown, kMaxExpanded));
     out.push_back(s);
     return;
-  }
-  const std::size_t close = matching_brace(s, open);
-  if (close == std::string::npos) {
-    throw ConfigError(fmt::format("shard pattern '{}': a '{{' without its '}}' (\\{{ is a literal brace)", shown));
   }
   const std::string head = s.substr(0, open), body = s.substr(open + 1, close - open - 1), tail = s.substr(close + 1);
   std::vector<std::string> choices = split_top(body);
   if (choices.size() == 1) {
     auto range = range_of(body, shown);
-    if (!range) {
-      throw ConfigError(fmt::format("shard pattern '{}': {{{}}} is neither a list {{a,b}} nor a range {{first..last}} "
-                                    "(\\{{ is a literal brace)",
-                                    shown, body));
+    if (!range) {  // neither a list nor a range ("${VAR}", awk's '{print}'): literal, as braceexpand keeps it
+      expand_groups(s, shown, out, open + 1);
+      return;
     }
     choices = std::move(*range);
   }
-  for (const std::string& c : choices) expand_groups(head + c + tail, shown, out);
+  for (const std::string& c : choices) expand_groups(head + c + tail, shown, out, head.size());
 }
 
 std::string unescape(const std::string& s) {

@@ -1,7 +1,7 @@
 #include "pinfeed/loader/remote.hpp"
 // Naming and showing URLs (the one redaction rule), the libcurl transport
-// (handles, the progress watch, retries), S3 addressing and listings, and
-// uploads. The shard cache is remote_cache.cpp's.
+// (handles, the progress watch, retries, HEAD), S3 addressing, and
+// uploads. Listings are s3_listing.cpp's. The shard cache is remote_cache.cpp's.
 
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -18,7 +18,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <strings.h>
 #include <exception>
 #include <fstream>
 #include <functional>
@@ -339,7 +341,7 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(std::ceil(config.read_timeout))));
   // A redirect target's scheme is checked by libcurl (REDIR_PROTOCOLS); a
-  // response header over 100 KiB is refused by libcurl at once.
+  // response header over its limit is refused by libcurl at once.
   if (url.starts_with("s3://")) {
     const AwsCredentials c = aws_credentials();  // read each time: rotated keys and tokens are taken up
     if (c.key.empty() || c.secret.empty()) {
@@ -375,6 +377,8 @@ void watch_progress(CURL* h, Transfer& t, const RemoteConfig& config) {
   t.window_start = std::chrono::steady_clock::now();
   t.window_bytes = 0;
   t.stalled.clear();
+  t.curl_error.fill('\0');
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, t.curl_error.data());
   curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(h, CURLOPT_XFERINFODATA, &t);
   curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION,
@@ -398,10 +402,6 @@ void watch_progress(CURL* h, Transfer& t, const RemoteConfig& config) {
                    });
 }
 
-/// Why a transfer ended by its progress callback ended: a stall (retried)
-/// or the dataset closing (final).
-std::string aborted_why(const Transfer& t) { return t.stalled; }
-
 bool final_status(long code) {
   // A 3xx that reaches us is one not followed (S3's 301 to another region,
   // a redirect past MAXREDIRS): asking again gets the same answer.
@@ -409,7 +409,12 @@ bool final_status(long code) {
   return code >= 400 && code < 500 && code != 408 && code != 429 && code != 416;
 }
 
-std::string permanent_error(CURLcode rc) {
+std::string permanent_error(CURLcode rc, const Transfer& t) {
+  const std::string_view message(t.curl_error.data());
+  if (rc == CURLE_RECV_ERROR && message.find("header") != std::string_view::npos &&
+      (message.find("large") != std::string_view::npos || message.find("max") != std::string_view::npos)) {
+    return fmt::format("{} (no retry: asking again gets the same answer)", message);  // libcurl 8: over 300 KiB
+  }
   switch (rc) {
     case CURLE_URL_MALFORMAT:  // a space in the URL, an empty host
     case CURLE_UNSUPPORTED_PROTOCOL:  // a redirect to file:// or ftp://, refused by REDIR_PROTOCOLS
@@ -420,7 +425,7 @@ std::string permanent_error(CURLcode rc) {
     case CURLE_LOGIN_DENIED:
       return fmt::format("{} (no retry: asking again gets the same answer)", curl_easy_strerror(rc));
     case CURLE_OUT_OF_MEMORY:
-      return "libcurl ran out of memory (or a response header was over its 100 KiB limit)";
+      return "libcurl ran out of memory (or a response header was over its limit)";
     default:
       return {};
   }
@@ -460,7 +465,7 @@ void sleep_backoff(const RemoteConfig& config, unsigned attempt, const std::stri
 }
 
 /// One request that has no state between tries (HEAD, a listing, an
-/// upload; fetch_url resumes, so it has its own loop): `setup` prepares each
+/// upload; a fetch resumes, so it has its own loop in remote_fetch.cpp): `setup` prepares each
 /// try's handle, `done` reads a 2xx answer. A final 4xx throws at once, the
 /// rest is retried per `config`; the last failure throws naming the URL.
 void request(const std::string& url, const RemoteConfig& config, const std::string& target,
@@ -485,7 +490,7 @@ void request(const std::string& url, const RemoteConfig& config, const std::stri
     if (rc == CURLE_ABORTED_BY_CALLBACK && t.stalled.empty()) throw Cancelled(fmt::format("{}: cancelled", redact_url(url)));
     if (!t.write_error.empty()) throw RemoteError(url, code, t.write_error);  // a bound: no retry changes it
     if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
-    if (const std::string why = permanent_error(rc); !why.empty()) throw RemoteError(url, 0, why);
+    if (const std::string why = permanent_error(rc, t); !why.empty()) throw RemoteError(url, 0, why);
     const std::string last = !t.stalled.empty() ? t.stalled
                              : rc != CURLE_OK   ? curl_easy_strerror(rc)
                                                 : status_text(code, t.error_body);

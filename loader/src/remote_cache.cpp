@@ -20,6 +20,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -181,6 +182,7 @@ namespace {
 struct Staged {
   std::vector<UniqueFd> locks;
   fs::path private_dir;  // removed with the dataset
+  UniqueFd owner;        // its .owner, locked while it lives: the sweep's sign that it does
   Staged() = default;
   Staged(const Staged&) = delete;
   Staged& operator=(const Staged&) = delete;
@@ -296,7 +298,10 @@ void lock_bounded(const UniqueFd& fd, int how, const CacheFolder& dir, const std
     }
     return sum;
   };
-  const double budget = std::max(0.05, config.read_timeout) * (static_cast<double>(config.retries) + 1);
+  // The holder's own tries may go that long without a byte, plus their
+  // backoffs (at most 8 s x 1.5 each) between them.
+  const double budget = std::max(0.05, config.read_timeout) * (static_cast<double>(config.retries) + 1) +
+                        12.0 * static_cast<double>(config.retries);
   const auto start = Clock::now();
   auto changed = start;
   std::uint64_t seen = progress();
@@ -320,7 +325,7 @@ void lock_bounded(const UniqueFd& fd, int how, const CacheFolder& dir, const std
     const double idle = std::chrono::duration<double>(now - changed).count();
     if (idle > budget) {
       throw RemoteError(url, 0, fmt::format("{} holds {} and the shard has not changed for {:.1f} s (remote_timeout x "
-                                            "(remote_retries + 1)): giving up. Is it stopped (a debugger) or hung "
+                                            "(remote_retries + 1), and the retries' backoff): giving up. Is it stopped (a debugger) or hung "
                                             "(a network file system)? If it is gone, remove that file",
                                             lock_holder(fd.get()), (dir.path / name).string(), idle));
     }
@@ -579,7 +584,12 @@ void sweep_private_dirs(const fs::path& base) {
     const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
     if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to know)
     struct stat st {};
-    if (::stat(it->path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    // Its owner's lock decides (another host's or PID namespace's process
+    // is not ours to see); a folder without one is an old or half-made one,
+    // swept only when it is an hour old.
+    const UniqueFd owner(::open((it->path() / ".owner").c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    if (owner ? ::flock(owner.get(), LOCK_EX | LOCK_NB) != 0 : ::time(nullptr) - st.st_mtim.tv_sec < 3600) continue;
     std::error_code e2;
     fs::remove_all(it->path(), e2);
     if (!e2) pinfeed::detail::log().info("remote: removed {}, left by process {} which is gone", it->path().string(), pid);
@@ -607,6 +617,13 @@ StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConf
       throw DataError(templ, fmt::format("cannot make a folder for the shards: {}", std::strerror(errno)));
     }
     root = keep->private_dir = templ;
+    // Held while the dataset lives: a sweep on another host or in another
+    // PID namespace (a shared /tmp) knows the folder is in use by its lock,
+    // where a PID it cannot see says nothing.
+    keep->owner = UniqueFd(::open((root / ".owner").c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!keep->owner || ::flock(keep->owner.get(), LOCK_EX | LOCK_NB) != 0) {
+      throw DataError(root, fmt::format("cannot lock the shards' folder: {}", std::strerror(errno)));
+    }
   }
   const CacheFolder root_dir = open_cache_root(root);
   if (keep->private_dir.empty()) sweep_parts(root_dir);

@@ -168,7 +168,7 @@ Budget fetch_budget(int fd, const fs::path& where, const RemoteConfig& config, s
     b.unknown_why = "cache_limit (the answer gave no length)";
   }
   struct statvfs v {};
-  if (::fstatvfs(fd, &v) == 0) {
+  if (::fstatvfs(fd, &v) == 0 && v.f_blocks != 0) {  // some FUSE file systems report no size: no disk bound
     const std::uint64_t avail = static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
     const std::uint64_t reserve = std::min<std::uint64_t>(1ULL << 30U, static_cast<std::uint64_t>(v.f_blocks) * v.f_frsize / 20);
     const std::uint64_t room = avail > reserve ? avail - reserve : 0;
@@ -266,7 +266,7 @@ Attempt http_attempt(const std::string& url, int fd, const fs::path& part, const
     return {"", code};
   }
   if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
-  if (const std::string why = permanent_error(rc); !why.empty()) throw RemoteError(url, 0, why);
+  if (const std::string why = permanent_error(rc, t); !why.empty()) throw RemoteError(url, 0, why);
   return {!t.stalled.empty() ? t.stalled
           : rc != CURLE_OK   ? fmt::format("{} after {} bytes", curl_easy_strerror(rc), have + t.written)
                              : status_text(code, t.error_body),

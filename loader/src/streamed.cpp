@@ -596,7 +596,7 @@ struct StreamedShards::Impl {
     } else if (rc == CURLE_WRITE_ERROR && code == 200) {
       bool changed = false;
       fatal = std::make_exception_ptr(RemoteError(sh.url, code, check_answer(a, code, changed)));
-    } else if (const std::string why = detail::permanent_error(rc); !why.empty()) {
+    } else if (const std::string why = detail::permanent_error(rc, a.t); !why.empty()) {
       fatal = std::make_exception_ptr(RemoteError(sh.url, 0, why));
     } else {
       retry_why = !a.t.stalled.empty() ? a.t.stalled
@@ -923,8 +923,8 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   curl_multi_setopt(impl->multi, CURLMOPT_MAX_HOST_CONNECTIONS, static_cast<long>(std::max(1U, config.streams)));
   curl_multi_setopt(impl->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(std::max(1U, config.streams)));
   Impl* raw = impl.get();
-  impl->fetcher = std::thread([raw] { raw->run(); });
   impl->config.cancel = impl->cancel;  // the closing dataset stops a shard being cached mid-transfer
+  impl->fetcher = std::thread([raw] { raw->run(); });
   if (!config.cache_dir.empty()) impl->start_stagers();
   pinfeed::detail::log().info("remote: streaming {} shards ({} samples), read-ahead bound {} bytes, {} streams{}",
                               remote.size(), impl->samples.size(), impl->base_limit, config.streams,

@@ -326,20 +326,20 @@ std::shared_ptr<pl::Loader> open_interruptibly(pl::LoaderConfig config, std::ato
     }
     done.store(true);
   });
-  bool interrupted = false;
+  std::optional<py::error_already_set> interrupted;  // fetched at once: no error stays set across GIL hand-offs
   while (!done.load()) {
     without_gil([&] {
       for (int k = 0; k < 10 && !done.load(); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     });
     if (!interrupted && !done.load() && PyErr_CheckSignals() != 0) {
-      interrupted = true;  // the Python error stays set until it is raised below
+      interrupted.emplace();
       cancel.store(true);
     }
   }
   without_gil([&] { opener.join(); });
   if (interrupted) {
     without_gil([&] { made.reset(); });  // opened after all, or cancelled: either way not wanted
-    throw py::error_already_set();
+    throw std::move(*interrupted);
   }
   if (error) std::rethrow_exception(error);
   return made;

@@ -23,6 +23,7 @@
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/file_io.hpp"
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/remote.hpp"
 #include "pinfeed/loader/streamed.hpp"
@@ -196,6 +197,14 @@ TEST_F(RemoteCacheTest, WhatKilledProcessesLeftIsSweptAndNothingElse) {
   const fs::path live = tmp / fmt::format("pinfeed-shards-{}-ghijkl", ::getpid());
   fs::create_directories(dead / "x");
   fs::create_directories(live / "x");
+  testing::write_bytes(dead / ".owner", {});  // its owner's lock free: gone
+  // A PID this process cannot see (another PID namespace sharing /tmp), its
+  // owner's lock held: in use, whatever kill(pid, 0) says.
+  const fs::path elsewhere = tmp / fmt::format("pinfeed-shards-{}-mnopqr", child);
+  fs::create_directories(elsewhere / "x");
+  testing::write_bytes(elsewhere / ".owner", {});
+  const UniqueFd held(::open((elsewhere / ".owner").c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_TRUE(held && ::flock(held.get(), LOCK_EX) == 0);
   const char* was = std::getenv("TMPDIR");
   const std::string saved = was != nullptr ? was : "";
   ::setenv("TMPDIR", tmp.c_str(), 1);
@@ -203,6 +212,7 @@ TEST_F(RemoteCacheTest, WhatKilledProcessesLeftIsSweptAndNothingElse) {
   if (was != nullptr) ::setenv("TMPDIR", saved.c_str(), 1); else ::unsetenv("TMPDIR");
   EXPECT_FALSE(fs::exists(dead)) << "a gone process's folder stays";
   EXPECT_TRUE(fs::exists(live)) << "a live process's folder was removed";
+  EXPECT_TRUE(fs::exists(elsewhere)) << "a folder whose owner holds its lock was removed";
 
   RemoteConfig config;
   config.cache_dir = dir_.path() / "cache";
@@ -303,8 +313,13 @@ TEST_F(RemoteCacheTest, ACommandsWholeProcessGroupIsKilledAtItsByteBudget) {
     EXPECT_NE(std::string(e.what()).find("cache_limit"), std::string::npos) << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "retried a bound";
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_NE(std::system("pgrep -f 'sleep 97[.]531' >/dev/null"), 0) << "the command's child outlived it";
+  // SIGKILL is sent before staging returns; the kernel ends the process a moment later.
+  bool gone = false;
+  for (int k = 0; k < 40 && !gone; ++k) {
+    gone = std::system("pgrep -f 'sleep 97[.]531' >/dev/null") != 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << "the command's child outlived it";
   for (const auto& f : fs::recursive_directory_iterator(config.cache_dir)) {
     EXPECT_NE(f.path().extension(), ".part") << f.path() << " stays";
   }
@@ -337,6 +352,8 @@ TEST_F(RemoteCacheTest, AStalledCommandIsKilledAndAnotherProcesssLockIsWaitedFor
     ::pause();
     ::_exit(0);
   }
+  ::close(ready[1]);  // a holder that fails closes the pipe: the read ends
+  ready[1] = -1;
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   const auto start = std::chrono::steady_clock::now();
@@ -350,7 +367,6 @@ TEST_F(RemoteCacheTest, AStalledCommandIsKilledAndAnotherProcesssLockIsWaitedFor
   ::kill(holder, SIGKILL);
   ::waitpid(holder, nullptr, 0);
   ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 TEST_F(RemoteCacheTest, StagingIsCancelledWithinAMoment) {

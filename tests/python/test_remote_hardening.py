@@ -167,7 +167,7 @@ def test_a_trickling_server_is_a_stall_within_the_budget(hostile, mode, folder):
     start = time.monotonic()
     with pytest.raises(pinfeed.Error, match="remote_min_rate"):
         batches(loader_for(pattern(f"{base}/{folder}"), remote_timeout=1, remote_retries=1))
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 20  # two tries of 1-2 s and a backoff; never is the failure
 
 
 def test_an_endless_body_stops_at_the_byte_budget_and_leaves_nothing(hostile, tmp_path):
@@ -217,7 +217,9 @@ def test_ctrl_c_ends_an_open_that_waits_on_a_server_or_a_command(tmp_path):
             finally:
                 p.kill()
             assert p.returncode == 3, (spec, out, err)
-            assert time.monotonic() - sent < 2, spec
+            # The cancel is polled every 50 ms; a transfer sees it at its next
+            # progress call (about a second), then the interpreter ends.
+            assert time.monotonic() - sent < 5, spec
     assert subprocess.run(["pgrep", "-f", "sleep 63[.]21"], capture_output=True).returncode != 0, "the command lives"
 
 
@@ -358,11 +360,15 @@ def localbucket(shards, tmp_path):
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
+            if proc.poll() is None:  # ours answering, not another process that took the port
+                break
         except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.skip("localbucket did not start")
-            time.sleep(0.05)
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.skip("localbucket did not start (its port taken?)")
+        time.sleep(0.05)
     yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "AKIDLOCAL",
            "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"}
     proc.terminate()
@@ -448,6 +454,7 @@ def test_credentials_and_signatures_never_reach_a_person(shards, nginx, tmp_path
 
 def test_patterns_expand_every_group_as_webdataset_does(shards, tmp_path):
     braceexpand = pytest.importorskip("braceexpand")
-    for p in ("s-{0..1}-{0..1}.tar", "other/{a,b}.tar", "x-{000..002}-{a..b}.tar", "{x,y{1..2}}.tar"):
+    for p in ("s-{0..1}-{0..1}.tar", "other/{a,b}.tar", "x-{000..002}-{a..b}.tar", "{x,y{1..2}}.tar",
+              "s-{x..1}.tar", "s-{one}-{0..1}.tar", "s-{-1..1}.tar", "s-{3..1}.tar", "s-{0..10..5}.tar"):
         assert [str(x) for x in pinfeed._pinfeed.expand_shard_pattern(p)] == list(braceexpand.braceexpand(p)), p
     assert pinfeed._pinfeed.expand_shard_pattern("pipe:cut -d\\, -f1 a.tar,b.tar") == ["pipe:cut -d, -f1 a.tar", "b.tar"]

@@ -260,7 +260,7 @@ class TarShards final : public Dataset {
 /// ("a.tar,b.tar" -> 2); "\," "\{" "\}" are literal (a comma in a
 /// pipe: command or an S3 key). Throws ConfigError on a malformed pattern.
 std::vector<std::filesystem::path> expand_shard_pattern(const std::string& pattern);
-/// A spec's sources, unexpanded: split at ',' and '::' outside braces.
+/// A spec's sources, unexpanded: split at ',' outside braces ("\\," kept).
 std::vector<std::string> split_shard_spec(const std::string& spec);
 
 /// Refuses (ConfigError) a validation set whose classes are not the

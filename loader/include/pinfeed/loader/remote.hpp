@@ -57,8 +57,8 @@ struct RemoteConfig {
   /// Shrinks under memory pressure.
   std::uint64_t readahead = 0;
   unsigned streams = 32;            ///< Range requests in flight at once while streaming
-  /// Set: transfers, retries' backoff, lock waits and pipe: commands stop
-  /// within 100 ms and throw Cancelled (a dataset closing while its shards
+  /// Set: transfers (at their next progress call, about once a second),
+  /// retries' backoff, lock waits and pipe: commands stop and throw Cancelled (a dataset closing while its shards
   /// are cached, a program interrupted while the dataset opens).
   std::shared_ptr<const std::atomic<bool>> cancel;
 };
