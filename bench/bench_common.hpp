@@ -53,7 +53,7 @@ double planned_decode_rate(const std::vector<std::span<const std::byte>>& files,
 /// size, then flip + normalize to float32 NCHW (or RGB for uint8 NHWC) with
 /// plain loops into the next place of one reused, pre-faulted batch of
 /// `batch` samples (each thread its own places). What a hand-written loop
-/// of the same decode does; the loader's target (issue 16: float32 >=
+/// of the same decode does; the loader's target (float32 >=
 /// 0.95x of it). It does less than the loader where the decoded region is
 /// over twice the output (no 2:1 box averages: bilinear alone aliases) and
 /// ignores --interpolation nearest and --no-roi.

@@ -21,6 +21,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/dataset_kinds.hpp"
 #include "pinfeed/loader/jpeg_decoder.hpp"
 #include "pinfeed/loader/loader.hpp"
 #include "pinfeed/loader/sample_rng.hpp"

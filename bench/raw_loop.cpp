@@ -1,6 +1,6 @@
 // The bare loop decoding raw YCbCr planes (libjpeg's raw_data_out): a
 // measurement of the decode path the loader does not take, to tell whether
-// it should (issue 16).
+// it should.
 #include <cstddef>
 #include <cstdio>
 #include <jpeglib.h>

@@ -14,6 +14,7 @@
 
 #include "bench_common.hpp"
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/dataset_kinds.hpp"
 #include "pinfeed/loader/loader.hpp"
 #include "pinfeed/units.hpp"
 

@@ -10,14 +10,16 @@ include(CMakePackageConfigHelpers)
 set_target_properties(pinfeed_c PROPERTIES EXPORT_NAME c)
 set_target_properties(pinfeed_libyuv PROPERTIES EXPORT_NAME libyuv)
 
-install(TARGETS pinfeed_core pinfeed_memory pinfeed_loader pinfeed_device pinfeed_launch pinfeed_comm pinfeed_model
+install(TARGETS pinfeed_core pinfeed_memory pinfeed_codec pinfeed_transform pinfeed_dataset pinfeed_remote pinfeed_loader
+                pinfeed_device pinfeed_launch pinfeed_comm pinfeed_model
                 pinfeed_trainer pinfeed_c pinfeed_libyuv
         EXPORT pinfeedTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-foreach(dir memory/core/include memory/include loader/include trainer/device/include trainer/launch/include
+foreach(dir memory/core/include memory/include loader/codec/include loader/transform/include loader/dataset/include
+            loader/remote/include loader/include trainer/device/include trainer/launch/include
             trainer/comm/include trainer/model/include trainer/include capi/include)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()

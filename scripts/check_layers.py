@@ -8,7 +8,7 @@ file it names (beside the including file first, then every module's
 include/, src/ and top folder) and so to the module whose folder holds it
 (the deepest folder wins); that module must be the includer itself or one
 its row names. Also an error: a module with no source file, and a folder
-under trainer/ with sources that no row names. Prints each violation and
+under memory/, loader/ or trainer/ with sources that no row names. Prints each violation and
 exits 1; with -v, prints the graph's edges.
 
     python3 scripts/check_layers.py [-v]
@@ -23,6 +23,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join("docs", "architecture.md")
 SOURCE = re.compile(r".*\.(cpp|hpp|cu|h|c)$")
+# Modules whose folder holds other modules' folders (rooms): a folder under
+# one of them with sources must have a row of its own.
+ROOMED = ("memory", "loader", "trainer")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -99,11 +102,12 @@ def main():
     for name, count in scanned.items():
         if count == 0:
             errors.append(f"{name}: no source file under {table[name][0]}")
-    for sub in sorted(os.listdir("trainer")):
-        folder = os.path.join("trainer", sub)
-        if os.path.isdir(folder) and sub not in ("include", "src") and owner(folder, table) == "trainer":
-            if any(SOURCE.match(fn) for _, _, files in os.walk(folder) for fn in files):
-                errors.append(f"{folder}: sources in a folder no row of {DOC} names")
+    for top in ROOMED:
+        for sub in sorted(os.listdir(top)):
+            folder = os.path.join(top, sub)
+            if os.path.isdir(folder) and sub not in ("include", "src") and owner(folder, table) == top:
+                if any(SOURCE.match(fn) for _, _, files in os.walk(folder) for fn in files):
+                    errors.append(f"{folder}: sources in a folder no row of {DOC} names")
     if verbose:
         for a, b in sorted(edges):
             print(f"{a} -> {b}")

@@ -20,6 +20,7 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/dataset_kinds.hpp"
 #include "pinfeed/loader/dataset_tools.hpp"
 #include "pinfeed/loader/image_decoder.hpp"
 #include "pinfeed/loader/streamed.hpp"

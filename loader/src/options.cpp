@@ -190,10 +190,13 @@ const std::vector<LoaderOption>& loader_options() {
   return options;
 }
 
-void check_transform_options(const TransformConfig& t) {
+// TransformConfig's ranges are its option rows': defined beside the table,
+// so the transform library needs none of the loader's options.
+void TransformConfig::validate() const {
   LoaderConfig c;
-  c.transform = t;
+  c.transform = *this;
   for (const LoaderOption& o : loader_options()) o.check(c);
+  validate_relations();
 }
 
 const LoaderOption& loader_option(std::string_view name) {

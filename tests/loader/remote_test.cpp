@@ -25,6 +25,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/dataset_kinds.hpp"
 #include "pinfeed/loader/remote.hpp"
 #include "pinfeed/loader/streamed.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/remote.hpp"
 #include "pinfeed/loader/sampler.hpp"
 #include "pinfeed/loader/transform.hpp"
 #include "pinfeed/memory/buffer_pool.hpp"

@@ -67,9 +67,6 @@ struct LoaderOption {
 const std::vector<LoaderOption>& loader_options();
 /// The option named `name`; ConfigError naming it otherwise.
 const LoaderOption& loader_option(std::string_view name);
-/// Every row's range check on the fields of `t` (the other fields at their
-/// defaults): TransformConfig::validate's ranges, from the table.
-void check_transform_options(const TransformConfig& t);
 
 /// `c` as evaluation sees it: every option with an `evaluation` value set
 /// to it (no random crop, no flip, no shuffle, every sample kept), the rest

@@ -31,9 +31,27 @@
 #include <vector>
 
 #include "pinfeed/file_io.hpp"
-#include "pinfeed/loader/remote.hpp"
+
+namespace pinfeed::memory {
+class PressureMonitor;
+}
 
 namespace pinfeed::loader {
+
+/// What the streaming reader did (Loader stats' "remote").
+struct StreamStats {
+  std::uint64_t requests = 0;        ///< Range requests answered
+  std::uint64_t bytes = 0;           ///< body bytes they brought
+  std::uint64_t retries = 0;         ///< requests made again (a reset, a 5xx, a stall, a dead server)
+  std::uint64_t waits = 0;           ///< reads that found their sample not fetched yet
+  double wait_seconds = 0;           ///< time those reads waited, summed
+  std::uint64_t readahead_bytes = 0; ///< fetched (or in flight) ahead of the loader now
+  std::uint64_t readahead_peak = 0;  ///< the most it has been
+  std::uint64_t readahead_limit = 0; ///< the bound now (lowered under pressure)
+  std::uint64_t dropped = 0;         ///< fetched samples given back when pressure lowered the bound
+  std::size_t shards = 0;            ///< remote shards
+  std::size_t shards_local = 0;      ///< of them read from a local copy now (cache_dir)
+};
 
 class Dataset {
  public:
@@ -76,6 +94,15 @@ class Dataset {
   }
   /// A streamed dataset's transfers (none for local data).
   [[nodiscard]] virtual std::optional<StreamStats> stream_stats() const { return std::nullopt; }
+  /// The class names labels index (ImageFolder's folders); empty where
+  /// labels are numbers (file lists, shards).
+  [[nodiscard]] virtual const std::vector<std::string>& class_names() const noexcept {
+    static const std::vector<std::string> kNone;
+    return kNone;
+  }
+  /// Follow `monitor`'s memory pressure while the loader runs (a streamed
+  /// dataset bounds its read-ahead by it); local data ignores it.
+  virtual void follow(std::shared_ptr<memory::PressureMonitor> monitor) { (void)monitor; }
 };
 
 /// What a checkpoint or a state_dict remembers of its dataset, to refuse
@@ -124,6 +151,7 @@ class ImageFolder final : public Dataset {
   [[nodiscard]] std::string relative_name(std::size_t i) const override { return relative(i).native(); }
   [[nodiscard]] std::uint64_t stored_size(std::size_t i) const override;
   [[nodiscard]] const std::vector<std::string>& classes() const noexcept { return classes_; }
+  [[nodiscard]] const std::vector<std::string>& class_names() const noexcept override { return classes_; }
   /// Path of sample i relative to the root ("class/file.jpg").
   [[nodiscard]] std::filesystem::path relative(std::size_t i) const { return files_.at(i).lexically_relative(root_); }
 
@@ -254,15 +282,6 @@ class TarShards final : public Dataset {
   std::size_t num_classes_ = 0;
 };
 
-/// Shard patterns as webdataset's braceexpand reads them: every group,
-/// ranges and lists, nested ("data/s-{000..012}.tar" -> 13 paths,
-/// "s-{0..1}-{a,b}.tar" -> 4); sources separated by ',' outside braces
-/// ("a.tar,b.tar" -> 2); "\," "\{" "\}" are literal (a comma in a
-/// pipe: command or an S3 key). Throws ConfigError on a malformed pattern.
-std::vector<std::filesystem::path> expand_shard_pattern(const std::string& pattern);
-/// A spec's sources, unexpanded: split at ',' outside braces ("\\," kept).
-std::vector<std::string> split_shard_spec(const std::string& spec);
-
 /// Refuses (ConfigError) a validation set whose classes are not the
 /// training set's: for two ImageFolders the class names must be the same
 /// (a renamed, missing or extra folder moves the labels after it, and the
@@ -271,13 +290,5 @@ std::vector<std::string> split_shard_spec(const std::string& spec);
 void check_same_classes(const Dataset& train, const Dataset& val);
 /// The same check on class names (the Python loader's classes=).
 void check_same_class_names(const std::vector<std::string>& train, const std::vector<std::string>& val);
-
-/// Opens a dataset by what `spec` names: a directory -> ImageFolder; a .tar
-/// file, a brace pattern or a comma list of them -> TarShards; any other file
-/// -> FileList with paths relative to the list's folder (or `root` if given).
-/// Shards may be URLs (http://, https://, s3://, pipe:; remote.hpp), staged
-/// per `remote` before they are indexed.
-std::unique_ptr<Dataset> open_dataset(const std::string& spec, const std::filesystem::path& root = {},
-                                      std::size_t max_classes = kDefaultMaxClasses, const RemoteConfig& remote = {});
 
 }  // namespace pinfeed::loader

@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "pinfeed/loader/jpeg_decoder.hpp"
+#include "pinfeed/loader/image.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
 #include "pinfeed/enum_words.hpp"
 
@@ -81,7 +81,9 @@ struct TransformConfig {
   std::array<float, 3> std{0.229F, 0.224F, 0.225F};   ///< RGB, in [0, 1] units
   bool dct_scaling = false;                  ///< allow 1/2, 1/4, 1/8 decode: faster on large images, pixels no longer PIL's (opt-in)
   bool roi_decode = true;                    ///< decode only the region (measurable trick)
-  void validate() const;                     ///< ConfigError naming the field
+  /// ConfigError naming the field: every option row's range (defined with
+  /// the table, options.cpp; link pinfeed::loader), then validate_relations().
+  void validate() const;
   /// The rules the option rows cannot state alone (validate() is the rows'
   /// ranges, then these; LoaderConfig::validate, which checks the rows
   /// itself, calls only these).
@@ -120,9 +122,6 @@ struct CropPlan {
   bool flip = false;
   ResampleAxis x, y;  ///< the resize, in full-resolution source coordinates
 };
-
-/// `region` clamped to a width x height image; an empty region is the whole image.
-Region clamp_region(const Region& region, int width, int height) noexcept;
 
 /// The crop, scale and flip for one sample. Pure: depends on the header,
 /// the config and the rng only.

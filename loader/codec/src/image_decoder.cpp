@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 
+#include "pinfeed/enum_words.hpp"
 #include "pinfeed/error.hpp"
-#include "pinfeed/loader/transform.hpp"
 
 namespace pinfeed::loader {
 

@@ -17,63 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "pinfeed/loader/scratch_buffer.hpp"
+#include "pinfeed/loader/image.hpp"
 
 namespace pinfeed::loader {
-
-/// Largest image accepted, in pixels (Pillow's decompression-bomb limit).
-inline constexpr std::uint64_t kDefaultMaxPixels = 178'956'970;
-
-struct ImageHeader {
-  int width = 0, height = 0;
-  int components = 0;        ///< 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
-  bool progressive = false;
-  std::string color_space;   ///< "gray", "ycbcr", "rgb", "cmyk", "ycck"
-  bool scalable = true;      ///< decodes at 1/2, 1/4, 1/8 size (JPEG; PNG and WebP do not)
-};
-
-/// A rectangle in full-resolution pixel coordinates.
-struct Region {
-  int x = 0, y = 0, width = 0, height = 0;
-};
-
-/// Decoded pixels, BGRA. Row y starts at pixels.data() + offset + y * stride:
-/// the decoder writes libjpeg's whole-iMCU-column rows in place and points
-/// `offset` at the region's first pixel, so no row is copied after decoding.
-/// stride == 0 means tightly packed rows (width * 4). Buffers are reused.
-struct DecodedImage {
-  int width = 0, height = 0;
-  std::size_t stride = 0, offset = 0;
-  ScratchBytes pixels;
-
-  [[nodiscard]] std::size_t stride_bytes() const noexcept {
-    return stride != 0 ? stride : static_cast<std::size_t>(width) * 4;
-  }
-  [[nodiscard]] const std::uint8_t* row(int y) const noexcept {
-    return pixels.data() + offset + static_cast<std::size_t>(y) * stride_bytes();
-  }
-  [[nodiscard]] std::uint8_t* row(int y) noexcept {
-    return pixels.data() + offset + static_cast<std::size_t>(y) * stride_bytes();
-  }
-};
-
-/// Receives a decoded region row by row, top to bottom: begin() once with
-/// the region's size, then `height` rows of `width` BGRA pixels. A row stays
-/// valid until two more rows have come (the decoder alternates two lines).
-/// May throw; the decode is then abandoned.
-class RowSink {
- public:
-  RowSink() = default;
-  RowSink(const RowSink&) = delete;
-  RowSink& operator=(const RowSink&) = delete;
-  virtual ~RowSink() = default;
-  virtual void begin(int width, int height) = 0;
-  virtual void row(const std::uint8_t* bgra) = 0;
-
- protected:
-  RowSink(RowSink&&) = default;
-  RowSink& operator=(RowSink&&) = default;
-};
 
 class JpegDecoder {
  public:

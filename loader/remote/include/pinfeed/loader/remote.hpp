@@ -1,5 +1,5 @@
 #pragma once
-// Shards in object storage (issue 43): http://, https://, s3://bucket/key and
+// Shards in object storage: http://, https://, s3://bucket/key and
 // WebDataset's pipe:COMMAND, wherever a shard path is accepted. The transport
 // is libcurl (HTTP(S) with Range resume; S3 through its built-in AWS
 // Signature V4), never a client of our own.
@@ -63,20 +63,14 @@ struct RemoteConfig {
   std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
-/// What the streaming reader did (Loader stats' "remote").
-struct StreamStats {
-  std::uint64_t requests = 0;        ///< Range requests answered
-  std::uint64_t bytes = 0;           ///< body bytes they brought
-  std::uint64_t retries = 0;         ///< requests made again (a reset, a 5xx, a stall, a dead server)
-  std::uint64_t waits = 0;           ///< reads that found their sample not fetched yet
-  double wait_seconds = 0;           ///< time those reads waited, summed
-  std::uint64_t readahead_bytes = 0; ///< fetched (or in flight) ahead of the loader now
-  std::uint64_t readahead_peak = 0;  ///< the most it has been
-  std::uint64_t readahead_limit = 0; ///< the bound now (lowered under pressure)
-  std::uint64_t dropped = 0;         ///< fetched samples given back when pressure lowered the bound
-  std::size_t shards = 0;            ///< remote shards
-  std::size_t shards_local = 0;      ///< of them read from a local copy now (cache_dir)
-};
+/// Shard patterns as webdataset's braceexpand reads them: every group,
+/// ranges and lists, nested ("data/s-{000..012}.tar" -> 13 paths,
+/// "s-{0..1}-{a,b}.tar" -> 4); sources separated by ',' outside braces
+/// ("a.tar,b.tar" -> 2); "\," "\{" "\}" are literal (a comma in a
+/// pipe: command or an S3 key). Throws ConfigError on a malformed pattern.
+std::vector<std::filesystem::path> expand_shard_pattern(const std::string& pattern);
+/// A spec's sources, unexpanded: split at ',' outside braces ("\\," kept).
+std::vector<std::string> split_shard_spec(const std::string& spec);
 
 /// "http://", "https://", "s3://" or "pipe:".
 [[nodiscard]] bool is_remote_url(std::string_view spec) noexcept;

@@ -1,5 +1,5 @@
 #pragma once
-// Remote shards read as streams (issue 43): a shard's samples are fetched with
+// Remote shards read as streams: a shard's samples are fetched with
 // HTTP Range requests in the order the epoch will read them, a bounded number
 // of bytes ahead of the loader, so the first batch comes after a few round
 // trips, not after the whole set. Note [Streamed shards] (streamed.cpp).
@@ -70,7 +70,7 @@ class StreamedShards final : public Dataset {
   /// Follows `monitor`: the read-ahead bound is a quarter under elevated
   /// pressure and 4 MiB under critical, and fetched samples past the new
   /// bound are given back at once.
-  void follow(std::shared_ptr<memory::PressureMonitor> monitor);
+  void follow(std::shared_ptr<memory::PressureMonitor> monitor) override;
 
   struct Impl;
 
