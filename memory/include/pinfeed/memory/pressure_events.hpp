@@ -2,8 +2,8 @@
 // PressureEvents: the kernel's own notifications that memory pressure may
 // have changed, so the PressureMonitor reads the host at once instead of at
 // its next poll. A neighbour growing at memory speed fills a 64 MiB headroom
-// in ~0.2 s; a 250 ms poll sees it too late (issue 38: 3 of 3 runs
-// OOM-killed).
+// in ~0.2 s; a 250 ms poll sees it too late (3 of 3 runs OOM-killed,
+// docs/results.md).
 //
 //   cgroup v1  usage thresholds (cgroup.event_control + memory.usage_in_bytes
 //              + an eventfd per line): the kernel signals when the usage
