@@ -21,13 +21,12 @@ except ImportError as e:  # an operator's host: the tools work, the loader needs
 
 from . import _data, _pinfeed
 from ._data import FakeData
-from ._compat import _DATALOADER_DEFAULTS, _INSTEAD, _check_arguments, _dataloader_alias
+from ._compat import _DATALOADER_DEFAULTS, _check_arguments, _dataloader_alias
 from ._device import _DeviceMixin, _parse_device
 from ._launch import _place_in_launch, launch_env
-from ._options import (_IMAGENET_MEAN, _IMAGENET_STD, _LAYOUT_ALIASES, _OPTIONS, LoaderOptions, _check_device_arguments,
-                       _default, _fold_transform_arguments, _hooks, _int_arg, _normalization, _options_doc)
-from ._order import (DistributedSampler, _OrderMixin, _digest,
-                     _iterated, _reconcile_sampler)
+from ._options import (_IMAGENET_MEAN, _IMAGENET_STD, _LAYOUT_ALIASES, LoaderOptions, _check_device_arguments,
+                       _default, _fold_transform_arguments, _hooks, _normalization, _options_doc)
+from ._order import DistributedSampler, _OrderMixin, _digest, _reconcile_sampler
 from ._state import _StateMixin
 
 try:  # PEP 692's Unpack, for **options (typing's from 3.11; type checkers bring typing_extensions)
@@ -186,7 +185,7 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
         # A FakeData (pinfeed's or torchvision's) gets the loader of batches
         # made in memory: the --dummy of training scripts, same loop.
         if _data.is_fake(data):
-            return _fake_loader(data, *args, **kwargs)
+            return _data.fake_loader(data, *args, **kwargs)
         return super().__new__(cls)
 
     def __copy__(self):
@@ -561,38 +560,6 @@ class Loader(_StateMixin, _DeviceMixin, _OrderMixin):
         """Host batches whose tensors are still alive (each holds a pool slot;
         with device= the batches hold device buffers instead, and this is 0)."""
         return self._impl.live_batches()
-
-
-
-
-def _fake_loader(data, batch_size=_default("batch_size"), shuffle=None, sampler=None, *, drop_last=False,
-                 layout=_default("layout"), mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
-                 local_rank=None, seed=None, device=None, copy=False, return_indices=False, size=None, **others):
-    """Loader(FakeData(...), ...): the arguments that shape its batches are
-    read; the others (threads, transform, ...) are checked by name and have
-    nothing to do."""
-    import inspect  # pylint: disable=import-outside-toplevel
-    known = set(inspect.signature(Loader.__init__).parameters) | set(_OPTIONS) | set(_INSTEAD)
-    for name in others:
-        if name not in known:
-            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
-    if sampler is not None and _iterated(sampler):
-        raise TypeError("Loader(FakeData(...)) shards by rank as DistributedSampler does: pass no sampler, or a "
-                        "DistributedSampler (torch's or pinfeed's)")
-    shuffle, seed, trim, rank, world_size, _, _ = _reconcile_sampler(sampler, shuffle, seed, rank, world_size, None)
-    rank, world_size, local_rank = _place_in_launch(rank, world_size, local_rank, {})
-    layout = _LAYOUT_ALIASES.get(layout, layout) if isinstance(layout, str) else layout
-    if layout not in _OPTIONS["layout"]["choices"]:
-        raise ValueError(f"layout must be one of {_OPTIONS['layout']['choices']}, got {layout!r}")
-    mean, std = _normalization(mean, std)
-    batch_size = _int_arg("batch_size", batch_size, 1, 1 << 20)
-    if isinstance(size, numbers.Integral):
-        size = (size, size)
-    out = _data.FakeLoader(data, batch_size, shuffle, seed, rank, world_size, trim, drop_last, layout, mean, std,
-                           _parse_device(device, local_rank), copy, return_indices, size)
-    if sampler is not None:
-        out.sampler = sampler
-    return out
 
 
 # help() shows __init__'s arguments (not __new__'s, which routes FakeData), **options spelled

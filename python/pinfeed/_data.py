@@ -13,6 +13,10 @@ import weakref
 import torch
 
 from . import _pinfeed
+from ._compat import _INSTEAD
+from ._device import _parse_device
+from ._launch import _place_in_launch
+from ._options import _IMAGENET_MEAN, _IMAGENET_STD, _LAYOUT_ALIASES, _OPTIONS, _default, _int_arg, _normalization
 
 
 def per_rank(n, world, trim):
@@ -434,3 +438,35 @@ class FakeLoader:
 
     def __repr__(self):
         return f"pinfeed.Loader({self.dataset!r}, batch_size={self.batch_size}) (batches from memory)"
+
+
+def fake_loader(data, batch_size=_default("batch_size"), shuffle=None, sampler=None, *, drop_last=False,
+                 layout=_default("layout"), mean=_IMAGENET_MEAN, std=_IMAGENET_STD, rank=None, world_size=None,
+                 local_rank=None, seed=None, device=None, copy=False, return_indices=False, size=None, **others):
+    """Loader(FakeData(...), ...): the arguments that shape its batches are
+    read; the others (threads, transform, ...) are checked by name and have
+    nothing to do."""
+    import inspect  # pylint: disable=import-outside-toplevel
+    from ._api import Loader  # pylint: disable=import-outside-toplevel  (the caller: imported)
+    from ._order import _iterated, _reconcile_sampler  # pylint: disable=import-outside-toplevel  (it imports this)
+    known = set(inspect.signature(Loader.__init__).parameters) | set(_OPTIONS) | set(_INSTEAD)
+    for name in others:
+        if name not in known:
+            raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+    if sampler is not None and _iterated(sampler):
+        raise TypeError("Loader(FakeData(...)) shards by rank as DistributedSampler does: pass no sampler, or a "
+                        "DistributedSampler (torch's or pinfeed's)")
+    shuffle, seed, trim, rank, world_size, _, _ = _reconcile_sampler(sampler, shuffle, seed, rank, world_size, None)
+    rank, world_size, local_rank = _place_in_launch(rank, world_size, local_rank, {})
+    layout = _LAYOUT_ALIASES.get(layout, layout) if isinstance(layout, str) else layout
+    if layout not in _OPTIONS["layout"]["choices"]:
+        raise ValueError(f"layout must be one of {_OPTIONS['layout']['choices']}, got {layout!r}")
+    mean, std = _normalization(mean, std)
+    batch_size = _int_arg("batch_size", batch_size, 1, 1 << 20)
+    if isinstance(size, numbers.Integral):
+        size = (size, size)
+    out = FakeLoader(data, batch_size, shuffle, seed, rank, world_size, trim, drop_last, layout, mean, std,
+                           _parse_device(device, local_rank), copy, return_indices, size)
+    if sampler is not None:
+        out.sampler = sampler
+    return out

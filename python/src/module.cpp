@@ -39,225 +39,21 @@
 #include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/device_feed.hpp"
 #include "pinfeed/trainer/device_type.hpp"
+#include "module_support.hpp"
 
 namespace py = pybind11;
 namespace pl = pinfeed::loader;
 namespace pt = pinfeed::trainer;
 
+using pinfeed::python::Holder;
+using pinfeed::python::loader_options;
+using pinfeed::python::make_capsule;
+using pinfeed::python::option_value;
+using pinfeed::python::set_option;
+using pinfeed::python::to_config;
+using pinfeed::python::without_gil;
+
 namespace {
-
-/// Runs `f` with the GIL released and takes it back in ordinary code, never
-/// in a destructor. At interpreter shutdown a daemon thread that takes the
-/// GIL back is ended by the interpreter (pthread_exit, a forced unwind);
-/// from pybind11's gil_scoped_release destructor, which is noexcept, that
-/// unwind called std::terminate: "terminate called without an active
-/// exception", exit 134 (issue 38). Here the unwind passes through plain
-/// frames and the thread just ends.
-template <class F>
-auto without_gil(F&& f) -> decltype(f()) {
-  PyThreadState* state = PyEval_SaveThread();
-  std::exception_ptr error;
-  if constexpr (std::is_void_v<decltype(f())>) {
-    try {
-      f();
-    } catch (abi::__forced_unwind&) {
-      throw;  // a thread being ended: never swallowed
-    } catch (...) {
-      error = std::current_exception();
-    }
-    PyEval_RestoreThread(state);
-    if (error) std::rethrow_exception(error);
-  } else {
-    std::optional<decltype(f())> out;
-    try {
-      out.emplace(f());
-    } catch (abi::__forced_unwind&) {
-      throw;
-    } catch (...) {
-      error = std::current_exception();
-    }
-    PyEval_RestoreThread(state);
-    if (error) std::rethrow_exception(error);
-    return std::move(*out);
-  }
-}
-
-/// One batch shared by its image and label tensors. The slot goes back when
-/// both die, or, with a consumer, after the consumer's work at that moment
-/// (Note [Consumer streams]).
-struct Holder {
-  std::shared_ptr<pl::Loader> loader;   // the batch must go before its Loader
-  std::shared_ptr<std::atomic<long>> live;
-  pl::Batch batch;
-  std::vector<pt::ConsumerStream> consumers;
-  std::int64_t shape[4] = {};
-  std::int64_t label_shape[1] = {};
-  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b, std::vector<pt::ConsumerStream> c)
-      : loader(std::move(l)), live(std::move(n)), batch(std::move(b)), consumers(std::move(c)) {
-    ++*live;
-  }
-  ~Holder() {
-    // The slot goes back now, or after the consumers' queued work (the
-    // non_blocking rule, Note [Consumer streams]).
-    if (!consumers.empty()) pt::release_after_consumers(batch.lease(), consumers);
-    --*live;
-  }
-  Holder(const Holder&) = delete;
-  Holder& operator=(const Holder&) = delete;
-};
-
-/// A tensor's owner (a host batch's Holder, or a DeviceBatch) and shape.
-struct Ctx {
-  std::shared_ptr<void> owner;
-  std::int64_t shape[4] = {};
-  DLManagedTensor tensor{};
-};
-
-void delete_managed(DLManagedTensor* t) { delete static_cast<Ctx*>(t->manager_ctx); }
-
-/// A "dltensor" capsule; if nobody consumes it, its destructor frees it.
-py::capsule make_capsule(std::shared_ptr<void> owner, void* data, DLDataType dtype, int ndim, const std::int64_t* shape,
-                         DLDevice device = DLDevice{kDLCPU, 0}) {
-  auto* ctx = new Ctx{std::move(owner), {}, {}};
-  std::copy(shape, shape + ndim, ctx->shape);
-  DLTensor& t = ctx->tensor.dl_tensor;
-  t.data = data;
-  t.device = device;
-  t.ndim = ndim;
-  t.dtype = dtype;
-  t.shape = ctx->shape;
-  t.strides = nullptr;  // compact, row-major
-  t.byte_offset = 0;
-  ctx->tensor.manager_ctx = ctx;
-  ctx->tensor.deleter = delete_managed;
-  return py::capsule(&ctx->tensor, "dltensor", [](PyObject* cap) {
-    // Consumed capsules are renamed "used_dltensor" and owned by the consumer.
-    if (PyCapsule_IsValid(cap, "dltensor") != 0) {
-      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
-      if (m != nullptr && m->deleter != nullptr) m->deleter(m);
-    }
-  });
-}
-
-/// A Python value into option `o` of `c`: TypeError naming the option for a
-/// value of the wrong type, ConfigError (ValueError) for one out of range.
-void set_option(pl::LoaderConfig& c, const pl::LoaderOption& o, const py::handle& v) {
-  // Integral: anything with __index__ (int, numpy integers, IntEnum), not
-  // bool; real: anything with __float__ (float, numpy floats) or integral.
-  const bool is_bool = PyBool_Check(v.ptr()) != 0 || py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>() == "bool_";
-  const bool is_int = !is_bool && PyIndex_Check(v.ptr()) != 0;
-  const bool is_real = is_int || (!is_bool && PyUnicode_Check(v.ptr()) == 0 && py::hasattr(v, "__float__"));
-  const auto wrong = [&](const char* want) {
-    return py::type_error(fmt::format("{} must be {}, not {} ({})", o.name, want,
-                                      py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>(),
-                                      py::repr(v).cast<std::string>()));
-  };
-  const auto as_int_text = [&] {
-    return py::str(py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()))).cast<std::string>();
-  };
-  switch (o.type) {
-    case pl::OptionType::integer:
-      if (!is_int) throw wrong("an integer");
-      o.set_text(c, as_int_text());  // negative and huge values fail the range, named
-      return;
-    case pl::OptionType::real:
-      if (!is_real) throw wrong("a number");
-      o.set_text(c, fmt::format("{:.17g}", py::float_(py::reinterpret_borrow<py::object>(v)).cast<double>()));
-      return;
-    case pl::OptionType::boolean:
-      if (is_bool) {
-        o.set_bool(c, py::bool_(py::reinterpret_borrow<py::object>(v)).cast<bool>());
-      } else if (is_int && (as_int_text() == "0" || as_int_text() == "1")) {
-        o.set_bool(c, as_int_text() == "1");
-      } else {
-        throw wrong("True or False");
-      }
-      return;
-    case pl::OptionType::choice:
-      if (PyUnicode_Check(v.ptr()) == 0) throw wrong("a string");
-      o.set_text(c, v.cast<std::string>());
-      return;
-  }
-}
-
-/// The Python value of option `o` in `c`.
-py::object option_value(const pl::LoaderConfig& c, const pl::LoaderOption& o) {
-  switch (o.type) {
-    case pl::OptionType::integer: return py::int_(o.get_int(c));
-    case pl::OptionType::real: return py::float_(o.get_real(c));
-    case pl::OptionType::boolean: return py::bool_(o.get_bool(c));
-    case pl::OptionType::choice: return py::str(std::string(o.get_choice(c)));
-  }
-  return py::none();
-}
-
-/// The option table (options.hpp) for the Python wrapper: its keyword
-/// defaults, its docstring and its tests come from here.
-py::list loader_options() {
-  py::list out;
-  const pl::LoaderConfig defaults;
-  for (const pl::LoaderOption& o : pl::loader_options()) {
-    py::dict d;
-    d["name"] = std::string(o.name);
-    d["type"] = std::string(pl::to_string(o.type));
-    d["default"] = option_value(defaults, o);
-    d["range"] = o.range_text();
-    d["help"] = std::string(o.help);
-    if (o.type == pl::OptionType::integer || o.type == pl::OptionType::real) {
-      d["min"] = o.type == pl::OptionType::integer ? py::object(py::int_(static_cast<std::uint64_t>(o.min))) : py::object(py::float_(o.min));
-      d["max"] = o.type == pl::OptionType::integer ? py::object(py::int_(o.max >= 1.8446744073709552e19 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(o.max)))
-                                                   : py::object(py::float_(o.max));
-      d["min_exclusive"] = o.min_exclusive;
-    }
-    if (o.type == pl::OptionType::choice) {
-      py::list choices;
-      for (const auto w : o.choices) choices.append(std::string(w));
-      d["choices"] = choices;
-    }
-    out.append(d);
-  }
-  return out;
-}
-
-pl::LoaderConfig to_config(const py::dict& d) {
-  pl::LoaderConfig c;
-  c.dataset = d["dataset"].cast<std::string>();
-  if (d.contains("list_root") && !d["list_root"].is_none()) c.list_root = d["list_root"].cast<std::string>();
-  if (d.contains("rank")) c.rank = d["rank"].cast<unsigned>();
-  if (d.contains("world_size")) c.world_size = d["world_size"].cast<unsigned>();
-  // The GPU the slots are registered with (its NUMA node, its context): the
-  // rank's own, never a default device 0 in every rank. None or a device
-  // this process cannot see (a CPU-only host): none.
-  if (d.contains("cuda_device") && !d["cuda_device"].is_none()) {
-    const int dev = d["cuda_device"].cast<int>();
-    c.cuda_device = dev >= 0 && dev < pinfeed::memory::cuda::runtime_status().device_count ? dev : -1;
-  }
-  // Every other key is an option of the table (an unknown one is an error)
-  // or a field row (loader_config_fields()): those above and mean/std below
-  // take Python's types; a row added later is set from its text.
-  static constexpr std::array<std::string_view, 7> kTyped{"dataset", "list_root", "rank", "world_size",
-                                                          "cuda_device", "mean", "std"};
-  for (const auto& [key, value] : d) {
-    const auto name = key.cast<std::string>();
-    if (const pl::LoaderField* f = pl::find_loader_field(name)) {
-      if (std::find(kTyped.begin(), kTyped.end(), name) == kTyped.end()) f->set(c, py::str(value).cast<std::string>());
-    } else {
-      set_option(c, pl::loader_option(name), value);
-    }
-  }
-  if (d.contains("mean")) {
-    const auto mean = d["mean"].cast<std::vector<float>>();
-    if (mean.size() != 3) throw pinfeed::ConfigError("mean must have 3 values (R, G, B)");
-    std::copy(mean.begin(), mean.end(), c.transform.mean.begin());
-  }
-  if (d.contains("std")) {
-    const auto deviation = d["std"].cast<std::vector<float>>();
-    if (deviation.size() != 3) throw pinfeed::ConfigError("std must have 3 values (R, G, B)");
-    std::copy(deviation.begin(), deviation.end(), c.transform.std.begin());
-  }
-  c.validate();
-  return c;
-}
 
 #if PINFEED_TEST_HOOKS
 // Built with the tests only (PINFEED_BUILD_TESTS): the wheel does not ship it.
@@ -540,8 +336,8 @@ class PyLoader {
   /// The class names: ImageFolder's folders, else "0", "1", ... (labels).
   [[nodiscard]] py::list classes() const {
     py::list out;
-    if (const auto* folder = dynamic_cast<const pl::ImageFolder*>(&loader_->dataset())) {
-      for (const auto& name : folder->classes()) out.append(py::bytes(name));
+    if (named_classes()) {
+      for (const auto& name : loader_->dataset().class_names()) out.append(py::bytes(name));
       return out;
     }
     for (std::size_t c = 0; c < loader_->dataset().num_classes(); ++c) out.append(py::bytes(std::to_string(c)));
@@ -597,7 +393,7 @@ class PyLoader {
   }
   /// Whether the classes have names (an ImageFolder), not label numbers.
   [[nodiscard]] bool named_classes() const {
-    return dynamic_cast<const pl::ImageFolder*>(&loader_->dataset()) != nullptr;
+    return !loader_->dataset().class_names().empty();
   }
   /// What changed from the fingerprint `was` (fingerprint()'s form) to this
   /// loader's dataset; "" when nothing did.
