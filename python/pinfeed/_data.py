@@ -466,7 +466,7 @@ def fake_loader(data, batch_size=_default("batch_size"), shuffle=None, sampler=N
     if isinstance(size, numbers.Integral):
         size = (size, size)
     out = FakeLoader(data, batch_size, shuffle, seed, rank, world_size, trim, drop_last, layout, mean, std,
-                           _parse_device(device, local_rank), copy, return_indices, size)
+                     _parse_device(device, local_rank), copy, return_indices, size)
     if sampler is not None:
         out.sampler = sampler
     return out
