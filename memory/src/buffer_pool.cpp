@@ -435,9 +435,11 @@ void BufferPool::drain_to_free(std::unique_lock<std::mutex>& lock) {
   while (!to_free_.empty()) {
     const auto [data, l] = to_free_.back();
     to_free_.pop_back();
+    ++freeing_;  // popped but not yet unmapped: the pool is not settled
     lock.unlock();
     unmap_slab(data, l.bytes, l.owner);
     lock.lock();
+    --freeing_;
   }
 }
 

@@ -341,7 +341,7 @@ void BufferPool::maintain(const std::stop_token& stop) {
 }
 
 bool BufferPool::settled_locked() const {
-  if (moving_ || !to_free_.empty() || next_job_locked(/*idle_only=*/true)) return false;
+  if (moving_ || freeing_ != 0 || !to_free_.empty() || next_job_locked(/*idle_only=*/true)) return false;
   if (cold_pending_ && level_ != PressureLevel::normal) return false;
   if (level_ != PressureLevel::critical) {
     for (const Slab& s : slabs_) {

@@ -96,6 +96,26 @@ TEST(BufferPoolTest, AHeldSlotIsLentOutAndReplaced) {
   EXPECT_EQ(pool.stats().free_slots, 1U);
 }
 
+// wait_idle means the lent memory is gone, not only off the to-free list: a
+// free still running on the maintenance thread keeps the pool unsettled (CI
+// once saw wait_idle return between the two).
+TEST(BufferPoolTest, WaitIdleWaitsForALentFreeStillRunning) {
+  Resources r;
+  const std::size_t slot = 64_KiB;
+  BufferPool pool(pool_config(1, slot, slot), r.pinned, r.pageable);
+  auto held = pool.acquire();
+  held.hand_to_consumer();
+  ASSERT_EQ(pool.lend_held(), round_up_to_page(slot));
+  r.pinned_checked.hold_frees();
+  r.pageable_checked.hold_frees();
+  held.release();
+  EXPECT_FALSE(pool.wait_idle(200ms)) << "the lent memory's free is blocked, so the pool is not idle";
+  r.pinned_checked.release_frees();
+  r.pageable_checked.release_frees();
+  ASSERT_TRUE(pool.wait_idle(5s));
+  EXPECT_EQ(r.pinned.stats().current_bytes + r.pageable.stats().current_bytes, round_up_to_page(slot));
+}
+
 TEST(BufferPoolTest, LendingPastHeldLimitIsRefusedNamingTheCause) {
   Resources r;
   const std::size_t slot = 64_KiB;

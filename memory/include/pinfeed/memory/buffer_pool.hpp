@@ -433,6 +433,7 @@ class BufferPool {
   std::atomic<std::size_t> serving_{0};  // serving_slots(), written under the lock
   std::map<std::byte*, Loose> loose_;     // Note [Lent slots]: lent memory by address
   std::vector<std::pair<std::byte*, Loose>> to_free_;  // released lent memory, freed by the maintenance thread
+  std::size_t freeing_ = 0;  // entries taken off to_free_ whose unmap has not finished (wait_idle waits for them)
   std::uint64_t loose_bytes_ = 0, loose_pinned_bytes_ = 0, lends_ = 0;
   bool held_warned_ = false;
 
