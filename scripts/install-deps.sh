@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                # CI: the release build's objects serve the wheel's and the GPU bundle's (.ci/run)
   libtbb-dev            # oneTBB: flow graph, task arena
   libturbojpeg0-dev libjpeg62-turbo-dev  # libjpeg-turbo: TurboJPEG and the libjpeg API (crop, skip)
   libspng-dev libwebp-dev  # PNG (libspng: limits on size and chunks) and WebP images
