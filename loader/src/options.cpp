@@ -55,6 +55,17 @@ LoaderOption real(std::string_view name, double min, bool min_exclusive, double 
   return o;
 }
 
+// A transform field's row: its range is the transform's own (transform_ranges).
+template <auto... Path>
+LoaderOption ranged(std::string_view name, std::string_view help) {
+  const TransformRange& r = transform_range(name);
+  if constexpr (std::is_integral_v<FieldType<Path...>>) {
+    return integer<Path...>(name, r.min, r.max, help);
+  } else {
+    return real<Path...>(name, r.min, r.min_exclusive, r.max, help);
+  }
+}
+
 template <auto... Path>
 LoaderOption boolean(std::string_view name, std::string_view help) {
   LoaderOption o = base(name, OptionType::boolean, help);
@@ -130,16 +141,16 @@ std::vector<LoaderOption> make_options() {
                                  "crop", enum_choices(kCropModeWords),
                                  "random (RandomResizedCrop + flip), center (Resize + CenterCrop), full (the whole "
                                  "image resized)")),
-      integer<&L::transform, &T::size>("size", kMinImageSize, kMaxImageSize, "output width, and height unless height is set, pixels"),
-      integer<&L::transform, &T::height>("height", 0, kMaxImageSize, "output height, pixels (0: size, square)"),
-      integer<&L::transform, &T::resize>("resize", 1, kMaxResize,
-                                         "center crop: the shorter side before cropping (>= size)"),
-      real<&L::transform, &T::scale_min>("scale_min", 0, true, 1, "RandomResizedCrop: smallest area share"),
-      real<&L::transform, &T::scale_max>("scale_max", 0, true, 1, "RandomResizedCrop: largest area share"),
-      real<&L::transform, &T::ratio_min>("ratio_min", 0, true, kMaxAspectRatio, "RandomResizedCrop: smallest aspect ratio"),
-      real<&L::transform, &T::ratio_max>("ratio_max", 0, true, kMaxAspectRatio, "RandomResizedCrop: largest aspect ratio"),
+      ranged<&L::transform, &T::size>("size", "output width, and height unless height is set, pixels"),
+      ranged<&L::transform, &T::height>("height", "output height, pixels (0: size, square)"),
+      ranged<&L::transform, &T::resize>("resize",
+                                        "center crop: the shorter side before cropping (>= size)"),
+      ranged<&L::transform, &T::scale_min>("scale_min", "RandomResizedCrop: smallest area share"),
+      ranged<&L::transform, &T::scale_max>("scale_max", "RandomResizedCrop: largest area share"),
+      ranged<&L::transform, &T::ratio_min>("ratio_min", "RandomResizedCrop: smallest aspect ratio"),
+      ranged<&L::transform, &T::ratio_max>("ratio_max", "RandomResizedCrop: largest aspect ratio"),
       evaluated_as("false", boolean<&L::transform, &T::flip>("flip", "random horizontal flip (random crop only)")),
-      real<&L::transform, &T::flip_p>("flip_p", 0, false, 1, "the flip's probability"),
+      ranged<&L::transform, &T::flip_p>("flip_p", "the flip's probability"),
       choice<&parse_interpolation, &print_interpolation, &L::transform, &T::interpolation>(
           "interpolation", enum_choices(kInterpolationWords),
           "bilinear (antialiased: box averages while shrinking over 2x) or nearest (the pixel under each centre)"),
@@ -188,15 +199,6 @@ std::string number_text(double v) {
 const std::vector<LoaderOption>& loader_options() {
   static const std::vector<LoaderOption> options = make_options();
   return options;
-}
-
-// TransformConfig's ranges are its option rows': defined beside the table,
-// so the transform library needs none of the loader's options.
-void TransformConfig::validate() const {
-  LoaderConfig c;
-  c.transform = *this;
-  for (const LoaderOption& o : loader_options()) o.check(c);
-  validate_relations();
 }
 
 const LoaderOption& loader_option(std::string_view name) {

@@ -177,15 +177,8 @@ std::size_t un_bytes(int pixels) { return static_cast<std::size_t>(pixels) * 4; 
 }  // namespace
 
 SampleWriter::SampleWriter(const TransformConfig& config) : config_(config) {
-  // Every entry point checks its config against the option table first
-  // (TransformConfig::validate, options.cpp); a writer made directly still
-  // never sizes its rows from an output out of range.
-  if (config_.out_width() < kMinImageSize || config_.out_width() > kMaxImageSize ||
-      config_.out_height() > kMaxImageSize) {
-    throw ConfigError(fmt::format("transform size must be {}..{}, got {}x{}", kMinImageSize, kMaxImageSize,
-                                  config_.out_width(), config_.out_height()));
-  }
-  config_.validate_relations();
+  // A writer never sizes its rows from a config out of range, whoever made it.
+  config_.validate();
   for (std::size_t ch = 0; ch < 3; ++ch) {
     scale_[ch] = 1.0F / (255.0F * config_.std[ch]);
     bias_[ch] = -config_.mean[ch] / config_.std[ch];

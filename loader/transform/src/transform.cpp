@@ -8,12 +8,14 @@
 #include <libyuv/planar_functions.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <utility>
 
 #if defined(__SSE2__)
@@ -115,6 +117,47 @@ std::string_view to_string(Layout l) noexcept { return enum_word(kLayoutWords, l
 Interpolation parse_interpolation(std::string_view text) { return parse_enum(kInterpolationWords, text, "interpolation"); }
 
 std::string_view to_string(Interpolation i) noexcept { return enum_word(kInterpolationWords, i); }
+
+namespace {
+
+template <auto Field>
+double value_of(const TransformConfig& c) {
+  return static_cast<double>(c.*Field);
+}
+
+constexpr std::array kRanges{
+    TransformRange{"size", true, kMinImageSize, kMaxImageSize, false, &value_of<&TransformConfig::size>},
+    TransformRange{"height", true, 0, kMaxImageSize, false, &value_of<&TransformConfig::height>},
+    TransformRange{"resize", true, 1, kMaxResize, false, &value_of<&TransformConfig::resize>},
+    TransformRange{"scale_min", false, 0, 1, true, &value_of<&TransformConfig::scale_min>},
+    TransformRange{"scale_max", false, 0, 1, true, &value_of<&TransformConfig::scale_max>},
+    TransformRange{"ratio_min", false, 0, kMaxAspectRatio, true, &value_of<&TransformConfig::ratio_min>},
+    TransformRange{"ratio_max", false, 0, kMaxAspectRatio, true, &value_of<&TransformConfig::ratio_max>},
+    TransformRange{"flip_p", false, 0, 1, false, &value_of<&TransformConfig::flip_p>},
+};
+
+}  // namespace
+
+std::span<const TransformRange> transform_ranges() noexcept { return kRanges; }
+
+const TransformRange& transform_range(std::string_view name) {
+  for (const TransformRange& r : kRanges) {
+    if (r.name == name) return r;
+  }
+  throw std::out_of_range(fmt::format("no transform range named '{}'", name));
+}
+
+void TransformConfig::validate() const {
+  for (const TransformRange& r : kRanges) {
+    const double v = r.get(*this);
+    if (!((r.min_exclusive ? v > r.min : v >= r.min) && v <= r.max)) {  // NaN fails too
+      throw ConfigError(r.integer ? fmt::format("transform {} must be {}..{}, got {}", r.name, r.min, r.max, v)
+                                  : fmt::format("transform {} must be in {}{}, {}], got {}", r.name,
+                                                r.min_exclusive ? "(" : "[", r.min, r.max, v));
+    }
+  }
+  validate_relations();
+}
 
 void TransformConfig::validate_relations() const {
   if (height != 0 && height < kMinImageSize) {  // the row's range includes 0 (= size)

@@ -81,8 +81,8 @@ struct TransformConfig {
   std::array<float, 3> std{0.229F, 0.224F, 0.225F};   ///< RGB, in [0, 1] units
   bool dct_scaling = false;                  ///< allow 1/2, 1/4, 1/8 decode: faster on large images, pixels no longer PIL's (opt-in)
   bool roi_decode = true;                    ///< decode only the region (measurable trick)
-  /// ConfigError naming the field: every option row's range (defined with
-  /// the table, options.cpp; link pinfeed::loader), then validate_relations().
+  /// ConfigError naming the field: every range of transform_ranges(), then
+  /// validate_relations().
   void validate() const;
   /// The rules the option rows cannot state alone (validate() is the rows'
   /// ranges, then these; LoaderConfig::validate, which checks the rows
@@ -95,6 +95,21 @@ struct TransformConfig {
   [[nodiscard]] std::size_t sample_bytes() const noexcept;
   [[nodiscard]] std::size_t element_bytes() const noexcept { return layout == Layout::nhwc_u8 ? 1 : 4; }
 };
+
+/// A numeric field's valid range, owned by the transform: validate() checks
+/// these, and the loader's option table (options.cpp) takes its rows' ranges
+/// from them, so the two cannot disagree.
+struct TransformRange {
+  std::string_view name;  ///< the option's name ("scale_min")
+  bool integer = false;
+  double min = 0, max = 0;     ///< inclusive...
+  bool min_exclusive = false;  ///< ...except the lower bound when this is set
+  double (*get)(const TransformConfig&) = nullptr;
+};
+/// size, height, resize, scale_min/max, ratio_min/max, flip_p.
+std::span<const TransformRange> transform_ranges() noexcept;
+/// The row named `name`; std::out_of_range when there is none.
+const TransformRange& transform_range(std::string_view name);
 
 /// One axis of a resize, as PIL's resample sees it: output pixel k has its
 /// centre at origin + (offset + k + 0.5) * scale in source pixels, and reads
