@@ -145,11 +145,7 @@ std::array<char, 512> tar_header(const std::string& name, const std::array<unsig
   std::memcpy(&h[257], "ustar", 6);
   h[263] = '0';
   h[264] = '0';
-  std::memset(&h[148], ' ', 8);
-  unsigned sum = 0;
-  for (const char c : h) sum += static_cast<unsigned char>(c);
-  std::snprintf(&h[148], 8, "%06o", sum);
-  h[155] = ' ';
+  seal_ustar_header(h);
   return h;
 }
 

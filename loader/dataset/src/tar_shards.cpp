@@ -18,6 +18,7 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
 #include "pinfeed/loader/dataset.hpp"
+#include "pinfeed/loader/tar_writer.hpp"
 
 namespace fs = std::filesystem;
 
@@ -103,9 +104,7 @@ std::uint64_t checked_member_size(const std::array<char, kBlock>& h, std::uint64
   bool ok = true;
   const std::uint64_t size = tar_number(&h[124], 12, &ok);
   const std::uint64_t stored = tar_number(&h[148], 8, &ok);
-  std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < kBlock; ++i) sum += (i >= 148 && i < 156) ? std::uint64_t{' '} : std::uint64_t{static_cast<unsigned char>(h[i])};
-  if (!ok || sum != stored) {
+  if (!ok || ustar_checksum(h) != stored) {
     throw DataError(path, fmt::format("bad tar header at byte {} (member '{}'; checksum or size field)", off, name));
   }
   return size;

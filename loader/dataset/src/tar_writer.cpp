@@ -15,6 +15,19 @@ namespace {
 constexpr std::size_t kBlock = 512;
 }
 
+std::uint32_t ustar_checksum(std::span<const char, 512> header) noexcept {
+  std::uint32_t sum = 0;
+  for (std::size_t i = 0; i < header.size(); ++i) {
+    sum += (i >= 148 && i < 156) ? std::uint32_t{' '} : std::uint32_t{static_cast<unsigned char>(header[i])};
+  }
+  return sum;
+}
+
+void seal_ustar_header(TarHeaderBlock header) noexcept {
+  std::snprintf(&header[148], 8, "%06o", ustar_checksum(header));
+  header[155] = ' ';
+}
+
 // The shard is written under a temporary name and renamed by finish(): a
 // pack that fails half way leaves no shard that looks complete.
 TarWriter::TarWriter(std::filesystem::path path)
@@ -55,11 +68,7 @@ void TarWriter::header(const std::string& name, std::uint64_t size, char type) {
   std::memcpy(&h[257], "ustar", 6);  // magic "ustar\0" then version "00"
   h[263] = '0';
   h[264] = '0';
-  std::memset(&h[148], ' ', 8);
-  unsigned sum = 0;
-  for (const char c : h) sum += static_cast<unsigned char>(c);
-  std::snprintf(&h[148], 8, "%06o", sum);
-  h[155] = ' ';
+  seal_ustar_header(h);
   write(h.data(), kBlock);
 }
 

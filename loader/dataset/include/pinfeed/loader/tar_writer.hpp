@@ -10,6 +10,14 @@
 
 namespace pinfeed::loader {
 
+/// A ustar header block.
+using TarHeaderBlock = std::span<char, 512>;
+/// The header's checksum as ustar defines it: the sum of its 512 bytes as
+/// unsigned, the checksum field (bytes 148..155) counted as spaces.
+std::uint32_t ustar_checksum(std::span<const char, 512> header) noexcept;
+/// Writes ustar_checksum into the checksum field ("%06o\0 ").
+void seal_ustar_header(TarHeaderBlock header) noexcept;
+
 class TarWriter {
  public:
   /// Creates (truncates) `path`.partial; finish() renames it to `path`.
