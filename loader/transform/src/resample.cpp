@@ -310,64 +310,90 @@ __attribute__((target("avx512f,avx512bw"))) int resample_row_avx512(const std::u
   return i;
 }
 
-/// The vertical pass, 64 bytes at a time; returns how many bytes it did.
-/// The unpacks and packs work within 128-bit lanes, as in AVX2 and SSE2:
-/// the bytes come back in order.
-__attribute__((target("avx512f,avx512bw"))) std::size_t resample_rows_avx512(const std::uint8_t* const* rows,
-                                                                             const std::int16_t* w, int count,
-                                                                             std::size_t bytes, std::uint8_t* out) {
-  const __m512i zero = _mm512_setzero_si512();
-  std::size_t x = 0;
-  for (; x + 64 <= bytes; x += 64) {
-    __m512i a0 = _mm512_set1_epi32(kOne / 2), a1 = a0, a2 = a0, a3 = a0;
-    for (int t = 0; t < count; t += 2) {
-      const bool pair = t + 1 < count;
-      const __m512i a = _mm512_loadu_si512(rows[t] + x);
-      const __m512i b = pair ? _mm512_loadu_si512(rows[t + 1] + x) : zero;
-      const auto wb = pair ? static_cast<std::uint16_t>(w[t + 1]) : std::uint16_t{0};
-      const __m512i ww = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint16_t>(w[t]) |
-                                                                     (static_cast<std::uint32_t>(wb) << 16)));
-      const __m512i lo = _mm512_unpacklo_epi8(a, b), hi = _mm512_unpackhi_epi8(a, b);
-      a0 = _mm512_add_epi32(a0, _mm512_madd_epi16(_mm512_unpacklo_epi8(lo, zero), ww));
-      a1 = _mm512_add_epi32(a1, _mm512_madd_epi16(_mm512_unpackhi_epi8(lo, zero), ww));
-      a2 = _mm512_add_epi32(a2, _mm512_madd_epi16(_mm512_unpacklo_epi8(hi, zero), ww));
-      a3 = _mm512_add_epi32(a3, _mm512_madd_epi16(_mm512_unpackhi_epi8(hi, zero), ww));
-    }
-    const __m512i lo16 = _mm512_packs_epi32(_mm512_srai_epi32(a0, kWeightBits), _mm512_srai_epi32(a1, kWeightBits));
-    const __m512i hi16 = _mm512_packs_epi32(_mm512_srai_epi32(a2, kWeightBits), _mm512_srai_epi32(a3, kWeightBits));
-    _mm512_storeu_si512(out + x, _mm512_packus_epi16(lo16, hi16));
-  }
-  return x;
-}
 #pragma GCC diagnostic pop
 
-/// The vertical pass, 32 bytes at a time from byte `x`; returns where it
-/// stopped.
-__attribute__((target("avx2"))) std::size_t resample_rows_avx2(const std::uint8_t* const* rows, const std::int16_t* w,
-                                                               int count, std::size_t bytes, std::uint8_t* out,
-                                                               std::size_t x) {
-  const __m256i zero = _mm256_setzero_si256();
-  for (; x + 32 <= bytes; x += 32) {
-    __m256i a0 = _mm256_set1_epi32(kOne / 2), a1 = a0, a2 = a0, a3 = a0;
-    for (int t = 0; t < count; t += 2) {
-      const bool pair = t + 1 < count;
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t] + x));
-      const __m256i b = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[t + 1] + x)) : zero;
-      const auto wb = pair ? static_cast<std::uint16_t>(w[t + 1]) : std::uint16_t{0};
-      const __m256i ww = _mm256_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint16_t>(w[t]) |
-                                                                     (static_cast<std::uint32_t>(wb) << 16)));
-      const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
-      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), ww));
-      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), ww));
-      a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), ww));
-      a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), ww));
-    }
-    const __m256i lo16 = _mm256_packs_epi32(_mm256_srai_epi32(a0, kWeightBits), _mm256_srai_epi32(a1, kWeightBits));
-    const __m256i hi16 = _mm256_packs_epi32(_mm256_srai_epi32(a2, kWeightBits), _mm256_srai_epi32(a3, kWeightBits));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + x), _mm256_packus_epi16(lo16, hi16));
+#endif
+
+// The vertical pass, once per SIMD level: each level's vector traits (Vec:
+// the register, its width, the few operations the pass uses) and the one
+// loop of rows_pass.inc, compiled for that level (PINFEED_SIMD_TARGET).
+#if defined(__SSE2__)
+namespace sse2_rows {
+#define PINFEED_SIMD_TARGET
+struct Vec {
+  using R = __m128i;
+  static constexpr std::size_t kBytes = 16;
+  static R zero() { return _mm_setzero_si128(); }
+  static R set1(std::int32_t v) { return _mm_set1_epi32(v); }
+  static R load(const std::uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+  static void store(std::uint8_t* p, R v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); }
+  static R unpacklo8(R a, R b) { return _mm_unpacklo_epi8(a, b); }
+  static R unpackhi8(R a, R b) { return _mm_unpackhi_epi8(a, b); }
+  static R add32(R a, R b) { return _mm_add_epi32(a, b); }
+  static R madd16(R a, R b) { return _mm_madd_epi16(a, b); }
+  static R shift_back(R a) { return _mm_srai_epi32(a, kWeightBits); }
+  static R packs32(R a, R b) { return _mm_packs_epi32(a, b); }
+  static R packus16(R a, R b) { return _mm_packus_epi16(a, b); }
+};
+#include "rows_pass.inc"
+#undef PINFEED_SIMD_TARGET
+}  // namespace sse2_rows
+#endif
+
+#if defined(PINFEED_AVX2)
+namespace avx2_rows {
+#define PINFEED_SIMD_TARGET __attribute__((target("avx2")))
+struct Vec {
+  using R = __m256i;
+  static constexpr std::size_t kBytes = 32;
+  PINFEED_SIMD_TARGET static R zero() { return _mm256_setzero_si256(); }
+  PINFEED_SIMD_TARGET static R set1(std::int32_t v) { return _mm256_set1_epi32(v); }
+  PINFEED_SIMD_TARGET static R load(const std::uint8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
-  return x;
-}
+  PINFEED_SIMD_TARGET static void store(std::uint8_t* p, R v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+  }
+  PINFEED_SIMD_TARGET static R unpacklo8(R a, R b) { return _mm256_unpacklo_epi8(a, b); }
+  PINFEED_SIMD_TARGET static R unpackhi8(R a, R b) { return _mm256_unpackhi_epi8(a, b); }
+  PINFEED_SIMD_TARGET static R add32(R a, R b) { return _mm256_add_epi32(a, b); }
+  PINFEED_SIMD_TARGET static R madd16(R a, R b) { return _mm256_madd_epi16(a, b); }
+  PINFEED_SIMD_TARGET static R shift_back(R a) { return _mm256_srai_epi32(a, kWeightBits); }
+  PINFEED_SIMD_TARGET static R packs32(R a, R b) { return _mm256_packs_epi32(a, b); }
+  PINFEED_SIMD_TARGET static R packus16(R a, R b) { return _mm256_packus_epi16(a, b); }
+};
+#include "rows_pass.inc"
+#undef PINFEED_SIMD_TARGET
+}  // namespace avx2_rows
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_epi32() as the unused
+// merge source, which -Wmaybe-uninitialized reports (GCC bug 105593, fixed
+// in GCC 13): silenced for these functions only.
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+namespace avx512_rows {
+#define PINFEED_SIMD_TARGET __attribute__((target("avx512f,avx512bw")))
+struct Vec {
+  using R = __m512i;
+  static constexpr std::size_t kBytes = 64;
+  PINFEED_SIMD_TARGET static R zero() { return _mm512_setzero_si512(); }
+  PINFEED_SIMD_TARGET static R set1(std::int32_t v) { return _mm512_set1_epi32(v); }
+  PINFEED_SIMD_TARGET static R load(const std::uint8_t* p) { return _mm512_loadu_si512(p); }
+  PINFEED_SIMD_TARGET static void store(std::uint8_t* p, R v) { _mm512_storeu_si512(p, v); }
+  PINFEED_SIMD_TARGET static R unpacklo8(R a, R b) { return _mm512_unpacklo_epi8(a, b); }
+  PINFEED_SIMD_TARGET static R unpackhi8(R a, R b) { return _mm512_unpackhi_epi8(a, b); }
+  PINFEED_SIMD_TARGET static R add32(R a, R b) { return _mm512_add_epi32(a, b); }
+  PINFEED_SIMD_TARGET static R madd16(R a, R b) { return _mm512_madd_epi16(a, b); }
+  PINFEED_SIMD_TARGET static R shift_back(R a) { return _mm512_srai_epi32(a, kWeightBits); }
+  PINFEED_SIMD_TARGET static R packs32(R a, R b) { return _mm512_packs_epi32(a, b); }
+  PINFEED_SIMD_TARGET static R packus16(R a, R b) { return _mm512_packus_epi16(a, b); }
+};
+#include "rows_pass.inc"
+#undef PINFEED_SIMD_TARGET
+}  // namespace avx512_rows
+#pragma GCC diagnostic pop
 #endif
 
 }  // namespace
@@ -412,35 +438,17 @@ void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& 
 }
 
 /// One output row from `count` ring rows: out = sum of rows[t] * w[t], per
-/// byte, rounded. SSE2: 16 bytes, two rows at a time.
+/// byte, rounded: the widest vector loop the CPU has (rows_pass.inc, 64, 32
+/// or 16 bytes, two rows at a time), then bytes one by one.
 void resample_rows(const std::uint8_t* const* rows, const std::int16_t* w, int count, std::size_t bytes,
                    std::uint8_t* out, SimdLevel simd) {
   std::size_t x = 0;
 #if defined(PINFEED_AVX2)
-  if (simd >= SimdLevel::avx512) x = resample_rows_avx512(rows, w, count, bytes, out);
-  if (simd >= SimdLevel::avx2) x = resample_rows_avx2(rows, w, count, bytes, out, x);
+  if (simd >= SimdLevel::avx512) x = avx512_rows::rows_pass<avx512_rows::Vec>(rows, w, count, bytes, out, x);
+  if (simd >= SimdLevel::avx2) x = avx2_rows::rows_pass<avx2_rows::Vec>(rows, w, count, bytes, out, x);
 #endif
 #if defined(__SSE2__)
-  const __m128i zero = _mm_setzero_si128();
-  for (; simd >= SimdLevel::sse2 && x + 16 <= bytes; x += 16) {
-    __m128i a0 = _mm_set1_epi32(kOne / 2), a1 = a0, a2 = a0, a3 = a0;
-    for (int t = 0; t < count; t += 2) {
-      const bool pair = t + 1 < count;
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t] + x));
-      const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t + 1] + x)) : zero;
-      const auto wb = pair ? static_cast<std::uint16_t>(w[t + 1]) : std::uint16_t{0};
-      const __m128i ww = _mm_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint16_t>(w[t]) |
-                                                                  (static_cast<std::uint32_t>(wb) << 16)));
-      const __m128i lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b);
-      a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), ww));
-      a1 = _mm_add_epi32(a1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), ww));
-      a2 = _mm_add_epi32(a2, _mm_madd_epi16(_mm_unpacklo_epi8(hi, zero), ww));
-      a3 = _mm_add_epi32(a3, _mm_madd_epi16(_mm_unpackhi_epi8(hi, zero), ww));
-    }
-    const __m128i lo16 = _mm_packs_epi32(_mm_srai_epi32(a0, kWeightBits), _mm_srai_epi32(a1, kWeightBits));
-    const __m128i hi16 = _mm_packs_epi32(_mm_srai_epi32(a2, kWeightBits), _mm_srai_epi32(a3, kWeightBits));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + x), _mm_packus_epi16(lo16, hi16));
-  }
+  if (simd >= SimdLevel::sse2) x = sse2_rows::rows_pass<sse2_rows::Vec>(rows, w, count, bytes, out, x);
 #endif
   for (; x < bytes; ++x) {
     int acc = kOne / 2;

@@ -29,116 +29,123 @@ using detail::resample_rows;
 
 namespace {
 
-/// One output row: n BGRA pixels (read right to left when `flip`) to three
-/// float rows r, g, b of x * scale[c] + bias[c]. On x86 with 16-byte aligned
-/// rows, four pixels at a time: each channel is masked out of the 32-bit
-/// pixels, converted and stored with non-temporal stores. The slot is written
-/// once and never read here, so they skip the read-for-ownership of every
-/// cache line. The rest, and other targets, take the same arithmetic in scalar.
-#if defined(__x86_64__) && defined(__GNUC__)
-/// Eight pixels at a time, the SSE2 loop's arithmetic (convert, multiply,
-/// add: two roundings, never fused, as in every path); rows 32-byte aligned.
-/// Returns the pixels done.
-__attribute__((target("avx2"))) int bgra_row_to_planes_avx2(const std::uint8_t* px, int n, bool flip,
-                                                            const std::array<float, 3>& scale,
-                                                            const std::array<float, 3>& bias, float* r, float* g,
-                                                            float* b) {
-  const __m256i mask = _mm256_set1_epi32(0xff), reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-  const __m256 sr = _mm256_set1_ps(scale[0]), sg = _mm256_set1_ps(scale[1]), sb = _mm256_set1_ps(scale[2]);
-  const __m256 br = _mm256_set1_ps(bias[0]), bg = _mm256_set1_ps(bias[1]), bb = _mm256_set1_ps(bias[2]);
-  int x = 0;
-  for (; x + 8 <= n; x += 8) {
-    __m256i v;
-    if (flip) {  // outputs x..x+7 are source pixels n-1-x down to n-8-x
-      v = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(px + 4 * (n - 8 - x))),
-                                      reverse);
-    } else {
-      v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(px + 4 * x));
-    }
-    const __m256 fb = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
-    const __m256 fg = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8), mask));
-    const __m256 fr = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 16), mask));
-    _mm256_stream_ps(r + x, _mm256_add_ps(_mm256_mul_ps(fr, sr), br));
-    _mm256_stream_ps(g + x, _mm256_add_ps(_mm256_mul_ps(fg, sg), bg));
-    _mm256_stream_ps(b + x, _mm256_add_ps(_mm256_mul_ps(fb, sb), bb));
+// One output row: n BGRA pixels (read right to left when `flip`) to three
+// float rows r, g, b of x * scale[c] + bias[c], once per SIMD level: each
+// level's traits (Vec) and the one loop of planes_pass.inc, compiled for that
+// level. Each channel is masked out of the 32-bit pixels, converted,
+// multiplied and added (two roundings, never fused, as in every path) and
+// stored with non-temporal stores: the slot is written once and never read
+// here, so they skip the read-for-ownership of every cache line. The rest,
+// and other targets, take the same arithmetic in scalar.
+#if defined(__SSE2__)
+namespace sse2_planes {
+#define PINFEED_SIMD_TARGET
+struct Vec {
+  using R = __m128i;
+  using F = __m128;
+  static constexpr int kPixels = 4;
+  static constexpr std::uintptr_t kAlign = 16;
+  static R mask() { return _mm_set1_epi32(0xff); }
+  static F set1(float v) { return _mm_set1_ps(v); }
+  static R load(const std::uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+  static R reverse(R v) { return _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 1, 2, 3)); }
+  template <int Shift>
+  static F channel(R v, R mask) {
+    return _mm_cvtepi32_ps(_mm_and_si128(_mm_srli_epi32(v, Shift), mask));
   }
-  return x;
-}
+  static F scale_bias(F f, F scale, F bias) { return _mm_add_ps(_mm_mul_ps(f, scale), bias); }
+  static void stream(float* p, F v) { _mm_stream_ps(p, v); }
+};
+#include "planes_pass.inc"
+#undef PINFEED_SIMD_TARGET
+}  // namespace sse2_planes
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#define PINFEED_HAVE_WIDE_PLANES 1
+namespace avx2_planes {
+#define PINFEED_SIMD_TARGET __attribute__((target("avx2")))
+struct Vec {
+  using R = __m256i;
+  using F = __m256;
+  static constexpr int kPixels = 8;
+  static constexpr std::uintptr_t kAlign = 32;
+  PINFEED_SIMD_TARGET static R mask() { return _mm256_set1_epi32(0xff); }
+  PINFEED_SIMD_TARGET static F set1(float v) { return _mm256_set1_ps(v); }
+  PINFEED_SIMD_TARGET static R load(const std::uint8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  PINFEED_SIMD_TARGET static R reverse(R v) {
+    return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+  }
+  template <int Shift>
+  PINFEED_SIMD_TARGET static F channel(R v, R mask) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, Shift), mask));
+  }
+  PINFEED_SIMD_TARGET static F scale_bias(F f, F scale, F bias) { return _mm256_add_ps(_mm256_mul_ps(f, scale), bias); }
+  PINFEED_SIMD_TARGET static void stream(float* p, F v) { _mm256_stream_ps(p, v); }
+};
+#include "planes_pass.inc"
+#undef PINFEED_SIMD_TARGET
+}  // namespace avx2_planes
+
 #pragma GCC diagnostic push
 #if !defined(__clang__)  // clang has no such warning group, and no such bug
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593: see resample_row_avx512
 #endif
-/// Sixteen pixels at a time, the same arithmetic; rows 64-byte aligned.
+namespace avx512_planes {
+#define PINFEED_SIMD_TARGET __attribute__((target("avx512f")))
 /// AVX-512F implies FMA to GCC, and GCC writes _mm512_mul_ps and
 /// _mm512_add_ps as plain vector arithmetic that it may contract into one
 /// fused multiply-add (one rounding, other floats than every other path's):
 /// the _round forms are builtins it leaves alone, with the default rounding.
-__attribute__((target("avx512f"))) int bgra_row_to_planes_avx512(const std::uint8_t* px, int n, bool flip,
-                                                                 const std::array<float, 3>& scale,
-                                                                 const std::array<float, 3>& bias, float* r, float* g,
-                                                                 float* b) {
-  constexpr int kNear = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  const __m512i mask = _mm512_set1_epi32(0xff);
-  const __m512i reverse = _mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512 sr = _mm512_set1_ps(scale[0]), sg = _mm512_set1_ps(scale[1]), sb = _mm512_set1_ps(scale[2]);
-  const __m512 br = _mm512_set1_ps(bias[0]), bg = _mm512_set1_ps(bias[1]), bb = _mm512_set1_ps(bias[2]);
-  int x = 0;
-  for (; x + 16 <= n; x += 16) {
-    __m512i v;
-    if (flip) {  // outputs x..x+15 are source pixels n-1-x down to n-16-x
-      v = _mm512_permutexvar_epi32(reverse, _mm512_loadu_si512(px + 4 * (n - 16 - x)));
-    } else {
-      v = _mm512_loadu_si512(px + 4 * x);
-    }
-    const __m512 fb = _mm512_cvtepi32_ps(_mm512_and_si512(v, mask));
-    const __m512 fg = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8), mask));
-    const __m512 fr = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16), mask));
-    _mm512_stream_ps(r + x, _mm512_add_round_ps(_mm512_mul_round_ps(fr, sr, kNear), br, kNear));
-    _mm512_stream_ps(g + x, _mm512_add_round_ps(_mm512_mul_round_ps(fg, sg, kNear), bg, kNear));
-    _mm512_stream_ps(b + x, _mm512_add_round_ps(_mm512_mul_round_ps(fb, sb, kNear), bb, kNear));
+struct Vec {
+  using R = __m512i;
+  using F = __m512;
+  static constexpr int kPixels = 16;
+  static constexpr std::uintptr_t kAlign = 64;
+  static constexpr int kNear = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  PINFEED_SIMD_TARGET static R mask() { return _mm512_set1_epi32(0xff); }
+  PINFEED_SIMD_TARGET static F set1(float v) { return _mm512_set1_ps(v); }
+  PINFEED_SIMD_TARGET static R load(const std::uint8_t* p) { return _mm512_loadu_si512(p); }
+  PINFEED_SIMD_TARGET static R reverse(R v) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), v);
   }
-  return x;
-}
+  template <int Shift>
+  PINFEED_SIMD_TARGET static F channel(R v, R mask) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, Shift), mask));
+  }
+  PINFEED_SIMD_TARGET static F scale_bias(F f, F scale, F bias) {
+    return _mm512_add_round_ps(_mm512_mul_round_ps(f, scale, kNear), bias, kNear);
+  }
+  PINFEED_SIMD_TARGET static void stream(float* p, F v) { _mm512_stream_ps(p, v); }
+};
+#include "planes_pass.inc"
+#undef PINFEED_SIMD_TARGET
+}  // namespace avx512_planes
 #pragma GCC diagnostic pop
 #endif
 
 void bgra_row_to_planes(const std::uint8_t* px, int n, bool flip, const std::array<float, 3>& scale,
                         const std::array<float, 3>& bias, float* r, float* g, float* b, SimdLevel simd) {
   int x = 0;
-  [[maybe_unused]] const auto aligned = [](const float* p, std::uintptr_t to) {
-    return reinterpret_cast<std::uintptr_t>(p) % to == 0;
+  [[maybe_unused]] const auto aligned = [&](std::uintptr_t to) {
+    return (reinterpret_cast<std::uintptr_t>(r + x) | reinterpret_cast<std::uintptr_t>(g + x) |
+            reinterpret_cast<std::uintptr_t>(b + x)) % to == 0;
   };
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (simd >= SimdLevel::avx512 && aligned(r, 64) && aligned(g, 64) && aligned(b, 64)) {
-    x = bgra_row_to_planes_avx512(px, n, flip, scale, bias, r, g, b);
+#if defined(PINFEED_HAVE_WIDE_PLANES)
+  using V512 = avx512_planes::Vec;
+  using V256 = avx2_planes::Vec;
+  if (simd >= SimdLevel::avx512 && aligned(V512::kAlign)) {
+    x = avx512_planes::planes_pass<V512>(px, n, flip, scale, bias, r, g, b, x);
   }
-  if (simd >= SimdLevel::avx2 && aligned(r + x, 32) && aligned(g + x, 32) && aligned(b + x, 32)) {
-    x += bgra_row_to_planes_avx2(px + 4 * (flip ? 0 : x), n - x, flip, scale, bias, r + x, g + x, b + x);
+  if (simd >= SimdLevel::avx2 && aligned(V256::kAlign)) {
+    x = avx2_planes::planes_pass<V256>(px, n, flip, scale, bias, r, g, b, x);
   }
 #endif
 #if defined(__SSE2__)
-  if (simd >= SimdLevel::sse2 && aligned(r + x, 16) && aligned(g + x, 16) && aligned(b + x, 16)) {
-    const __m128i mask = _mm_set1_epi32(0xff);
-    const __m128 sr = _mm_set1_ps(scale[0]), sg = _mm_set1_ps(scale[1]), sb = _mm_set1_ps(scale[2]);
-    const __m128 br = _mm_set1_ps(bias[0]), bg = _mm_set1_ps(bias[1]), bb = _mm_set1_ps(bias[2]);
-    for (; x + 4 <= n; x += 4) {
-      __m128i v;
-      if (flip) {  // outputs x..x+3 are source pixels n-1-x down to n-4-x
-        v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(px + 4 * (n - 4 - x)));
-        v = _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 1, 2, 3));
-      } else {
-        v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(px + 4 * x));
-      }
-      const __m128 fb = _mm_cvtepi32_ps(_mm_and_si128(v, mask));
-      const __m128 fg = _mm_cvtepi32_ps(_mm_and_si128(_mm_srli_epi32(v, 8), mask));
-      const __m128 fr = _mm_cvtepi32_ps(_mm_and_si128(_mm_srli_epi32(v, 16), mask));
-      _mm_stream_ps(r + x, _mm_add_ps(_mm_mul_ps(fr, sr), br));
-      _mm_stream_ps(g + x, _mm_add_ps(_mm_mul_ps(fg, sg), bg));
-      _mm_stream_ps(b + x, _mm_add_ps(_mm_mul_ps(fb, sb), bb));
-    }
+  if (simd >= SimdLevel::sse2 && aligned(sse2_planes::Vec::kAlign)) {
+    x = sse2_planes::planes_pass<sse2_planes::Vec>(px, n, flip, scale, bias, r, g, b, x);
   }
 #endif
   for (; x < n; ++x) {
