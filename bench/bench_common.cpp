@@ -1,26 +1,26 @@
 // What the pinfeed-bench commands share: RSS, medians, blocks, the decode ceiling.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <libyuv/convert_from_argb.h>
 #include <libyuv/planar_functions.h>
 #include <libyuv/scale_argb.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
 
+#include <oneapi/tbb/info.h>
 #include <algorithm>
 #include <atomic>
-#include <functional>
-#include <memory>
-#include <span>
-#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <oneapi/tbb/info.h>
+#include <span>
+#include <thread>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
@@ -39,8 +39,6 @@
 #include "bench_common.hpp"
 
 namespace pinfeed::bench {
-
-
 
 double peak_rss_mib() {
   rusage u{};
@@ -63,7 +61,6 @@ Block allocate_block(pinfeed::memory::HostResource& resource, std::size_t bytes)
   return Block(static_cast<std::byte*>(resource.allocate(bytes)),
                [&resource, bytes](std::byte* p) { resource.deallocate(p, bytes); });
 }
-
 
 /// The loader's own decode work alone (same crop plans, ROI and DCT scale)
 /// on `threads` threads at once, files from memory: the "matching" ceiling
@@ -200,8 +197,8 @@ double bare_loop_rate(const std::vector<std::span<const std::byte>>& files, cons
 }
 
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults.
-Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads,
-                       std::size_t batch) {
+Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform,
+                       unsigned threads, std::size_t batch) {
   const std::size_t n = std::min(limit, data.size());
   // Spread over the dataset (every k-th file) so all classes are represented.
   // The files go into one mapping that is unmapped afterwards: tens of MB
@@ -229,7 +226,8 @@ Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::Tra
   std::vector<std::span<const std::byte>> files(picked.size());
   for (std::size_t k = 0, at = 0; k < picked.size(); ++k) {
     data.read(picked[k], one);
-    if (one.size() != sizes[k]) throw pinfeed::Error(fmt::format("{} changed size while benchmarking", data.describe(picked[k])));
+    if (one.size() != sizes[k])
+      throw pinfeed::Error(fmt::format("{} changed size while benchmarking", data.describe(picked[k])));
     std::memcpy(block.get() + at, one.data(), one.size());
     files[k] = std::span<const std::byte>(block.get() + at, one.size());
     at += one.size();
@@ -257,7 +255,8 @@ Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::Tra
   decode_all();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   tjDestroy(h);
-  if (files.empty()) throw pinfeed::DataError(data.describe(0), "no file of the dataset could be read for the decode ceiling");
+  if (files.empty())
+    throw pinfeed::DataError(data.describe(0), "no file of the dataset could be read for the decode ceiling");
   const auto count = static_cast<double>(files.size());
   Ceiling c{files.size(), count / s, pixels / count / 1e6, planned_decode_rate(files, transform, threads),
             bare_loop_rate(files, transform, threads, batch)};

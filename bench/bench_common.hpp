@@ -38,8 +38,8 @@ struct Ceiling {
   std::size_t files = 0;
   double single_thread_images_per_s = 0;
   double megapixels_per_image = 0;
-  double planned_images_per_s = 0;  ///< all threads, decoding only what the loader decodes
-  double bare_loop_images_per_s = 0;  ///< all threads, the bare loop (bare_loop_rate)
+  double planned_images_per_s = 0;        ///< all threads, decoding only what the loader decodes
+  double bare_loop_images_per_s = 0;      ///< all threads, the bare loop (bare_loop_rate)
   double bare_loop_raw_images_per_s = 0;  ///< all threads, the raw-YCbCr bare loop (eligible files only)
   double raw_eligible_share = 0;          ///< files the raw loop can decode (baseline YCbCr 4:2:0/4:2:2/4:4:4)
 };
@@ -96,8 +96,8 @@ double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, 
                           unsigned threads, std::size_t batch, double* eligible_share);
 /// Full decode of up to `limit` files, one thread, TurboJPEG's defaults;
 /// the planned (matching) decode and the bare loop on `threads` threads.
-Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform, unsigned threads,
-                       std::size_t batch);
+Ceiling decode_ceiling(const pl::Dataset& data, std::size_t limit, const pl::TransformConfig& transform,
+                       unsigned threads, std::size_t batch);
 
 /// Prints `j` as JSON, or as the command's table (`print`, which reads it);
 /// returns the exit code, 0.

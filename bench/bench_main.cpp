@@ -11,26 +11,27 @@
 // CSV, plot); `copy` times host-to-device copies from pinned and pageable
 // memory; `remote` reads the same shards from a server and from disk.
 // Benchmarks, not tests: numbers go to docs/results.md.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <libyuv/scale_argb.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <unistd.h>
-#include <libyuv/scale_argb.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
 
+#include <oneapi/tbb/info.h>
 #include <algorithm>
-#include <functional>
-#include <memory>
-#include <span>
-#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <oneapi/tbb/info.h>
+#include <span>
+#include <thread>
 
+#include "loader_flags.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/jpeg_decoder.hpp"
@@ -43,7 +44,6 @@
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
 #include "plot.hpp"
-#include "loader_flags.hpp"
 #include "tool_main.hpp"
 
 #include "bench_common.hpp"
@@ -63,9 +63,10 @@ int main(int argc, char** argv) {
   // subcommand, from the loader's option table.
   const auto add_loader_options = [&](CLI::App* sub) {
     sub->add_option("--data", config.dataset, "folder, file list or tar shard pattern")->required();
-    pinfeed::tools::add_loader_flags(*sub, config,
-                                     {"batch_size:--batch", "prefetch", "crop", "size", "height", "resize", "layout", "interpolation",
-                                      "max_replaced_share", "roi_decode:--no-roi", "dct_scaling:--dct-scale"});
+    pinfeed::tools::add_loader_flags(
+        *sub, config,
+        {"batch_size:--batch", "prefetch", "crop", "size", "height", "resize", "layout", "interpolation",
+         "max_replaced_share", "roi_decode:--no-roi", "dct_scaling:--dct-scale"});
   };
   add_loader_options(ld);
   pinfeed::tools::add_loader_flags(*ld, config, {"threads"});
@@ -90,7 +91,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   th->add_option("--epochs", epochs, "loader epochs per round")->check(CLI::Range(1, 1000));
   th->add_option("--repeat", repeat, "rounds per count; figures are medians")->check(CLI::Range(1, 100));
-  th->add_option("--ceiling-files", ceiling_files, "files decoded for the matching decode")->check(CLI::Range(1, 100000));
+  th->add_option("--ceiling-files", ceiling_files, "files decoded for the matching decode")
+      ->check(CLI::Range(1, 100000));
   th->add_option("--out", threads_out, "prefix of the CSV and the PNG");
   th->add_flag("--json", as_json, "print JSON");
   std::string copy_device = "cpu";
@@ -102,11 +104,13 @@ int main(int argc, char** argv) {
   cp->add_flag("--json", as_json, "print JSON");
 
   std::string remote_local, remote_cache;
-  auto* rm = app.add_subcommand("remote", "the same shards from a server (no cache, a fresh and a warm cache_dir) and "
-                                          "from disk");
+  auto* rm = app.add_subcommand("remote",
+                                "the same shards from a server (no cache, a fresh and a warm cache_dir) and "
+                                "from disk");
   add_loader_options(rm);  // --data: the URL pattern
-  pinfeed::tools::add_loader_flags(*rm, config, {"threads", "remote_readahead", "remote_streams", "remote_timeout", "remote_min_rate",
-                                                 "remote_retries"});
+  pinfeed::tools::add_loader_flags(
+      *rm, config,
+      {"threads", "remote_readahead", "remote_streams", "remote_timeout", "remote_min_rate", "remote_retries"});
   rm->add_option("--local", remote_local, "the same shards on local disk (pattern)")->required();
   rm->add_option("--cache-dir", remote_cache, "cache_dir for the cached runs")->required();
   rm->add_option("--repeat", repeat, "rounds; figures are medians")->check(CLI::Range(1, 100));

@@ -1,23 +1,23 @@
 // pinfeed-bench copy: host-to-device copies from pinned and from pageable memory.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <libyuv/scale_argb.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <unistd.h>
-#include <libyuv/scale_argb.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
 
+#include <oneapi/tbb/info.h>
 #include <algorithm>
-#include <functional>
-#include <memory>
-#include <span>
-#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <oneapi/tbb/info.h>
+#include <span>
+#include <thread>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
@@ -36,8 +36,6 @@
 #include "bench_common.hpp"
 
 namespace pinfeed::bench {
-
-
 
 /// Host-to-device copies through the trainer's backend, from a pinned buffer
 /// and from a pageable one of the same size: what a pool slot costs once
@@ -77,9 +75,15 @@ int run_copy_bench(const std::string& device, std::size_t mib, std::size_t repea
   pinned.deallocate(hp, bytes, 4096);
   pageable.deallocate(hq, bytes, 4096);
   if (as_json) {
-    fmt::print("{}\n", json{{"device", backend->name()}, {"bytes", bytes}, {"repeat", repeat},
-                            {"pinned_seconds", mp}, {"pageable_seconds", mq}, {"pinned_gb_per_s", gp},
-                            {"pageable_gb_per_s", gq}, {"pageable_over_pinned", mq / mp}}.dump(2));
+    fmt::print("{}\n", json{{"device", backend->name()},
+                            {"bytes", bytes},
+                            {"repeat", repeat},
+                            {"pinned_seconds", mp},
+                            {"pageable_seconds", mq},
+                            {"pinned_gb_per_s", gp},
+                            {"pageable_gb_per_s", gq},
+                            {"pageable_over_pinned", mq / mp}}
+                           .dump(2));
     return 0;
   }
   fmt::print("pinfeed-bench copy: {} MiB host -> {} (medians of {})\n", mib, backend->name(), repeat);

@@ -154,8 +154,9 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen_port, "port on 127.0.0.1 (0: any free one, printed)")->check(CLI::Range(0, 65535));
   app.add_option("--delay-ms", delay_ms, "milliseconds each byte is held, each way (round trip: twice)")
       ->check(CLI::Range(0.0, 10000.0));
-  app.add_option("--reset-one-in", reset_one_in, "reset a connection before about one in N chunks from the server "
-                                                 "(0: never)");
+  app.add_option("--reset-one-in", reset_one_in,
+                 "reset a connection before about one in N chunks from the server "
+                 "(0: never)");
   CLI11_PARSE(app, argc, argv);
   const auto colon = to.rfind(':');
   if (colon == std::string::npos) {
@@ -209,7 +210,6 @@ int main(int argc, char** argv) {
              static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
                  static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6,
              static_cast<double>(u.ru_utime.tv_sec) + static_cast<double>(u.ru_utime.tv_usec) * 1e-6,
-             static_cast<double>(u.ru_stime.tv_sec) + static_cast<double>(u.ru_stime.tv_usec) * 1e-6,
-             g_resets.load());
+             static_cast<double>(u.ru_stime.tv_sec) + static_cast<double>(u.ru_stime.tv_usec) * 1e-6, g_resets.load());
   return 0;
 }

@@ -1,23 +1,23 @@
 // pinfeed-bench floor: the loader's unavoidable work besides decoding, each part alone.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <libyuv/scale_argb.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <unistd.h>
-#include <libyuv/scale_argb.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
 
+#include <oneapi/tbb/info.h>
 #include <algorithm>
-#include <functional>
-#include <memory>
-#include <span>
-#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <oneapi/tbb/info.h>
+#include <span>
+#include <thread>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
@@ -97,17 +97,20 @@ double measure_resize(const pl::Dataset& dataset, const pl::LoaderConfig& config
   }
   if (widths.empty()) throw pinfeed::DataError(config.dataset, "no readable JPEG to plan a resize from");
   const int max_w = *std::max_element(widths.begin(), widths.end());
-  std::vector<std::uint8_t> band(static_cast<std::size_t>(max_w) * 4 * 16, 128), band_out(static_cast<std::size_t>(n) * 4 * 16);
+  std::vector<std::uint8_t> band(static_cast<std::size_t>(max_w) * 4 * 16, 128),
+      band_out(static_cast<std::size_t>(n) * 4 * 16);
   std::vector<double> resizes;
   for (std::size_t r = 0; r < repeat; ++r) {
     const auto t0 = Clock::now();
     for (const int w : widths) {
       for (int y = 0; y < n_rows; y += 16) {
         const int rows = std::min(16, n_rows - y);
-        if (w != n) libyuv::ARGBScale(band.data(), w * 4, w, rows, band_out.data(), n * 4, n, rows, libyuv::kFilterLinear);
+        if (w != n)
+          libyuv::ARGBScale(band.data(), w * 4, w, rows, band_out.data(), n * 4, n, rows, libyuv::kFilterLinear);
       }
     }
-    resizes.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(widths.size()) * 1e6);
+    resizes.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(widths.size()) *
+                      1e6);
   }
   return median(resizes);
 }
@@ -128,7 +131,8 @@ double measure_output(const pl::LoaderConfig& config, std::size_t repeat) {
   for (std::size_t r = 0; r < repeat; ++r) {
     const auto t0 = Clock::now();
     for (std::size_t k = 0; k < places; ++k) {
-      writer.write(image, pl::Region{}, k % 2 == 1, std::span<std::byte>(pool.get() + k * t.sample_bytes(), t.sample_bytes()));
+      writer.write(image, pl::Region{}, k % 2 == 1,
+                   std::span<std::byte>(pool.get() + k * t.sample_bytes(), t.sample_bytes()));
     }
     outputs.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(places) * 1e6);
   }
@@ -145,22 +149,24 @@ void print_report(const json& j) {
              c["repeat"].get<std::size_t>());
   fmt::print("  {:<44} {:>8.1f} us per image per thread\n", "matching decode", at("matching_decode_per_thread"));
   fmt::print("  {:<44} {:>8.1f} us   (not in the sum)\n", "read, page cache out of the CPU caches", at("read_cold"));
-  fmt::print("  {:<44} {:>8.1f} us   (files untouched for {:.0f} ms, CPU busy)\n", "read, one epoch after the last read",
-             at("read_after_an_epoch"), c["epoch_ms"].get<double>());
+  fmt::print("  {:<44} {:>8.1f} us   (files untouched for {:.0f} ms, CPU busy)\n",
+             "read, one epoch after the last read", at("read_after_an_epoch"), c["epoch_ms"].get<double>());
   fmt::print("  {:<44} {:>8.1f} us\n", "horizontal resize (libyuv linear, bands of 16)", at("horizontal_resize"));
   fmt::print("  {:<44} {:>8.1f} us\n", "output write to a cold pinned pool", at("output_write"));
   fmt::print("  {:<44} {:>8.1f} us = {:.1f}% of the matching decode's time\n", "sum", at("sum"),
              j["floor_time_vs_matching_decode"].get<double>() * 100);
-  fmt::print("  {:<44} {:>8.1f} us = {:.0f} images/s on {} threads (decode + libyuv bilinear scale + "
-             "flip/normalize loops into one batch)\n",
-             "bare loop of the same decode", at("bare_loop_per_thread"), j["bare_loop_images_per_s"].get<double>(),
-             c["threads"].get<unsigned>());
+  fmt::print(
+      "  {:<44} {:>8.1f} us = {:.0f} images/s on {} threads (decode + libyuv bilinear scale + "
+      "flip/normalize loops into one batch)\n",
+      "bare loop of the same decode", at("bare_loop_per_thread"), j["bare_loop_images_per_s"].get<double>(),
+      c["threads"].get<unsigned>());
   fmt::print("  {:<44} {:>8.0f} images/s on {} threads ({:.0f}% of the files: baseline YCbCr 4:2:0/4:2:2/4:4:4)\n",
              "bare loop decoding raw YCbCr planes", j["bare_loop_raw_ycbcr_images_per_s"].get<double>(),
              c["threads"].get<unsigned>(), j["raw_ycbcr_eligible_share"].get<double>() * 100);
-  fmt::print("  least pipeline overhead vs matching decode      {:+.1f}%   (as pinfeed-bench loader computes it: "
-             "1 - rate / matching rate)\n",
-             j["floor_overhead_vs_matching_decode"].get<double>() * 100);
+  fmt::print(
+      "  least pipeline overhead vs matching decode      {:+.1f}%   (as pinfeed-bench loader computes it: "
+      "1 - rate / matching rate)\n",
+      j["floor_overhead_vs_matching_decode"].get<double>() * 100);
 }
 
 }  // namespace
@@ -196,12 +202,20 @@ int run_floor_bench(const pl::LoaderConfig& config, std::size_t repeat, std::siz
   const double floor_us = reads.after_epoch_us + resize_us + output_us;
   json j;
   j["dataset"] = dataset->summary();
-  j["config"] = {{"crop", pl::to_string(t.crop)}, {"size", t.size}, {"layout", pl::to_string(t.layout)}, {"threads", threads},
-                 {"files", n_files}, {"repeat", repeat},
+  j["config"] = {{"crop", pl::to_string(t.crop)},
+                 {"size", t.size},
+                 {"layout", pl::to_string(t.layout)},
+                 {"threads", threads},
+                 {"files", n_files},
+                 {"repeat", repeat},
                  {"epoch_ms", std::chrono::duration<double, std::milli>(epoch).count()}};
-  j["per_image_us"] = {{"matching_decode_per_thread", decode_us}, {"read_cold", reads.cold_us},
-                       {"read_after_an_epoch", reads.after_epoch_us}, {"horizontal_resize", resize_us},
-                       {"output_write", output_us}, {"sum", floor_us}, {"bare_loop_per_thread", bare_us}};
+  j["per_image_us"] = {{"matching_decode_per_thread", decode_us},
+                       {"read_cold", reads.cold_us},
+                       {"read_after_an_epoch", reads.after_epoch_us},
+                       {"horizontal_resize", resize_us},
+                       {"output_write", output_us},
+                       {"sum", floor_us},
+                       {"bare_loop_per_thread", bare_us}};
   j["bare_loop_images_per_s"] = median(bare);
   j["bare_loop_raw_ycbcr_images_per_s"] = median(raw);
   j["raw_ycbcr_eligible_share"] = raw_share;

@@ -1,23 +1,23 @@
 // pinfeed-bench loader: images/s of the loader and of the matching decode, same files, same run.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <libyuv/scale_argb.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <unistd.h>
-#include <libyuv/scale_argb.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
 
+#include <oneapi/tbb/info.h>
 #include <algorithm>
-#include <functional>
-#include <memory>
-#include <span>
-#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <oneapi/tbb/info.h>
+#include <span>
+#include <thread>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
@@ -97,10 +97,14 @@ json report(const LoaderRuns& r, const pl::Loader& loader, const pl::Dataset& da
   const auto per_image_us = [&](double s) { return s / static_cast<double>(r.images) * 1e6; };
   json j;
   j["dataset"] = dataset.summary();
-  j["config"] = {{"batch", config.batch_size},       {"threads", threads},
-                 {"prefetch", config.prefetch},      {"crop", pl::to_string(config.transform.crop)},
-                 {"size", config.transform.size},    {"layout", pl::to_string(config.transform.layout)},
-                 {"roi_decode", config.transform.roi_decode}, {"dct_scaling", config.transform.dct_scaling},
+  j["config"] = {{"batch", config.batch_size},
+                 {"threads", threads},
+                 {"prefetch", config.prefetch},
+                 {"crop", pl::to_string(config.transform.crop)},
+                 {"size", config.transform.size},
+                 {"layout", pl::to_string(config.transform.layout)},
+                 {"roi_decode", config.transform.roi_decode},
+                 {"dct_scaling", config.transform.dct_scaling},
                  {"epochs", epochs},
                  {"repeat", repeat},
                  // Note [SIMD level by core]
@@ -110,7 +114,10 @@ json report(const LoaderRuns& r, const pl::Loader& loader, const pl::Dataset& da
                  {"seconds", r.seconds},
                  {"images_per_s", rate},
                  {"output_mb_per_s", rate * static_cast<double>(config.transform.sample_bytes()) / 1e6},
-                 {"per_image_us", {{"read", per_image_us(r.read_s)}, {"decode", per_image_us(r.decode_s)}, {"transform", per_image_us(r.transform_s)}}},
+                 {"per_image_us",
+                  {{"read", per_image_us(r.read_s)},
+                   {"decode", per_image_us(r.decode_s)},
+                   {"transform", per_image_us(r.transform_s)}}},
                  {"replaced", r.replaced},
                  {"pinned_batches", r.pinned},
                  {"batches", r.batches}};
@@ -164,27 +171,31 @@ void print_report(const json& j) {
              ce["megapixels_per_image"].get<double>());
   fmt::print("  {:<34} {:>10.1f} images/s  ({} threads decoding the loader's own crops and scales, nothing else)\n",
              "matching decode (same plans)", ce["planned_images_per_s"].get<double>(), threads);
-  fmt::print("  {:<34} {:>10.1f} images/s  (same decode + libyuv bilinear scale + flip/normalize loops into one batch)\n",
-             "bare loop (same plans)", ce["bare_loop_images_per_s"].get<double>());
+  fmt::print(
+      "  {:<34} {:>10.1f} images/s  (same decode + libyuv bilinear scale + flip/normalize loops into one batch)\n",
+      "bare loop (same plans)", ce["bare_loop_images_per_s"].get<double>());
   fmt::print("  {:<34} {:>10.2f}x\n", "loader / bare loop", j["ratio_to_bare_loop"].get<double>());
-  fmt::print("  {:<34} {:>10.1f} images/s  (raw YCbCr planes: box-filtered, colour converted at the output size; "
-             "{:.0f}% of the files)\n",
-             "bare loop, raw YCbCr", ce["bare_loop_raw_ycbcr_images_per_s"].get<double>(),
-             ce["raw_ycbcr_eligible_share"].get<double>() * 100);
+  fmt::print(
+      "  {:<34} {:>10.1f} images/s  (raw YCbCr planes: box-filtered, colour converted at the output size; "
+      "{:.0f}% of the files)\n",
+      "bare loop, raw YCbCr", ce["bare_loop_raw_ycbcr_images_per_s"].get<double>(),
+      ce["raw_ycbcr_eligible_share"].get<double>() * 100);
   fmt::print("  {:<34} {:>10.2f}x   pipeline overhead vs matching decode {:+.1f}%\n", "loader / full-decode ceiling",
              j["ratio_to_ceiling"].get<double>(), j["overhead_vs_planned_decode"].get<double>() * 100);
   const json& us = l["per_image_us"];
   fmt::print("  per image, summed over threads: read {:.0f} us, decode {:.0f} us, transform {:.0f} us\n",
              us["read"].get<double>(), us["decode"].get<double>(), us["transform"].get<double>());
   fmt::print("  reading alone: {:.0f}% of the matching decode's time per image, an overhead of {:+.1f}% by itself\n",
-             j["read_share_of_matching_decode"].get<double>() * 100, j["overhead_from_reading_alone"].get<double>() * 100);
-  fmt::print("  RSS while loading {:.0f} MiB (process peak {:.0f} MiB, ceilings included); pool {} slots x {}: {} pinned, "
-             "{} pageable; {} of {} batches pinned; {} replaced\n",
-             m["loading_rss_mib_max"].get<double>(), m["peak_rss_mib"].get<double>(), m["pool_slots"].get<std::size_t>(),
-             pinfeed::format_bytes(m["slot_bytes"].get<std::uint64_t>()),
-             pinfeed::format_bytes(m["pool_pinned_bytes"].get<std::uint64_t>()),
-             pinfeed::format_bytes(m["pool_pageable_bytes"].get<std::uint64_t>()), l["pinned_batches"].get<std::size_t>(),
-             l["batches"].get<std::size_t>(), l["replaced"].get<std::uint64_t>());
+             j["read_share_of_matching_decode"].get<double>() * 100,
+             j["overhead_from_reading_alone"].get<double>() * 100);
+  fmt::print(
+      "  RSS while loading {:.0f} MiB (process peak {:.0f} MiB, ceilings included); pool {} slots x {}: {} pinned, "
+      "{} pageable; {} of {} batches pinned; {} replaced\n",
+      m["loading_rss_mib_max"].get<double>(), m["peak_rss_mib"].get<double>(), m["pool_slots"].get<std::size_t>(),
+      pinfeed::format_bytes(m["slot_bytes"].get<std::uint64_t>()),
+      pinfeed::format_bytes(m["pool_pinned_bytes"].get<std::uint64_t>()),
+      pinfeed::format_bytes(m["pool_pageable_bytes"].get<std::uint64_t>()), l["pinned_batches"].get<std::size_t>(),
+      l["batches"].get<std::size_t>(), l["replaced"].get<std::uint64_t>());
 }
 
 }  // namespace

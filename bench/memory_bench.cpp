@@ -140,15 +140,28 @@ void BM_TouchAfterIdle(benchmark::State& state, bool pinned_memory) {
     for (std::size_t i = 0; i < kBytes; i += kPage) p[i] = static_cast<unsigned char>(p[i] + 1);
     benchmark::ClobberMemory();
   }
-  state.counters["per_4k_page"] = benchmark::Counter(static_cast<double>(kBytes / kPage),
-                                                        benchmark::Counter::kIsIterationInvariantRate |
-                                                            benchmark::Counter::kInvert);
+  state.counters["per_4k_page"] = benchmark::Counter(
+      static_cast<double>(kBytes / kPage), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   r.deallocate(p, kBytes, kPage);
 }
 BENCHMARK_CAPTURE(BM_TouchAfterIdle, pinned, true)
-    ->Arg(0)->Arg(10)->Arg(50)->Arg(200)->Arg(1000)->Iterations(5)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(0)
+    ->Arg(10)
+    ->Arg(50)
+    ->Arg(200)
+    ->Arg(1000)
+    ->Iterations(5)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TouchAfterIdle, pageable, false)
-    ->Arg(0)->Arg(10)->Arg(50)->Arg(200)->Arg(1000)->Iterations(5)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(0)
+    ->Arg(10)
+    ->Arg(50)
+    ->Arg(200)
+    ->Arg(1000)
+    ->Iterations(5)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The two halves of a pressure episode for a pool of 5 slabs of 64 MiB, 4 of
 // them released (the floor is at least one slot): critical (munlock + munmap of each idle slab: what

@@ -3,6 +3,8 @@
 // it should.
 #include <cstddef>
 #include <cstdio>
+
+// jpeglib.h needs FILE and size_t declared first.
 #include <jpeglib.h>
 #include <libyuv/convert_argb.h>
 #include <libyuv/planar_functions.h>
@@ -176,7 +178,8 @@ double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, 
       for (int p = 1; p < 3; ++p) {
         const auto up = static_cast<std::size_t>(p);
         std::uint8_t* dst = p == 1 ? u_out.data() : v_out.data();
-        libyuv::ScalePlane(d.planes[up].data() + static_cast<std::size_t>(y0 / cy) * static_cast<std::size_t>(d.stride[up]) +
+        libyuv::ScalePlane(d.planes[up].data() +
+                               static_cast<std::size_t>(y0 / cy) * static_cast<std::size_t>(d.stride[up]) +
                                static_cast<std::size_t>(x0 / cx),
                            d.stride[up], std::max(1, w / cx), std::max(1, h / cy), dst, cw, cw, ch, libyuv::kFilterBox);
       }
@@ -197,7 +200,9 @@ double bare_loop_raw_rate(const std::vector<std::span<const std::byte>>& files, 
     decoded = 0;
     eligible = 0;
   });
-  if (eligible_share != nullptr) *eligible_share = files.empty() ? 0 : static_cast<double>(eligible.load()) / 2.0 / static_cast<double>(files.size());
+  if (eligible_share != nullptr)
+    *eligible_share =
+        files.empty() ? 0 : static_cast<double>(eligible.load()) / 2.0 / static_cast<double>(files.size());
   return static_cast<double>(decoded.load()) / seconds;
 }
 

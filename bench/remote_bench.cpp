@@ -9,8 +9,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "bench_common.hpp"
 #include "pinfeed/loader/dataset.hpp"
@@ -114,10 +114,11 @@ void print_report(const json& j) {
                m["second_epoch_images_per_s"].get<double>(), m["epoch1_streamed_mb"].get<double>(),
                m["epoch1_waits"].get<double>(), m["readahead_peak_mb"].get<double>());
   }
-  fmt::print("  remote/local images/s: no cache epoch 1 {:.3f}, epoch 2 {:.3f}; fresh cache epoch 2 {:.3f}; warm cache "
-             "epoch 1 {:.3f}\n",
-             j["ratio_epoch1_no_cache"].get<double>(), j["ratio_epoch2_no_cache"].get<double>(),
-             j["ratio_epoch2_fresh_cache"].get<double>(), j["ratio_epoch1_warm_cache"].get<double>());
+  fmt::print(
+      "  remote/local images/s: no cache epoch 1 {:.3f}, epoch 2 {:.3f}; fresh cache epoch 2 {:.3f}; warm cache "
+      "epoch 1 {:.3f}\n",
+      j["ratio_epoch1_no_cache"].get<double>(), j["ratio_epoch2_no_cache"].get<double>(),
+      j["ratio_epoch2_fresh_cache"].get<double>(), j["ratio_epoch1_warm_cache"].get<double>());
 }
 
 }  // namespace
@@ -154,9 +155,15 @@ int run_remote_bench(const pl::LoaderConfig& config, const std::string& local, c
     f.push_back(run_round(fresh));
     w.push_back(run_round(warm));
   }
-  json j{{"remote", pl::redact_spec(config.dataset)}, {"local", local}, {"samples", samples}, {"bytes", bytes}, {"shards", shards},
-         {"threads", pl::default_threads(config.threads)}, {"rounds", repeat},
-         {"readahead", config.remote.readahead}, {"streams", config.remote.streams}};
+  json j{{"remote", pl::redact_spec(config.dataset)},
+         {"local", local},
+         {"samples", samples},
+         {"bytes", bytes},
+         {"shards", shards},
+         {"threads", pl::default_threads(config.threads)},
+         {"rounds", repeat},
+         {"readahead", config.remote.readahead},
+         {"streams", config.remote.streams}};
   j["results"] = {{"local", medians(l)},
                   {"remote_no_cache", medians(n)},
                   {"remote_fresh_cache", medians(f)},

@@ -1,23 +1,23 @@
 // pinfeed-bench threads: images/s and RSS per thread count (table, CSV, plot).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <libyuv/scale_argb.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <unistd.h>
-#include <libyuv/scale_argb.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
 
+#include <oneapi/tbb/info.h>
 #include <algorithm>
-#include <functional>
-#include <memory>
-#include <span>
-#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <oneapi/tbb/info.h>
+#include <span>
+#include <thread>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/dataset.hpp"
@@ -37,8 +37,6 @@
 #include "bench_common.hpp"
 
 namespace pinfeed::bench {
-
-
 
 /// Runs the loader bench with `threads` worker threads in a child process
 /// (fork, before this process has started any thread of its own), so each
@@ -105,8 +103,8 @@ int run_threads_bench(const pl::LoaderConfig& config, const std::vector<unsigned
                 {"pool_mib", pool_mib},
                 {"rss_over_pool_mib", rss - pool_mib}};
     csv += fmt::format("{},{:.1f},{:.1f},{:.4f},{:.1f},{:.1f},{:.1f}\n", t, row["images_per_s"].get<double>(),
-                       row["matching_decode_images_per_s"].get<double>(), row["overhead_vs_planned_decode"].get<double>(),
-                       rss, pool_mib, rss - pool_mib);
+                       row["matching_decode_images_per_s"].get<double>(),
+                       row["overhead_vs_planned_decode"].get<double>(), rss, pool_mib, rss - pool_mib);
     rows.push_back(std::move(row));
   }
   const std::string commands =
@@ -120,11 +118,13 @@ int run_threads_bench(const pl::LoaderConfig& config, const std::vector<unsigned
       "64 axes x1y2 with lines dt 3 lc rgb 'red' title 'bound: pool + 64 MiB'\n";
   const std::string png = pinfeed::tools::write_plot(out, csv, commands, "pinfeed-bench");
   if (as_json) {
-    fmt::print("{}\n", json{{"dataset", dataset->summary()}, {"rows", rows}, {"csv", out + ".csv"}, {"png", png}}.dump(2));
+    fmt::print("{}\n",
+               json{{"dataset", dataset->summary()}, {"rows", rows}, {"csv", out + ".csv"}, {"png", png}}.dump(2));
     return 0;
   }
   fmt::print("pinfeed-bench threads: {}\n", dataset->summary());
-  fmt::print("  (each count in its own process: pinfeed-bench loader --repeat {} --epochs {}, medians)\n", repeat, epochs);
+  fmt::print("  (each count in its own process: pinfeed-bench loader --repeat {} --epochs {}, medians)\n", repeat,
+             epochs);
   fmt::print("  {:>7} {:>12} {:>16} {:>9} {:>10} {:>10} {:>10}\n", "threads", "images/s", "matching decode", "overhead",
              "RSS MiB", "pool MiB", "over pool");
   for (const auto& row : rows) {

@@ -20,6 +20,7 @@ packages=(
   nginx-light           # remote shards' tests: a real HTTP server on loopback (started by the tests)
   libcap-dev            # drop CAP_IPC_LOCK in the memlock-denial test
   clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz preset)
+  clang-format-14       # the house style (.clang-format; a ctest holds it)
   libopenblas-dev       # trainer: the CPU backend's matrix products (cblas_sgemm)
   libopenmpi-dev openmpi-bin  # trainer: multi-process launch (mpirun), MPI all-reduce on CPU
   libgloo-dev           # trainer: CPU all-reduce across processes under torchrun (no MPI)

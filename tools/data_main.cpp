@@ -4,10 +4,10 @@
 //
 // Exit codes: 0 done (scan: no bad file); 1 an error (named) or, for scan,
 // bad files were found; 2 bad flags.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -73,12 +73,12 @@ struct MakeCommand {
   int run(bool quiet) const {
     // Writing into a folder that already holds files would mix two datasets
     // (another seed, count or format) without a word.
-    if (std::error_code ec; std::filesystem::exists(make.out, ec) &&
-                            (!std::filesystem::is_directory(make.out, ec) || !std::filesystem::is_empty(make.out, ec))) {
-      throw pinfeed::ConfigError(fmt::format("--out {}: {} already; pinfeed-data make writes a new dataset into a new "
-                                             "or empty folder (remove it, or choose another)",
-                                             make.out.string(),
-                                             std::filesystem::is_directory(make.out, ec) ? "holds files" : "is a file"));
+    if (std::error_code ec; std::filesystem::exists(make.out, ec) && (!std::filesystem::is_directory(make.out, ec) ||
+                                                                      !std::filesystem::is_empty(make.out, ec))) {
+      throw pinfeed::ConfigError(
+          fmt::format("--out {}: {} already; pinfeed-data make writes a new dataset into a new "
+                      "or empty folder (remove it, or choose another)",
+                      make.out.string(), std::filesystem::is_directory(make.out, ec) ? "holds files" : "is a file"));
     }
     const auto t0 = Clock::now();
     const auto s = pl::write_synthetic_dataset(make, quiet ? pl::Progress{} : progress_bar("make"));
@@ -87,7 +87,8 @@ struct MakeCommand {
         fmt::format("{}s", pl::find_codec(pl::parse_image_format(make.format, "--format"))->display);
     fmt::print("wrote {} train + {} val {}, {} classes, {} ({:.0f} KB per file on average) to {} in {:.1f} s\n",
                s.train_files, s.val_files, kind, make.classes, pinfeed::format_bytes(s.bytes),
-               static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(), seconds_since(t0));
+               static_cast<double>(s.bytes) / 1000.0 / static_cast<double>(files), make.out.string(),
+               seconds_since(t0));
     return 0;
   }
 };
@@ -98,8 +99,9 @@ struct PackCommand {
   CLI::App* app = nullptr;
 
   void add(CLI::App& parent) {
-    app = parent.add_subcommand("pack", "pack an ImageFolder into WebDataset tar shards, each with its index sidecar "
-                                        "(NAME.tar.index.json, which lets remote shards stream)");
+    app = parent.add_subcommand("pack",
+                                "pack an ImageFolder into WebDataset tar shards, each with its index sidecar "
+                                "(NAME.tar.index.json, which lets remote shards stream)");
     app->add_option("--from", from, "ImageFolder root")->required()->check(CLI::ExistingDirectory);
     app->add_option("--out", out,
                     "shard prefix: PREFIX-000000.tar, ...; an http(s):// or s3://bucket/prefix URL uploads each "
@@ -116,14 +118,16 @@ struct PackCommand {
     app->add_option("--quality", pack.quality, "JPEG quality of re-encoded images")
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
-    app->add_option("--threads", pack.threads, "re-encoding threads (0: every core)")->check(CLI::Range(0, kMaxThreads));
+    app->add_option("--threads", pack.threads, "re-encoding threads (0: every core)")
+        ->check(CLI::Range(0, kMaxThreads));
   }
 
   int run(bool quiet) const {
     const auto t0 = Clock::now();
     const pl::ImageFolder folder(from);
     const bool remote = pl::is_remote_url(out);
-    if (out.starts_with("pipe:")) throw pinfeed::ConfigError("--out: pipe: reads shards; write them to a folder or a URL");
+    if (out.starts_with("pipe:"))
+      throw pinfeed::ConfigError("--out: pipe: reads shards; write them to a folder or a URL");
     // A URL: the shards are written to a private folder, then uploaded one
     // by one (a shard in the store is complete: S3 and HTTP PUT replace whole).
     struct Staging {
@@ -141,8 +145,10 @@ struct PackCommand {
       const auto slash = out.rfind('/');
       if (out.ends_with('/') || slash == std::string::npos || slash < out.find("://") + 3 ||
           (out.starts_with("s3://") && out.find('/', 5) == std::string::npos)) {
-        throw pinfeed::ConfigError(fmt::format("--out '{}': a URL ends in the shards' prefix, as in "
-                                               "s3://bucket/imagenet/train (train-000000.tar, ...)", pl::redact_url(out)));
+        throw pinfeed::ConfigError(
+            fmt::format("--out '{}': a URL ends in the shards' prefix, as in "
+                        "s3://bucket/imagenet/train (train-000000.tar, ...)",
+                        pl::redact_url(out)));
       }
       pl::check_upload_target(out);  // missing credentials are said before the packing, not after
       const std::string name = pl::remote_shard_name(out + ".tar");
@@ -161,8 +167,7 @@ struct PackCommand {
       s.pattern = base + std::filesystem::path(s.pattern).filename().string();
     }
     fmt::print("packed {} samples of {} classes into {} in {:.1f} s\n", s.samples, folder.num_classes(),
-               remote ? pl::redact_url(s.pattern) : s.pattern,
-               seconds_since(t0));
+               remote ? pl::redact_url(s.pattern) : s.pattern, seconds_since(t0));
     if (pack.max_side > 0) {
       fmt::print("  {} of {} re-encoded with the longer side {} at quality {}: {} -> {} of images\n", s.resized,
                  s.samples, pack.max_side, pack.quality, pinfeed::format_bytes(s.bytes_in),
@@ -210,29 +215,36 @@ struct IndexCommand {
   CLI::App* app = nullptr;
 
   void add(CLI::App& parent) {
-    app = parent.add_subcommand("index", "write each local tar shard's index sidecar (NAME.tar.index.json), which "
-                                         "lets remote shards stream (pack writes them too)");
-    app->add_option("shards", shards, "tar shards: a path, a brace pattern (data/train-{000000..000127}.tar) or a comma "
-                                      "list")->required();
-    app->add_option("--out", out, "also upload each sidecar to this URL prefix, which must be the one holding the "
-                                  "shards in the store (s3://bucket/dir/, https://host/dir/)");
+    app = parent.add_subcommand("index",
+                                "write each local tar shard's index sidecar (NAME.tar.index.json), which "
+                                "lets remote shards stream (pack writes them too)");
+    app->add_option("shards", shards,
+                    "tar shards: a path, a brace pattern (data/train-{000000..000127}.tar) or a comma "
+                    "list")
+        ->required();
+    app->add_option("--out", out,
+                    "also upload each sidecar to this URL prefix, which must be the one holding the "
+                    "shards in the store (s3://bucket/dir/, https://host/dir/)");
   }
 
   int run(bool quiet) const {
     if (!out.empty() && (!pl::is_remote_url(out) || out.starts_with("pipe:") || !out.ends_with('/'))) {
-      throw pinfeed::ConfigError(fmt::format("--out '{}': a URL prefix ending in / (s3://bucket/dir/)", pl::redact_spec(out)));
+      throw pinfeed::ConfigError(
+          fmt::format("--out '{}': a URL prefix ending in / (s3://bucket/dir/)", pl::redact_spec(out)));
     }
     if (!out.empty()) pl::check_upload_target(out);
     std::size_t n = 0;
     for (const auto& tar : pl::expand_shard_pattern(shards)) {
       if (pl::is_remote_url(tar.string())) {
-        throw pinfeed::ConfigError(fmt::format("index: '{}' is a URL: index reads local copies of the shards (the "
-                                               "same bytes), and --out uploads the sidecars beside the remote ones",
-                                               pl::redact_url(tar.string())));
+        throw pinfeed::ConfigError(
+            fmt::format("index: '{}' is a URL: index reads local copies of the shards (the "
+                        "same bytes), and --out uploads the sidecars beside the remote ones",
+                        pl::redact_url(tar.string())));
       }
       const auto sidecar = pl::write_shard_index(tar);
       if (!out.empty()) pl::upload_file(sidecar, out + sidecar.filename().string(), pl::RemoteConfig{});
-      if (!quiet) fmt::print("{}\n", out.empty() ? sidecar.string() : pl::redact_url(out + sidecar.filename().string()));
+      if (!quiet)
+        fmt::print("{}\n", out.empty() ? sidecar.string() : pl::redact_url(out + sidecar.filename().string()));
       ++n;
     }
     fmt::print("indexed {} shard{}\n", n, n == 1 ? "" : "s");

@@ -5,9 +5,9 @@
 // Exit codes: 0 report printed; 1 the host could not be read (message names
 // the file); 2 bad flags or an absurd request (message names the flag); 3 the
 // planned pool does not fit in memory at all (verdict does-not-fit).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -74,7 +74,8 @@ void print_report(const json& j, const pm::MemorySnapshot& s, const std::optiona
   }
   fmt::print("\nPressure (PSI)\n");
   if (s.psi) {
-    fmt::print("  some avg10 {:.2f}%  avg60 {:.2f}%  avg300 {:.2f}%\n", s.psi->some.avg10, s.psi->some.avg60, s.psi->some.avg300);
+    fmt::print("  some avg10 {:.2f}%  avg60 {:.2f}%  avg300 {:.2f}%\n", s.psi->some.avg10, s.psi->some.avg60,
+               s.psi->some.avg300);
     if (s.psi->full) {
       fmt::print("  full avg10 {:.2f}%  avg60 {:.2f}%  avg300 {:.2f}%\n", s.psi->full->avg10, s.psi->full->avg60,
                  s.psi->full->avg300);
@@ -90,7 +91,8 @@ void print_report(const json& j, const pm::MemorySnapshot& s, const std::optiona
   } else {
     fmt::print("  {} {} ({})\n", pm::to_string(cg.version), cg.path, cg.dir.string());
     fmt::print("  limit {}   usage {}   inactive file {}   room {}\n", or_none(cg.limit_bytes, "none"),
-               format_bytes(cg.usage_bytes), format_bytes(cg.inactive_file_bytes), or_none(cg.room_bytes(), "unlimited"));
+               format_bytes(cg.usage_bytes), format_bytes(cg.inactive_file_bytes),
+               or_none(cg.room_bytes(), "unlimited"));
     if (cg.high_bytes) fmt::print("  memory.high {}\n", format_bytes(*cg.high_bytes));
     if (cg.pressure) fmt::print("  cgroup PSI some avg10 {:.2f}%\n", cg.pressure->some.avg10);
     if (cg.oom_kills) fmt::print("  oom kills {}   times at the limit {}\n", *cg.oom_kills, cg.max_events.value_or(0));
@@ -114,8 +116,9 @@ void print_report(const json& j, const pm::MemorySnapshot& s, const std::optiona
                  format_bytes(d["memory_bytes"].get<std::uint64_t>()), d["pci_bus_id"].get<std::string>(),
                  d["numa_node"].get<int>());
       if (d["host_page_tables"].get<bool>()) {
-        fmt::print("     reads pageable memory through the host page tables (Grace/ATS): registration need not\n"
-                   "     page-lock, so VmLck, not the pool's \"pinned\", says what is locked\n");
+        fmt::print(
+            "     reads pageable memory through the host page tables (Grace/ATS): registration need not\n"
+            "     page-lock, so VmLck, not the pool's \"pinned\", says what is locked\n");
       }
     }
   } else {
@@ -133,13 +136,15 @@ void print_report(const json& j, const pm::MemorySnapshot& s, const std::optiona
 }
 
 void print_plan(const pm::PoolPlanRequest& r, const pm::PoolPlan& p) {
-  fmt::print("\nPlan: {} GPU(s), batch {}, prefetch {}, pinning by {}{}\n", r.gpus, format_bytes(r.batch_bytes), r.prefetch,
-             pm::to_string(r.policy.method),
+  fmt::print("\nPlan: {} GPU(s), batch {}, prefetch {}, pinning by {}{}\n", r.gpus, format_bytes(r.batch_bytes),
+             r.prefetch, pm::to_string(r.policy.method),
              r.local_ranks > 1 ? fmt::format(", {} ranks on this host share its memory", r.local_ranks) : "");
-  fmt::print("  pool needs {} slots x {} = {}\n", p.slots_needed, format_bytes(p.slot_bytes), format_bytes(p.need_bytes));
+  fmt::print("  pool needs {} slots x {} = {}\n", p.slots_needed, format_bytes(p.slot_bytes),
+             format_bytes(p.need_bytes));
   fmt::print("  pinned budget {} (limited by {}):\n", format_bytes(p.budget.bytes), p.budget.limiting);
   for (const auto& t : p.budget.terms) {
-    fmt::print("    {} {:<14} {:>12}  {}\n", t.name == p.budget.limiting ? "*" : " ", t.name, format_bytes(t.bytes), t.detail);
+    fmt::print("    {} {:<14} {:>12}  {}\n", t.name == p.budget.limiting ? "*" : " ", t.name, format_bytes(t.bytes),
+               t.detail);
   }
   fmt::print("  verdict: {}\n", pm::to_string(p.verdict));
   for (const auto& reason : p.reasons) fmt::print("  - {}\n", reason);
@@ -160,7 +165,8 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
   if (o.with_pool) {
     if (!req) throw pinfeed::ConfigError("--with-pool needs --batch or --batch-bytes to size the pool");
     const pm::PoolPlan plan = pm::plan_pool(pm::MemorySnapshot::read(o.root), *req);
-    if (plan.verdict == pm::Verdict::does_not_fit) throw pinfeed::ConfigError(fmt::format("--with-pool: {}", plan.fit.explain("--prefetch", "--batch", req->gpus)));
+    if (plan.verdict == pm::Verdict::does_not_fit)
+      throw pinfeed::ConfigError(fmt::format("--with-pool: {}", plan.fit.explain("--prefetch", "--batch", req->gpus)));
     pinned.emplace(pm::PinnedResource::Config{req->policy.method, std::nullopt});
     pageable.emplace();
     pm::BufferPool::Config pc;
@@ -207,9 +213,9 @@ int watch(const Options& o, const std::optional<pm::PoolPlanRequest>& req) {
                                    ? std::string{}
                                    : fmt::format(" ({:.0f} ms after critical)", st.last_release_seconds * 1e3));
       }
-      fmt::print("{:>8.2f} {:>12} {:>5.1f}% {:>8.0f} {:>8.0f} {:>7.2f} {:>7.2f} {:>9}{}\n", t, format_bytes(r.available_bytes),
-                 r.available_fraction * 100, r.swap_in_rate, r.swap_out_rate, r.psi_some, r.psi_full,
-                 pm::to_string(r.level), pool_col);
+      fmt::print("{:>8.2f} {:>12} {:>5.1f}% {:>8.0f} {:>8.0f} {:>7.2f} {:>7.2f} {:>9}{}\n", t,
+                 format_bytes(r.available_bytes), r.available_fraction * 100, r.swap_in_rate, r.swap_out_rate,
+                 r.psi_some, r.psi_full, pm::to_string(r.level), pool_col);
     }
     std::fflush(stdout);
   }
@@ -279,8 +285,10 @@ int main(int argc, char** argv) {
                 ->default_str("1")
                 ->check(CLI::Range(0.01, 3600.0));
   app.add_option("--count", o.count, "with --watch: stop after N samples (0: until Ctrl-C)")->needs(w);
-  app.add_flag("--with-pool", o.with_pool, "with --watch: run a buffer pool sized by the plan and show its slots")->needs(w);
-  app.add_option("--sample-ms", o.sample_ms, "window to measure swap rates over in the report")->check(CLI::Range(0U, 10000U));
+  app.add_flag("--with-pool", o.with_pool, "with --watch: run a buffer pool sized by the plan and show its slots")
+      ->needs(w);
+  app.add_option("--sample-ms", o.sample_ms, "window to measure swap rates over in the report")
+      ->check(CLI::Range(0U, 10000U));
   app.add_flag("-v,--verbose", o.verbose, "log pool and pressure events to stderr");
   return pinfeed::tools::run_tool("pinfeed-diag", app, argc, argv, [&] {
     if (w->count() > 0 && !o.watch_seconds) o.watch_seconds = 1.0;

@@ -4,8 +4,8 @@
 // and a value is checked by the table's own rule, so no tool restates one.
 //   numbers and choices  --batch-size 64, --crop center
 //   booleans             --no-<name> when the default is true, --<name> when false
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <initializer_list>
@@ -33,8 +33,9 @@ inline void add_loader_flags(CLI::App& app, loader::LoaderConfig& config, const 
       std::string flag = o.flag();
       if (current) flag.insert(2, "no-");
       flag += alias;
-      app.add_flag_callback(flag, [&config, &o, current] { o.set_bool(config, !current); },
-                            fmt::format("{}{}", current ? "turn off: " : "", o.help));
+      app.add_flag_callback(
+          flag, [&config, &o, current] { o.set_bool(config, !current); },
+          fmt::format("{}{}", current ? "turn off: " : "", o.help));
       continue;
     }
     auto* opt = app.add_option_function<std::string>(

@@ -6,8 +6,8 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <fmt/format.h>
+#include <csignal>
 
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +21,8 @@ namespace pinfeed::tools {
 
 /// `commands` with every {csv} replaced by the data file's path.
 inline std::string with_data(std::string commands, const std::string& csv_path) {
-  for (std::size_t at = commands.find("{csv}"); at != std::string::npos; at = commands.find("{csv}", at + csv_path.size())) {
+  for (std::size_t at = commands.find("{csv}"); at != std::string::npos;
+       at = commands.find("{csv}", at + csv_path.size())) {
     commands.replace(at, 5, csv_path);
   }
   return commands;

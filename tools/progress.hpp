@@ -23,16 +23,18 @@ class ProgressBar {
     if (quiet_) return;
     const std::size_t pct = total == 0 ? 100 : done * 100 / total;
     if (!tty_) {
-      if (pct / 10 != last_pct_ / 10 || done == total) fmt::print(stderr, "{}: {}% ({}/{})\n", label_, pct, done, total);
+      if (pct / 10 != last_pct_ / 10 || done == total)
+        fmt::print(stderr, "{}: {}% ({}/{})\n", label_, pct, done, total);
       last_pct_ = pct;
       return;
     }
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     std::string eta;
-    if (done > 0 && done < total) eta = fmt::format(" ETA {:.0f}s", elapsed * static_cast<double>(total - done) / static_cast<double>(done));
+    if (done > 0 && done < total)
+      eta = fmt::format(" ETA {:.0f}s", elapsed * static_cast<double>(total - done) / static_cast<double>(done));
     const std::size_t width = 30, filled = pct * width / 100;
-    fmt::print(stderr, "\r{} [{}{}] {:3}% {}/{}{}{}{}   ", label_, std::string(filled, '#'), std::string(width - filled, '.'),
-               pct, done, total, note.empty() ? "" : " ", note, eta);
+    fmt::print(stderr, "\r{} [{}{}] {:3}% {}/{}{}{}{}   ", label_, std::string(filled, '#'),
+               std::string(width - filled, '.'), pct, done, total, note.empty() ? "" : " ", note, eta);
     if (done == total) fmt::print(stderr, "\r{}\r", std::string(100, ' '));  // the line that follows says it all
     last_pct_ = pct;
   }

@@ -6,8 +6,8 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>

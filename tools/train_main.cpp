@@ -3,17 +3,18 @@
 // pinfeed::trainer (trainer.hpp, compare.hpp).
 //
 // Exit codes: 0 done; 1 an error (named: file, rank, reason); 2 bad flags.
-#include <CLI/CLI.hpp>
-#include <charconv>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <charconv>
 
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "loader_flags.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
@@ -22,7 +23,6 @@
 #include "pinfeed/trainer/trainer.hpp"
 #include "pinfeed/units.hpp"
 #include "plot.hpp"
-#include "loader_flags.hpp"
 #include "progress.hpp"
 #include "tool_main.hpp"
 
@@ -58,17 +58,18 @@ pt::TrainCallbacks callbacks(bool quiet, unsigned epochs) {
         e.pool_given_back_bytes == 0
             ? std::string{}
             : fmt::format(" ({} given back{})", pinfeed::format_bytes(e.pool_given_back_bytes),
-                          e.pool_release_seconds < 0 ? std::string{}
-                                                     : fmt::format(", {:.0f} ms after critical",
-                                                                   e.pool_release_seconds * 1e3)),
+                          e.pool_release_seconds < 0
+                              ? std::string{}
+                              : fmt::format(", {:.0f} ms after critical", e.pool_release_seconds * 1e3)),
         e.pressure);
     if (e.profile.measured) {
       const auto ms = [](double s) { return s * 1e3; };
       const pt::StepProfile& p = e.profile;
-      fmt::print("  step ms: wait {:.2f}  copy {:.2f}  forward {:.2f}  backward {:.2f}  all-reduce {:.2f} (exposed "
-                 "{:.2f})  optimizer {:.2f}\n",
-                 ms(p.wait), ms(p.copy), ms(p.forward), ms(p.backward), ms(p.allreduce), ms(p.allreduce_exposed),
-                 ms(p.optimizer));
+      fmt::print(
+          "  step ms: wait {:.2f}  copy {:.2f}  forward {:.2f}  backward {:.2f}  all-reduce {:.2f} (exposed "
+          "{:.2f})  optimizer {:.2f}\n",
+          ms(p.wait), ms(p.copy), ms(p.forward), ms(p.backward), ms(p.allreduce), ms(p.allreduce_exposed),
+          ms(p.optimizer));
     }
     std::fflush(stdout);
   };
@@ -83,8 +84,9 @@ std::string plot(const std::vector<pt::Curve>& curves, const std::string& prefix
       "set title 'pinfeed-train --compare: same data, same initial weights'\n"
       "plot ";
   for (std::size_t i = 0; i < curves.size(); ++i) {
-    commands += fmt::format("{}'{{csv}}' using 6:($1 == {} ? $7 : 1/0) with lines lw {} title '{} (batch {}, peak lr {:.3g})'",
-                            i ? ", " : "", i, i == 0 ? 6 : 2, curves[i].label, curves[i].global_batch, curves[i].peak_lr);
+    commands +=
+        fmt::format("{}'{{csv}}' using 6:($1 == {} ? $7 : 1/0) with lines lw {} title '{} (batch {}, peak lr {:.3g})'",
+                    i ? ", " : "", i, i == 0 ? 6 : 2, curves[i].label, curves[i].global_batch, curves[i].peak_lr);
   }
   commands += "\n";
   return pinfeed::tools::write_plot(prefix, pt::curves_csv(curves), commands, "pinfeed-train");
@@ -100,8 +102,8 @@ int run_compare(const pt::TrainConfig& config, int workers, const pt::TrainCallb
     const auto& last = c.result.epochs.back();
     j.push_back(c);
     if (!as_json) {
-      fmt::print("{:<50} batch {:>5}  steps {:>5}  final loss {:.4f}  acc {}\n", c.label, c.global_batch, c.result.steps,
-                 last.loss, percent(last.accuracy));
+      fmt::print("{:<50} batch {:>5}  steps {:>5}  final loss {:.4f}  acc {}\n", c.label, c.global_batch,
+                 c.result.steps, last.loss, percent(last.accuracy));
     }
   }
   if (as_json) {
@@ -124,9 +126,10 @@ int run_training(const pt::TrainConfig& config, const pt::TrainCallbacks& cb, bo
     if (config.devices.kind == pt::BackendKind::cpu) {
       // The CPU backend computes on one thread per worker (OpenBLAS single
       // threaded); the loader decodes on its own threads: they share the cores.
-      fmt::print("cores: {} on this machine; {} loader thread(s) decode, {} worker thread(s) compute "
-                 "(--loader-threads to change the split)\n",
-                 std::thread::hardware_concurrency(), r.loader_threads, r.local_workers);
+      fmt::print(
+          "cores: {} on this machine; {} loader thread(s) decode, {} worker thread(s) compute "
+          "(--loader-threads to change the split)\n",
+          std::thread::hardware_concurrency(), r.loader_threads, r.local_workers);
     }
   }
   return 0;
@@ -178,7 +181,8 @@ std::string version_text() {
 
 void add_data_and_schedule_flags(CLI::App& app, TrainFlags& f) {
   pt::TrainConfig& config = f.config;
-  app.add_option("--data", config.loader.dataset, "training data: folder, file list, or tar shard pattern or URLs (http://, https://, s3://, pipe:)")
+  app.add_option("--data", config.loader.dataset,
+                 "training data: folder, file list, or tar shard pattern or URLs (http://, https://, s3://, pipe:)")
       ->required();
   app.add_option("--val", config.val_dataset, "validation data (center crop)");
   app.add_option("--cache-dir", config.loader.remote.cache_dir,
@@ -189,12 +193,16 @@ void add_data_and_schedule_flags(CLI::App& app, TrainFlags& f) {
       ->check(CLI::Range(1, 16384));
   app.add_option("--devices", f.devices, "cpu:N, cuda:0,1, cuda:all, or auto (every GPU, else 2 CPU workers)");
   app.add_option("--epochs", config.epochs, "epochs")->check(CLI::Range(1, 100000));
-  app.add_option("--batch-size", config.global_batch, "global batch: samples per step over all workers")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--accumulation", config.accumulation, "micro-batches per step (no_sync on all but the last)")->check(CLI::Range(1, 1024));
-  app.add_option("--lr", config.lr, "learning rate per 256 samples (scaled by batch/256), warm-up then cosine")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", config.global_batch, "global batch: samples per step over all workers")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--accumulation", config.accumulation, "micro-batches per step (no_sync on all but the last)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--lr", config.lr, "learning rate per 256 samples (scaled by batch/256), warm-up then cosine")
+      ->check(CLI::PositiveNumber);
   app.add_option("--momentum", config.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999));
   app.add_option("--weight-decay", config.weight_decay, "SGD weight decay")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--warmup-epochs", config.warmup_epochs, "linear warm-up length in epochs")->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--warmup-epochs", config.warmup_epochs, "linear warm-up length in epochs")
+      ->check(CLI::Range(0.0, 1000.0));
   app.add_option("--checkpoint", config.checkpoint, "checkpoint file, written atomically at every epoch end");
   app.add_option("--checkpoint-every", config.checkpoint_every, "also every N steps");
   app.add_flag("--resume", config.resume, "continue from --checkpoint");
@@ -215,12 +223,14 @@ void add_data_and_schedule_flags(CLI::App& app, TrainFlags& f) {
 }
 
 void add_model_flags(CLI::App& app, TrainFlags& f) {
-  app.add_option("--model", f.model_spec,
-                 "mlp[:W,W...] (average pooling + MLP, the default) or cnn[:C,C...] (conv3x3+BatchNorm+ReLU blocks of C "
-                 "channels, each halving the resolution; cnn alone is cnn:32,64,128)");
+  app.add_option(
+      "--model", f.model_spec,
+      "mlp[:W,W...] (average pooling + MLP, the default) or cnn[:C,C...] (conv3x3+BatchNorm+ReLU blocks of C "
+      "channels, each halving the resolution; cnn alone is cnn:32,64,128)");
   app.add_flag("--sync-bn", f.config.model.sync_bn,
                "cnn: BatchNorm statistics over every worker (SyncBatchNorm), not each worker's own (DDP's default)");
-  app.add_option("--pool", f.config.model.pool, "average pooling before the MLP (must divide --size)")->check(CLI::Range(1, 1024));
+  app.add_option("--pool", f.config.model.pool, "average pooling before the MLP (must divide --size)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--hidden", f.config.model.hidden, "hidden layer widths, comma separated")
       ->delimiter(',')
       ->check(CLI::Range(1, 65536))
@@ -229,8 +239,10 @@ void add_model_flags(CLI::App& app, TrainFlags& f) {
 
 void add_run_flags(CLI::App& app, TrainFlags& f) {
   app.add_option("--bucket-cap-mb", f.bucket_mb, "DDP bucket size cap in MiB")->check(CLI::Range(0.0001, 4096.0));
-  app.add_flag("--host-normalize", f.host_normalize, "normalize on the host (float32 batches) instead of on the device");
-  app.add_option("--compare", f.compare, "train with 1 and with N workers (same global batch) and plot both loss curves")
+  app.add_flag("--host-normalize", f.host_normalize,
+               "normalize on the host (float32 batches) instead of on the device");
+  app.add_option("--compare", f.compare,
+                 "train with 1 and with N workers (same global batch) and plot both loss curves")
       ->check(CLI::Range(2, 64));
   app.add_option("--compare-out", f.compare_out, "prefix of the --compare CSV and PNG");
   app.add_flag("--profile", f.config.profile,

@@ -155,12 +155,15 @@ pinfeed_status pinfeed_options_list_json(char** json_out) {
     const pl::LoaderConfig defaults;
     nlohmann::json list = nlohmann::json::array();
     for (const pl::LoaderField& f : pl::loader_config_fields()) {
-      list.push_back({{"name", f.name}, {"type", f.type}, {"default", f.get(defaults)}, {"range", f.range},
-                      {"help", f.help}});
+      list.push_back(
+          {{"name", f.name}, {"type", f.type}, {"default", f.get(defaults)}, {"range", f.range}, {"help", f.help}});
     }
     for (const pl::LoaderOption& o : pl::loader_options()) {
-      list.push_back({{"name", o.name}, {"type", pl::to_string(o.type)}, {"default", pl::loader_field(defaults, o.name)},
-                      {"range", o.range_text()}, {"help", o.help}});
+      list.push_back({{"name", o.name},
+                      {"type", pl::to_string(o.type)},
+                      {"default", pl::loader_field(defaults, o.name)},
+                      {"range", o.range_text()},
+                      {"help", o.help}});
     }
     *json_out = copy_string(list.dump());
     return PINFEED_OK;
@@ -278,8 +281,8 @@ pinfeed_status pinfeed_loader_restore(pinfeed_loader* loader, const pinfeed_load
   if (loader == nullptr) return null_argument("loader");
   if (s == nullptr) return null_argument("state");
   return guarded([&] {
-    loader->loader->restore(pinfeed::loader::LoaderState{s->seed, s->epoch, static_cast<std::size_t>(s->position),
-                                                         s->world_size, s->rank});
+    loader->loader->restore(
+        pinfeed::loader::LoaderState{s->seed, s->epoch, static_cast<std::size_t>(s->position), s->world_size, s->rank});
     return PINFEED_OK;
   });
 }

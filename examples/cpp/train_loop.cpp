@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     const int epochs = argc > 2 ? std::stoi(argv[2]) : 3;
     const int classes = static_cast<int>(loader.dataset().num_classes());
     constexpr int kPool = 4, kSide = 32 / kPool, kFeatures = 3 * kSide * kSide;
-    std::vector<float> w(static_cast<std::size_t>(classes * kFeatures), 0.0F), b(static_cast<std::size_t>(classes), 0.0F);
+    std::vector<float> w(static_cast<std::size_t>(classes * kFeatures), 0.0F),
+        b(static_cast<std::size_t>(classes), 0.0F);
     std::vector<float> x(kFeatures), p(static_cast<std::size_t>(classes));
 
     for (int epoch = 0; epoch < epochs; ++epoch) {
@@ -55,7 +56,8 @@ int main(int argc, char** argv) {
           int best = 0;
           for (int k = 0; k < classes; ++k) {
             float z = b[static_cast<std::size_t>(k)];
-            for (int f = 0; f < kFeatures; ++f) z += w[static_cast<std::size_t>(k * kFeatures + f)] * x[static_cast<std::size_t>(f)];
+            for (int f = 0; f < kFeatures; ++f)
+              z += w[static_cast<std::size_t>(k * kFeatures + f)] * x[static_cast<std::size_t>(f)];
             p[static_cast<std::size_t>(k)] = z;
             if (z > top) top = z, best = k;
           }
@@ -65,9 +67,12 @@ int main(int argc, char** argv) {
           loss += std::log(sum) - static_cast<double>(p[static_cast<std::size_t>(label)] - top);
           correct += best == label ? 1 : 0;
           for (int k = 0; k < classes; ++k) {
-            const float g = static_cast<float>(std::exp(static_cast<double>(p[static_cast<std::size_t>(k)] - top)) / sum) - (k == label ? 1.0F : 0.0F);
+            const float g =
+                static_cast<float>(std::exp(static_cast<double>(p[static_cast<std::size_t>(k)] - top)) / sum) -
+                (k == label ? 1.0F : 0.0F);
             gb[static_cast<std::size_t>(k)] += g;
-            for (int f = 0; f < kFeatures; ++f) gw[static_cast<std::size_t>(k * kFeatures + f)] += g * x[static_cast<std::size_t>(f)];
+            for (int f = 0; f < kFeatures; ++f)
+              gw[static_cast<std::size_t>(k * kFeatures + f)] += g * x[static_cast<std::size_t>(f)];
           }
         }
         const float lr = 0.05F / static_cast<float>(n);
@@ -76,9 +81,10 @@ int main(int argc, char** argv) {
         seen += n;
       }  // each batch's slot goes back to the pool when the loop moves on
       const auto stats = loader.stats();
-      std::printf("epoch %d: loss %.4f  accuracy %.1f%%  %.0f images/s  %llu pinned / %llu pageable batches\n", epoch + 1,
-                  loss / static_cast<double>(seen), 100.0 * static_cast<double>(correct) / static_cast<double>(seen),
-                  stats.images_per_second, static_cast<unsigned long long>(stats.pinned_batches),
+      std::printf("epoch %d: loss %.4f  accuracy %.1f%%  %.0f images/s  %llu pinned / %llu pageable batches\n",
+                  epoch + 1, loss / static_cast<double>(seen),
+                  100.0 * static_cast<double>(correct) / static_cast<double>(seen), stats.images_per_second,
+                  static_cast<unsigned long long>(stats.pinned_batches),
                   static_cast<unsigned long long>(stats.pageable_batches));
     }
     return 0;

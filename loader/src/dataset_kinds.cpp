@@ -46,7 +46,8 @@ std::unique_ptr<Dataset> open_remote_shards(const std::vector<fs::path>& expande
     return std::make_unique<TarShards>(local, std::move(sources), staged.keep, max_classes);
   } catch (const DataError& e) {
     for (std::size_t i = 0; i < local.size(); ++i) {
-      if (local[i] == e.path() && local[i] != expanded[i]) throw DataError(redact_url(expanded[i].string()), e.reason());
+      if (local[i] == e.path() && local[i] != expanded[i])
+        throw DataError(redact_url(expanded[i].string()), e.reason());
     }
     throw;
   }
@@ -72,8 +73,8 @@ std::unique_ptr<Dataset> open_remote(const DatasetSpec& s) {
   for (const fs::path& p : expanded) {
     const std::string u = p.string();
     if (!is_remote_url(u) && !is_tar_name(p)) {
-      throw ConfigError(fmt::format("dataset '{}': '{}' is not a tar shard (URLs name WebDataset shards)",
-                                    redact_spec(s.text), u));
+      throw ConfigError(
+          fmt::format("dataset '{}': '{}' is not a tar shard (URLs name WebDataset shards)", redact_spec(s.text), u));
     }
     if (is_remote_url(u) && !u.starts_with("pipe:")) (void)remote_shard_name(u);  // a URL naming no file, said now
   }
@@ -85,7 +86,9 @@ bool is_directory(const DatasetSpec& s) {
   return fs::is_directory(s.text, ec);
 }
 
-std::unique_ptr<Dataset> open_folder(const DatasetSpec& s) { return std::make_unique<ImageFolder>(s.text, s.max_classes); }
+std::unique_ptr<Dataset> open_folder(const DatasetSpec& s) {
+  return std::make_unique<ImageFolder>(s.text, s.max_classes);
+}
 
 bool names_shards(const DatasetSpec& s) {
   return s.text.find('{') != std::string::npos || s.text.find(',') != std::string::npos || is_tar_name(s.text);
@@ -123,7 +126,8 @@ std::unique_ptr<Dataset> open_dataset(const std::string& spec, const fs::path& r
   for (const DatasetKind& kind : kKinds) {
     if (kind.matches(s)) return kind.open(s);
   }
-  throw ConfigError(fmt::format("dataset '{}': no kind of dataset takes it", redact_spec(spec)));  // file-list takes all
+  throw ConfigError(
+      fmt::format("dataset '{}': no kind of dataset takes it", redact_spec(spec)));  // file-list takes all
 }
 
 }  // namespace pinfeed::loader

@@ -3,8 +3,8 @@
 #include "pinfeed/loader/loader.hpp"
 
 #include <fmt/format.h>
-#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
@@ -21,8 +21,8 @@
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/image_decoder.hpp"
-#include "pinfeed/loader/synthetic.hpp"
 #include "pinfeed/loader/streamed.hpp"
+#include "pinfeed/loader/synthetic.hpp"
 #include "pinfeed/loader/tar_writer.hpp"
 
 namespace fs = std::filesystem;
@@ -34,7 +34,8 @@ namespace {
 /// Calls progress at most ~200 times, from one thread at a time.
 class ProgressReporter {
  public:
-  ProgressReporter(const Progress& p, std::size_t total) : progress_(p), total_(total), step_(std::max<std::size_t>(1, total / 200)) {}
+  ProgressReporter(const Progress& p, std::size_t total)
+      : progress_(p), total_(total), step_(std::max<std::size_t>(1, total / 200)) {}
   void tick() {
     const std::size_t n = ++done_;
     if (!progress_ || (n % step_ != 0 && n != total_)) return;
@@ -52,12 +53,14 @@ class ProgressReporter {
 template <typename F>
 void run_parallel(unsigned threads, std::size_t n, F&& body) {
   const auto t = static_cast<int>(default_threads(threads));
-  oneapi::tbb::global_control control(oneapi::tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(t));
+  oneapi::tbb::global_control control(oneapi::tbb::global_control::max_allowed_parallelism,
+                                      static_cast<std::size_t>(t));
   oneapi::tbb::task_arena arena(t);
   arena.execute([&] {
-    oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, n), [&](const oneapi::tbb::blocked_range<std::size_t>& r) {
-      for (std::size_t i = r.begin(); i != r.end(); ++i) body(i);
-    });
+    oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::size_t>(0, n),
+                              [&](const oneapi::tbb::blocked_range<std::size_t>& r) {
+                                for (std::size_t i = r.begin(); i != r.end(); ++i) body(i);
+                              });
   });
 }
 
@@ -72,17 +75,20 @@ void write_file(const fs::path& path, std::span<const std::byte> data) {
 void SyntheticDatasetConfig::validate() const {
   if (out.empty()) throw ConfigError("synthetic dataset: no output folder");
   if (classes < 1 || classes > 1000) throw ConfigError(fmt::format("classes must be 1..1000, got {}", classes));
-  if (per_class < 1 || per_class > 100000) throw ConfigError(fmt::format("per-class must be 1..100000, got {}", per_class));
-  if (!(val_fraction >= 0 && val_fraction <= 0.9)) throw ConfigError(fmt::format("val fraction must be 0..0.9, got {}", val_fraction));
+  if (per_class < 1 || per_class > 100000)
+    throw ConfigError(fmt::format("per-class must be 1..100000, got {}", per_class));
+  if (!(val_fraction >= 0 && val_fraction <= 0.9))
+    throw ConfigError(fmt::format("val fraction must be 0..0.9, got {}", val_fraction));
   if (quality < 1 || quality > 100) throw ConfigError(fmt::format("quality must be 1..100, got {}", quality));
   (void)parse_image_format(format, "synthetic dataset: format");
   if (style != "photo" && style != "texture") {
     throw ConfigError(fmt::format("style must be photo or texture, got '{}'", style));
   }
   if (style == "texture" && classes > kTextureClasses) {
-    throw ConfigError(fmt::format("style texture has {} distinct classes (4 patterns x 5 scales), not {}: ask for at "
-                                  "most {}",
-                                  kTextureClasses, classes, kTextureClasses));
+    throw ConfigError(
+        fmt::format("style texture has {} distinct classes (4 patterns x 5 scales), not {}: ask for at "
+                    "most {}",
+                    kTextureClasses, classes, kTextureClasses));
   }
 }
 
@@ -157,8 +163,8 @@ std::vector<std::byte> encode_bgra_jpeg(const std::uint8_t* bgra, int width, int
   if (h == nullptr) throw Error("TurboJPEG: tjInitCompress failed");
   unsigned char* jpeg = nullptr;
   unsigned long size = 0;
-  const int rc = tjCompress2(h, bgra, width, width * 4, height, TJPF_BGRA, &jpeg, &size, gray ? TJSAMP_GRAY : TJSAMP_420,
-                             quality, 0);
+  const int rc = tjCompress2(h, bgra, width, width * 4, height, TJPF_BGRA, &jpeg, &size,
+                             gray ? TJSAMP_GRAY : TJSAMP_420, quality, 0);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(h);
     tjFree(jpeg);
@@ -223,7 +229,8 @@ bool shrink_image(ImageDecoder& decoder, std::span<const std::byte> data, int ma
   return true;
 }
 
-PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const PackConfig& config, const Progress& progress) {
+PackSummary pack_shards(const Dataset& dataset, const fs::path& prefix, const PackConfig& config,
+                        const Progress& progress) {
   config.validate();
   if (!prefix.parent_path().empty()) fs::create_directories(prefix.parent_path());
   const std::size_t n = dataset.size();

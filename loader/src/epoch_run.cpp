@@ -10,7 +10,6 @@
 #include "pinfeed/error.hpp"
 #include "pinfeed/loader/sample_stage.hpp"
 
-
 namespace pinfeed::loader {
 
 namespace {
@@ -86,7 +85,8 @@ void SampleStage::operator()(std::size_t index, std::uint64_t epoch, std::span<s
   } catch (const DataError& e) {
     throw DataError(dataset_->describe(index), e.reason());
   }
-  if (!s.writer.complete()) throw Error(fmt::format("{}: the decoder stopped before the sample was written", dataset_->describe(index)));
+  if (!s.writer.complete())
+    throw Error(fmt::format("{}: the decoder stopped before the sample was written", dataset_->describe(index)));
   const std::uint64_t total = since(t0), output = s.writer.take_output_ns();
   times.transform_ns += output;
   times.decode_ns += total - std::min(total, output);
@@ -241,7 +241,8 @@ void EpochRun::check_budget(std::uint64_t replaced_now, const DataError& last) {
   const std::uint64_t limit = replacement_limit();
   if (replaced_now <= limit) return;
   if (limit == 0) {
-    throw DataError(last.path(), fmt::format("{} (replacing bad samples is off: max_replaced_share is 0)", last.reason()));
+    throw DataError(last.path(),
+                    fmt::format("{} (replacing bad samples is off: max_replaced_share is 0)", last.reason()));
   }
   throw DataError(last.path(), fmt::format("{} bad samples replaced this epoch, over the budget of {} ({:g}% of this "
                                            "rank's {} samples, max_replaced_share): this is a systematic problem, not "
@@ -255,9 +256,10 @@ void EpochRun::check_classes() {
   for (const auto& [label, bad] : bad_classes) {
     const auto c = static_cast<std::size_t>(label);
     if (class_good[c].load(std::memory_order_relaxed) != 0 || bad.samples.size() < (*class_total)[c]) continue;
-    throw DataError(bad.path, fmt::format("class {}: none of its {} sample(s) could be decoded (e.g. this one: {}); "
-                                          "they were all replaced by other classes' samples (Note [Replacement budget])",
-                                          label, bad.samples.size(), bad.reason));
+    throw DataError(bad.path,
+                    fmt::format("class {}: none of its {} sample(s) could be decoded (e.g. this one: {}); "
+                                "they were all replaced by other classes' samples (Note [Replacement budget])",
+                                label, bad.samples.size(), bad.reason));
   }
 }
 
@@ -336,15 +338,15 @@ void EpochRun::build_graph(std::size_t prefetch) {
   assemble = std::make_unique<flow::function_node<std::tuple<BatchPlan, Token>, BuildPtr>>(
       *graph, assembling, [this](const std::tuple<BatchPlan, Token>& in) { return assemble_batch(std::get<0>(in)); });
   sequencer = std::make_unique<flow::sequencer_node<BuildPtr>>(*graph, [](const BuildPtr& b) { return b->job.seq; });
-  deliver = std::make_unique<flow::function_node<BuildPtr, flow::continue_msg>>(
-      *graph, flow::serial, [this](const BuildPtr& b) {
-        {
-          const std::scoped_lock lock(mutex);
-          ready.push_back(b);
-        }
-        cv.notify_all();
-        return flow::continue_msg{};
-      });
+  deliver = std::make_unique<flow::function_node<BuildPtr, flow::continue_msg>>(*graph, flow::serial,
+                                                                                [this](const BuildPtr& b) {
+                                                                                  {
+                                                                                    const std::scoped_lock lock(mutex);
+                                                                                    ready.push_back(b);
+                                                                                  }
+                                                                                  cv.notify_all();
+                                                                                  return flow::continue_msg{};
+                                                                                });
   flow::make_edge(*source, flow::input_port<0>(*join));
   flow::make_edge(*tokens, flow::input_port<1>(*join));
   flow::make_edge(*join, *assemble);

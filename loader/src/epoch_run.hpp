@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/flow_graph.h>
@@ -14,26 +13,27 @@
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
+#include <cmath>
 
 #include <atomic>
 #include <deque>
 #include <map>
-#include <set>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stop_token>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
-#include "pinfeed/memory/pool_plan.hpp"
-#include "pinfeed/loader/sample_rng.hpp"
-#include "pinfeed/loader/options.hpp"
-#include "pinfeed/loader/sample_stage.hpp"
 #include "pinfeed/loader/dataset_kinds.hpp"
+#include "pinfeed/loader/options.hpp"
+#include "pinfeed/loader/sample_rng.hpp"
+#include "pinfeed/loader/sample_stage.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/pinned_budget.hpp"
-#include "pinfeed/log.hpp"
+#include "pinfeed/memory/pool_plan.hpp"
 
 namespace pinfeed::loader::detail {
 
@@ -52,7 +52,7 @@ struct Build {
   std::vector<std::int64_t> labels;
   std::vector<std::size_t> indices;
   std::atomic<std::size_t> replaced{0};  // samples of this batch filled by substitutes (parallel_for bodies add)
-  bool skipped = false;  // stopped before it was assembled
+  bool skipped = false;                  // stopped before it was assembled
 };
 using BuildPtr = std::shared_ptr<Build>;
 
@@ -97,7 +97,7 @@ struct EpochRun {
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
   // Bad samples, for the replacement budget and the class check.
-  std::atomic<std::uint32_t>* class_good = nullptr;  // per label: samples decoded (the Loader's, reset per run)
+  std::atomic<std::uint32_t>* class_good = nullptr;       // per label: samples decoded (the Loader's, reset per run)
   const std::vector<std::size_t>* class_total = nullptr;  // per label: samples in the whole dataset
   struct BadClass {
     std::set<std::size_t> samples;  // distinct dataset indices that failed

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/flow_graph.h>
@@ -10,27 +9,28 @@
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
+#include <cmath>
 
 #include <atomic>
 #include <deque>
 #include <map>
-#include <set>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stop_token>
 
+#include "epoch_run.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
-#include "pinfeed/memory/pool_plan.hpp"
-#include "pinfeed/loader/sample_rng.hpp"
-#include "pinfeed/loader/options.hpp"
-#include "pinfeed/loader/sample_stage.hpp"
 #include "pinfeed/loader/dataset_kinds.hpp"
+#include "pinfeed/loader/options.hpp"
+#include "pinfeed/loader/sample_rng.hpp"
+#include "pinfeed/loader/sample_stage.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/pinned_budget.hpp"
-#include "pinfeed/log.hpp"
-#include "epoch_run.hpp"
+#include "pinfeed/memory/pool_plan.hpp"
 
 namespace flow = oneapi::tbb::flow;
 
@@ -56,9 +56,10 @@ void LoaderConfig::validate() const {
     throw ConfigError(fmt::format("loader rank {} is not in 0..world_size-1 (world_size {})", rank, world_size));
   }
   if (watch_pressure && pressure_floor > std::max<std::size_t>(prefetch, 2)) {
-    pinfeed::detail::log().warn("loader: pressure_floor {} is over the pool's {} slots (prefetch): under critical "
-                                "pressure no slot is given back (at most {} does something)",
-                                pressure_floor, prefetch, prefetch);
+    pinfeed::detail::log().warn(
+        "loader: pressure_floor {} is over the pool's {} slots (prefetch): under critical "
+        "pressure no slot is given back (at most {} does something)",
+        pressure_floor, prefetch, prefetch);
   }
   transform.validate_relations();  // scale and ratio ranges ordered, resize >= size for a center crop, std > 0
   for (std::size_t c = 0; c < 3; ++c) {
@@ -72,7 +73,6 @@ void LoaderConfig::validate() const {
                                   memory::kMaxRegistrationBytes));
   }
 }
-
 
 // ---------------------------------------------------------------- Batch
 
@@ -101,7 +101,9 @@ std::span<const std::byte> Batch::data() const noexcept {
 std::span<const std::int32_t> Batch::slot_labels() const noexcept {
   return {reinterpret_cast<const std::int32_t*>(lease_.bytes().data() + p_.label_offset), p_.labels.size()};
 }
-std::span<std::byte> Batch::mutable_data() noexcept { return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes); }
+std::span<std::byte> Batch::mutable_data() noexcept {
+  return lease_.bytes().subspan(0, p_.labels.size() * p_.sample_bytes);
+}
 
 std::string stats_json(const LoaderStats& s) {
   nlohmann::ordered_json j{{"batches", s.batches},
@@ -166,7 +168,8 @@ class ThreadDemand {
     const auto fallback = static_cast<std::size_t>(oneapi::tbb::info::default_concurrency());
     std::unique_ptr<oneapi::tbb::global_control> next;
     if (total > 0 && wanted > fallback) {
-      next = std::make_unique<oneapi::tbb::global_control>(oneapi::tbb::global_control::max_allowed_parallelism, wanted);
+      next =
+          std::make_unique<oneapi::tbb::global_control>(oneapi::tbb::global_control::max_allowed_parallelism, wanted);
     }
     control = std::move(next);  // the new limit exists before the old one goes
   }
@@ -256,9 +259,10 @@ std::string host_page_tables_note(int cuda_device) {
   try {
     for (const memory::cuda::DeviceInfo& d : memory::cuda::devices()) {
       if (d.index != cuda_device || !d.host_page_tables) continue;
-      return fmt::format("cuda:{} reads pageable memory through the host page tables (Grace/ATS): its "
-                         "registration need not page-lock the slots; VmLck shows what is locked",
-                         d.index);
+      return fmt::format(
+          "cuda:{} reads pageable memory through the host page tables (Grace/ATS): its "
+          "registration need not page-lock the slots; VmLck shows what is locked",
+          d.index);
     }
   } catch (const Error&) {
     // already warned about by pinned_config
@@ -309,23 +313,21 @@ Loader::Loader(LoaderConfig config)
     if (!pin_report_.note.empty()) pinfeed::detail::log().info("loader: {}", pin_report_.note);
   }
   if (config_.pin && pin_report_.pinned_slots < pc.slots && pin_report_.reason.empty()) {
-    pin_report_.reason = fmt::format("only {} of {} slots could be pinned (see the pool's log)", pin_report_.pinned_slots,
-                                     pc.slots);
+    pin_report_.reason =
+        fmt::format("only {} of {} slots could be pinned (see the pool's log)", pin_report_.pinned_slots, pc.slots);
   }
   if (config_.require_pinned && pin_report_.pinned_slots < pc.slots) {
     throw ConfigError(fmt::format("loader: pinned memory was required but {}", pin_report_.reason));
   }
   // The samples of an epoch are logged when it starts: a sampler given in
   // Python (its own indices) decides them, not this rank's share.
-  pinfeed::detail::log().info("loader: {}; pool {} x {} ({} pinned, budget {} limited by {}{})",
-                              dataset_->summary(), pc.slots, format_bytes(pc.slot_bytes),
-                              pin_report_.pinned_slots, format_bytes(budget.bytes), budget.limiting,
+  pinfeed::detail::log().info("loader: {}; pool {} x {} ({} pinned, budget {} limited by {}{})", dataset_->summary(),
+                              pc.slots, format_bytes(pc.slot_bytes), pin_report_.pinned_slots,
+                              format_bytes(budget.bytes), budget.limiting,
                               local_ranks > 1 ? fmt::format(", split across {} local ranks", local_ranks) : "");
 }
 
-Loader::~Loader() {
-  stop();
-}
+Loader::~Loader() { stop(); }
 
 CropPlan Loader::crop_plan(std::size_t index, std::uint64_t epoch) const {
   if (index >= dataset_->size()) {
@@ -346,14 +348,15 @@ void Loader::begin_epoch(std::uint64_t epoch, std::vector<std::size_t> order, st
   const std::size_t n = dataset_->size();
   for (std::size_t k = 0; k < order.size(); ++k) {
     if (order[k] >= n) {
-      throw ConfigError(fmt::format("loader: the epoch's order gives index {} at place {}, outside the dataset's {} "
-                                    "samples (0..{})",
-                                    order[k], k, n, n - 1));
+      throw ConfigError(
+          fmt::format("loader: the epoch's order gives index {} at place {}, outside the dataset's {} "
+                      "samples (0..{})",
+                      order[k], k, n, n - 1));
     }
   }
   if (position > order.size()) {
-    throw ConfigError(fmt::format("loader: position {} is past the end of the epoch's order ({} samples)", position,
-                                  order.size()));
+    throw ConfigError(
+        fmt::format("loader: position {} is past the end of the epoch's order ({} samples)", position, order.size()));
   }
   start(epoch, std::move(order), position);
 }
@@ -364,8 +367,8 @@ void Loader::restore(const LoaderState& s) {
                                   s.seed, s.rank, s.world_size, config_.seed, config_.rank, config_.world_size));
   }
   if (s.position > sampler_.num_samples()) {
-    throw ConfigError(fmt::format("loader restore: position {} is past the epoch's {} samples", s.position,
-                                  sampler_.num_samples()));
+    throw ConfigError(
+        fmt::format("loader restore: position {} is past the epoch's {} samples", s.position, sampler_.num_samples()));
   }
   start(s.epoch, sampler_.indices(s.epoch), s.position);
 }
@@ -503,7 +506,8 @@ std::optional<Batch> Loader::next() {
   const auto n = b->labels.size();
   const auto h = static_cast<std::size_t>(config_.transform.out_height());
   const auto w = static_cast<std::size_t>(config_.transform.out_width());
-  p.shape = p.layout == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, h, w, 3} : std::array<std::size_t, 4>{n, 3, h, w};
+  p.shape =
+      p.layout == Layout::nhwc_u8 ? std::array<std::size_t, 4>{n, h, w, 3} : std::array<std::size_t, 4>{n, 3, h, w};
   p.labels = std::move(b->labels);
   p.label_offset = config_.label_offset();
   // The labels' int32 copy goes into the slot (max_classes keeps every

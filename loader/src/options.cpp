@@ -18,11 +18,11 @@ namespace {
 // (&LoaderConfig::transform, &TransformConfig::size).
 template <auto... Path>
 auto& field(LoaderConfig& c) {
-  return (c .* ... .* Path);
+  return (c.*....*Path);
 }
 template <auto... Path>
 const auto& field(const LoaderConfig& c) {
-  return (c .* ... .* Path);
+  return (c.*....*Path);
 }
 template <auto... Path>
 using FieldType = std::remove_cvref_t<decltype(field<Path...>(std::declval<LoaderConfig&>()))>;
@@ -131,7 +131,8 @@ std::vector<LoaderOption> make_options() {
   constexpr double u64_max = 18446744073709551615.0;
   std::vector<LoaderOption> out{
       integer<&L::batch_size>("batch_size", 1, kMaxBatchSize, "samples per batch"),
-      integer<&L::threads>("threads", 0, kMaxThreads, "decode threads (0: the cores divided by the ranks on this host)"),
+      integer<&L::threads>("threads", 0, kMaxThreads,
+                           "decode threads (0: the cores divided by the ranks on this host)"),
       integer<&L::prefetch>("prefetch", 1, static_cast<double>(kMaxPrefetch), "batches in flight: pool slots"),
       integer<&L::seed>("seed", 0, u64_max, "shuffling and augmentation seed"),
       evaluated_as("false", boolean<&L::shuffle>("shuffle", "shuffle the order every epoch (by seed and epoch)")),
@@ -143,8 +144,7 @@ std::vector<LoaderOption> make_options() {
                                  "image resized)")),
       ranged<&L::transform, &T::size>("size", "output width, and height unless height is set, pixels"),
       ranged<&L::transform, &T::height>("height", "output height, pixels (0: size, square)"),
-      ranged<&L::transform, &T::resize>("resize",
-                                        "center crop: the shorter side before cropping (>= size)"),
+      ranged<&L::transform, &T::resize>("resize", "center crop: the shorter side before cropping (>= size)"),
       ranged<&L::transform, &T::scale_min>("scale_min", "RandomResizedCrop: smallest area share"),
       ranged<&L::transform, &T::scale_max>("scale_max", "RandomResizedCrop: largest area share"),
       ranged<&L::transform, &T::ratio_min>("ratio_min", "RandomResizedCrop: smallest aspect ratio"),
@@ -155,11 +155,16 @@ std::vector<LoaderOption> make_options() {
           "interpolation", enum_choices(kInterpolationWords),
           "bilinear (antialiased: box averages while shrinking over 2x) or nearest (the pixel under each centre)"),
       choice<&parse_layout, &print_layout, &L::transform, &T::layout>(
-          "layout", enum_choices(kLayoutWords), "nchw-f32 (normalized float32) or nhwc-u8 (to normalize on the device)"),
-      boolean<&L::transform, &T::dct_scaling>("dct_scaling", "decode JPEGs at 1/2, 1/4, 1/8 where the output allows: faster on images over twice the output size, but the pixels are no longer torchvision's (about 1-3 levels apart)"),
+          "layout", enum_choices(kLayoutWords),
+          "nchw-f32 (normalized float32) or nhwc-u8 (to normalize on the device)"),
+      boolean<&L::transform, &T::dct_scaling>(
+          "dct_scaling",
+          "decode JPEGs at 1/2, 1/4, 1/8 where the output allows: faster on images over twice the output size, but the "
+          "pixels are no longer torchvision's (about 1-3 levels apart)"),
       boolean<&L::transform, &T::roi_decode>("roi_decode", "decode only the crop's region"),
       choice<&parse_bad_sample_policy, &print_policy, &L::on_bad_sample>(
-          "bad_sample", enum_choices(kBadSamplePolicyWords), "a sample that cannot be decoded: replace it (counted) or fail"),
+          "bad_sample", enum_choices(kBadSamplePolicyWords),
+          "a sample that cannot be decoded: replace it (counted) or fail"),
       integer<&L::max_replacements>("max_replacements", 0, 1024, "substitutes tried for one bad sample"),
       real<&L::max_replaced_share>("max_replaced_share", 0, false, 1,
                                    "share of an epoch that bad samples may replace before it fails"),
@@ -246,8 +251,8 @@ std::array<float, 3> parse_rgb(std::string_view name, std::string_view value) {
     const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), out[i]);
     if (comma == std::string_view::npos || part.empty() || ec != std::errc() || end != part.data() + part.size() ||
         !std::isfinite(out[i])) {
-      throw ConfigError(fmt::format("loader {} must be three numbers, R,G,B (\"0.485,0.456,0.406\"), got '{}'", name,
-                                    value));
+      throw ConfigError(
+          fmt::format("loader {} must be three numbers, R,G,B (\"0.485,0.456,0.406\"), got '{}'", name, value));
     }
     at = comma + 1;
   }
@@ -259,8 +264,8 @@ std::string rgb_text(const std::array<float, 3>& v) { return fmt::format("{},{},
 void set_std(LoaderConfig& c, std::string_view value) {
   const std::array<float, 3> v = parse_rgb("std", value);
   if (!(v[0] > 0 && v[1] > 0 && v[2] > 0)) {
-    throw ConfigError(fmt::format("loader std must be three numbers > 0 (each channel is divided by it), got '{}'",
-                                  value));
+    throw ConfigError(
+        fmt::format("loader std must be three numbers > 0 (each channel is divided by it), got '{}'", value));
   }
   c.transform.std = v;
 }
@@ -296,7 +301,8 @@ const std::array<LoaderField, 8> kLoaderFields{{
     {"std", "rgb", "R,G,B", kNormalization, set_std, [](const LoaderConfig& c) { return rgb_text(c.transform.std); }},
     {"cuda_device", "integer", "-1..", "the GPU the pool's slots are registered with (-1: none)", set_cuda_device,
      [](const LoaderConfig& c) { return std::to_string(c.cuda_device); }},
-    {"cache_dir", "text", "", "where remote shards (http://, https://, s3://, pipe:) are kept whole across runs and "
+    {"cache_dir", "text", "",
+     "where remote shards (http://, https://, s3://, pipe:) are kept whole across runs and "
      "shared by the ranks of a node (empty: none kept; streamed samples stay in memory, staged shards go to a "
      "private folder removed at the end)",
      [](LoaderConfig& c, std::string_view v) { c.remote.cache_dir = std::string(v); },
@@ -351,7 +357,8 @@ std::string LoaderOption::default_text() const { return text(LoaderConfig{}); }
 std::string LoaderOption::range_text() const {
   switch (type) {
     case OptionType::integer: return fmt::format("{}..{}", number_text(min), number_text(max));
-    case OptionType::real: return fmt::format("{}{}, {}]", min_exclusive ? "(" : "[", number_text(min), number_text(max));
+    case OptionType::real:
+      return fmt::format("{}{}, {}]", min_exclusive ? "(" : "[", number_text(min), number_text(max));
     case OptionType::boolean: return "true or false";
     case OptionType::choice: {
       std::string out;
@@ -378,7 +385,9 @@ void LoaderOption::check(const LoaderConfig& c) const {
 }
 
 void LoaderOption::set_text(LoaderConfig& c, std::string_view value) const {
-  const auto bad = [&] { return ConfigError(fmt::format("loader {} must be {}, got '{}'", name, range_text(), value)); };
+  const auto bad = [&] {
+    return ConfigError(fmt::format("loader {} must be {}, got '{}'", name, range_text(), value));
+  };
   switch (type) {
     case OptionType::integer: {
       std::uint64_t v = 0;

@@ -9,9 +9,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "pinfeed/error.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
-#include "pinfeed/error.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 
 namespace pinfeed::memory {
@@ -214,8 +214,8 @@ BufferPool::~BufferPool() {
         pinfeed::detail::log().error("buffer pool: slot {} still fenced after 30 s at destruction", f.slot);
       }
     } catch (const std::exception& e) {
-      pinfeed::detail::log().error("buffer pool: slot {}'s fence failed at destruction ({}): treated as complete", f.slot,
-                                   e.what());
+      pinfeed::detail::log().error("buffer pool: slot {}'s fence failed at destruction ({}): treated as complete",
+                                   f.slot, e.what());
     }
     lock.lock();
     if (f.loose != nullptr) {
@@ -247,8 +247,8 @@ BufferPool::~BufferPool() {
 }
 
 void BufferPool::record_locked(std::size_t slab, SlabMemory memory, std::string reason, bool ok) {
-  transitions_.push_back(PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, memory, ok,
-                                        std::move(reason)});
+  transitions_.push_back(
+      PoolTransition{std::chrono::system_clock::now(), slab, slabs_[slab].slot_count, memory, ok, std::move(reason)});
 }
 
 void BufferPool::update_serving_locked() noexcept {
@@ -378,7 +378,9 @@ std::optional<SlotLease> BufferPool::acquire_until(std::optional<Clock::time_poi
       // (copies on one stream complete in order), a little at a time so a
       // plain release, a cancel or a stop is still seen promptly.
       auto slice = std::chrono::microseconds(2000);
-      if (deadline) slice = std::min(slice, std::chrono::duration_cast<std::chrono::microseconds>(*deadline - now) + std::chrono::microseconds(1));
+      if (deadline)
+        slice = std::min(slice, std::chrono::duration_cast<std::chrono::microseconds>(*deadline - now) +
+                                    std::chrono::microseconds(1));
       reclaim_one_fenced(lock, slice);
       continue;
     }
@@ -470,19 +472,20 @@ SlabMemory BufferPool::lend_target_locked(const Slab& slab) const {
     if (live >= in.min_live_slots) return SlabMemory::released;
   }
   const bool may_pin = in.pin && !in.pin_backed_off && in.level == PressureLevel::normal;
-  const std::uint64_t pinned = policy_totals(slabs_).pinned_bytes - (slab.memory == SlabMemory::pinned ? slab.bytes : 0);
+  const std::uint64_t pinned =
+      policy_totals(slabs_).pinned_bytes - (slab.memory == SlabMemory::pinned ? slab.bytes : 0);
   return may_pin && pinned + slab.bytes <= in.pinned_budget_bytes ? SlabMemory::pinned : SlabMemory::pageable;
 }
 
 void BufferPool::check_held_limit_locked(std::uint64_t slab_bytes) const {
   if (config_.held_limit_bytes == 0 || loose_bytes_ + slab_bytes <= config_.held_limit_bytes) return;
   const std::uint64_t held = loose_bytes_ + consumer_held_ * slab_bytes;
-  throw HeldLimit(fmt::format("{} batch(es) held by the program: {}, {} held_limit ({}). Drop "
-                              "references to earlier batches (labels are the program's own; images[0] or a loss "
-                              "whose graph holds the input keeps the whole batch), or raise held_limit",
-                              loose_.size() + consumer_held_, format_bytes(held),
-                              held > config_.held_limit_bytes ? "past" : "and one more would pass",
-                              format_bytes(config_.held_limit_bytes)));
+  throw HeldLimit(fmt::format(
+      "{} batch(es) held by the program: {}, {} held_limit ({}). Drop "
+      "references to earlier batches (labels are the program's own; images[0] or a loss "
+      "whose graph holds the input keeps the whole batch), or raise held_limit",
+      loose_.size() + consumer_held_, format_bytes(held),
+      held > config_.held_limit_bytes ? "past" : "and one more would pass", format_bytes(config_.held_limit_bytes)));
 }
 
 std::uint64_t BufferPool::lend_held(std::size_t* lent_slot) {
@@ -532,7 +535,7 @@ std::uint64_t BufferPool::lend_held(std::size_t* lent_slot) {
   slab.moving = false;
   slab.data = fresh.data;
   slab.owner = fresh.data != nullptr ? fresh.owner : nullptr;
-  slab.memory = fresh.data == nullptr ? SlabMemory::released
+  slab.memory = fresh.data == nullptr      ? SlabMemory::released
                 : fresh.owner->is_pinned() ? SlabMemory::pinned
                                            : SlabMemory::pageable;
   if (slab.memory == SlabMemory::released) slab.draining = false;

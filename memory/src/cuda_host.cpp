@@ -10,8 +10,8 @@
 #include <cctype>
 #include <fstream>
 
-#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
 
 namespace pinfeed::memory::cuda {
 
@@ -120,14 +120,13 @@ void host_register(void* ptr, std::size_t bytes, int device) {
   if (!guard.ok()) throw CudaError(fmt::format("cudaSetDevice({}) before cudaHostRegister failed", device));
   if (const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable); e != cudaSuccess) {
     (void)cudaGetLastError();
-    const std::string what = fmt::format("cudaHostRegister of {} bytes on cuda:{} failed: {}", bytes, device, describe(e));
+    const std::string what =
+        fmt::format("cudaHostRegister of {} bytes on cuda:{} failed: {}", bytes, device, describe(e));
     switch (e) {
       case cudaErrorMemoryAllocation:
       case cudaErrorNotSupported:
-      case cudaErrorInvalidValue:
-        throw OutOfMemory("cuda register", what);  // the pool pins less and says why
-      default:
-        throw CudaError(what);  // already registered, a lost context: pinning less would hide it
+      case cudaErrorInvalidValue: throw OutOfMemory("cuda register", what);  // the pool pins less and says why
+      default: throw CudaError(what);  // already registered, a lost context: pinning less would hide it
     }
   }
 }

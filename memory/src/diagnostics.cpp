@@ -60,12 +60,14 @@ std::optional<PoolPlanRequest> diagnostics_plan_request(const DiagnosticsRequest
   return r;
 }
 
-
-json diagnostics_report_json(const std::string& root, const MemorySnapshot& s, const std::optional<PressureReading>& activity) {
+json diagnostics_report_json(const std::string& root, const MemorySnapshot& s,
+                             const std::optional<PressureReading>& activity) {
   json j;
   j["root"] = root;
-  j["memory"] = {{"total_bytes", s.mem_total},     {"available_bytes", s.mem_available},
-                 {"shmem_bytes", s.shmem},         {"mlocked_bytes", s.mlocked},
+  j["memory"] = {{"total_bytes", s.mem_total},
+                 {"available_bytes", s.mem_available},
+                 {"shmem_bytes", s.shmem},
+                 {"mlocked_bytes", s.mlocked},
                  {"effective_total_bytes", s.effective_total()},
                  {"effective_available_bytes", s.effective_available()},
                  {"available_fraction", s.available_fraction()}};
@@ -99,17 +101,22 @@ json diagnostics_report_json(const std::string& root, const MemorySnapshot& s, c
     const auto& topo = Topology::host();
     json nodes = json::array();
     for (const auto& n : topo.nodes()) {
-      nodes.push_back({{"os_index", n.os_index}, {"memory_bytes", n.memory_bytes}, {"cpus", n.cpus}, {"cpu_count", n.cpu_count}});
+      nodes.push_back(
+          {{"os_index", n.os_index}, {"memory_bytes", n.memory_bytes}, {"cpus", n.cpus}, {"cpu_count", n.cpu_count}});
     }
     j["numa"] = {{"hwloc", topo.available()}, {"nodes", nodes}};
     const auto& cuda = cuda::runtime_status();
     json gpus = json::array();
     for (const auto& d : cuda::devices()) {
-      gpus.push_back({{"index", d.index}, {"name", d.name}, {"memory_bytes", d.total_bytes},
-                      {"pci_bus_id", d.pci_bus_id}, {"numa_node", d.numa_node},
+      gpus.push_back({{"index", d.index},
+                      {"name", d.name},
+                      {"memory_bytes", d.total_bytes},
+                      {"pci_bus_id", d.pci_bus_id},
+                      {"numa_node", d.numa_node},
                       {"host_page_tables", d.host_page_tables}});
     }
-    j["cuda"] = {{"compiled", cuda.compiled}, {"available", cuda.available}, {"message", cuda.message}, {"devices", gpus}};
+    j["cuda"] = {
+        {"compiled", cuda.compiled}, {"available", cuda.available}, {"message", cuda.message}, {"devices", gpus}};
   } else {
     j["numa"] = nullptr;
     j["cuda"] = nullptr;
@@ -117,7 +124,8 @@ json diagnostics_report_json(const std::string& root, const MemorySnapshot& s, c
   }
   json users = json::array();
   for (const auto& u : locked_memory_users(root)) {
-    users.push_back({{"pid", u.pid}, {"name", u.name}, {"vm_locked_bytes", u.vm_locked}, {"vm_pinned_bytes", u.vm_pinned}});
+    users.push_back(
+        {{"pid", u.pid}, {"name", u.name}, {"vm_locked_bytes", u.vm_locked}, {"vm_pinned_bytes", u.vm_pinned}});
   }
   j["locked_memory_users"] = users;
   return j;
@@ -153,7 +161,6 @@ json pool_plan_json(const PoolPlanRequest& r, const PoolPlan& p) {
           {"rule_of_thumb",
            {{"known", p.rule_known}, {"gpu_memory_total_bytes", p.gpu_memory_total}, {"met", p.rule_met}}}};
 }
-
 
 std::string diagnostics_json(const DiagnosticsRequest& request) {
   const auto req = diagnostics_plan_request(request);  // validates before reading anything

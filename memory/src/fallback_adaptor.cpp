@@ -1,7 +1,7 @@
 #include "pinfeed/memory/fallback_adaptor.hpp"
 
-#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/units.hpp"
 
 namespace pinfeed::memory {

@@ -11,8 +11,8 @@ namespace pinfeed::memory {
 
 void* HostResource::allocate(std::size_t bytes, std::size_t alignment) {
   if (alignment == 0 || !std::has_single_bit(alignment) || alignment > page_size()) {
-    throw ConfigError(fmt::format("{}: alignment {} is not a power of two up to the page size {}", name(),
-                                  alignment, page_size()));
+    throw ConfigError(
+        fmt::format("{}: alignment {} is not a power of two up to the page size {}", name(), alignment, page_size()));
   }
   if (bytes == 0) return nullptr;
   return do_allocate(bytes, alignment);

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/units.hpp"
 
 namespace pinfeed::memory::detail {
@@ -53,7 +53,8 @@ void* map_anonymous(std::size_t bytes, std::string_view who, bool huge_pages) {
   void* aligned = reinterpret_cast<void*>(start);
   // Advice only: a kernel that cannot give huge pages gives small ones.
   if (::madvise(aligned, length, MADV_HUGEPAGE) != 0) {
-    pinfeed::detail::log().debug("{}: madvise(MADV_HUGEPAGE) on {} bytes failed: {}", who, length, std::strerror(errno));
+    pinfeed::detail::log().debug("{}: madvise(MADV_HUGEPAGE) on {} bytes failed: {}", who, length,
+                                 std::strerror(errno));
   }
   return aligned;
 }

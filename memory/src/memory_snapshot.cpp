@@ -80,10 +80,14 @@ std::optional<PsiLine> parse_psi_line(std::string_view line) {
     const std::string key = tok.substr(0, eq);
     const std::string val = tok.substr(eq + 1);
     try {
-      if (key == "avg10") p.avg10 = std::stod(val), ++seen;
-      else if (key == "avg60") p.avg60 = std::stod(val), ++seen;
-      else if (key == "avg300") p.avg300 = std::stod(val), ++seen;
-      else if (key == "total") p.total_us = std::stoull(val), ++seen;
+      if (key == "avg10")
+        p.avg10 = std::stod(val), ++seen;
+      else if (key == "avg60")
+        p.avg60 = std::stod(val), ++seen;
+      else if (key == "avg300")
+        p.avg300 = std::stod(val), ++seen;
+      else if (key == "total")
+        p.total_us = std::stoull(val), ++seen;
     } catch (const std::exception&) {
       return std::nullopt;
     }
@@ -190,7 +194,8 @@ void read_cgroup_v2(const fs::path& mount, const fs::path& dir, CgroupMemory& cg
     if (d == top || d.native().size() <= top.native().size()) break;
   }
   cg.usage_bytes = read_limit(dir / "memory.current", nullptr).value_or(0);
-  if (const auto stat = slurp(dir / "memory.stat")) cg.inactive_file_bytes = field(*stat, "inactive_file", false).value_or(0);
+  if (const auto stat = slurp(dir / "memory.stat"))
+    cg.inactive_file_bytes = field(*stat, "inactive_file", false).value_or(0);
   if (const auto p = slurp(dir / "memory.pressure")) cg.pressure = parse_psi(*p);
   if (const auto ev = slurp(dir / "memory.events")) {
     cg.oom_kills = field(*ev, "oom_kill", false);
@@ -214,8 +219,8 @@ std::optional<std::uint64_t> CgroupMemory::room_bytes() const noexcept {
     return *limit > net ? *limit - net : 0;
   };
   std::optional<std::uint64_t> best;
-  for (const auto r : {room(limit_bytes, usage_bytes), room(high_bytes, usage_bytes),
-                       room(memsw_limit_bytes, memsw_usage_bytes)}) {
+  for (const auto r :
+       {room(limit_bytes, usage_bytes), room(high_bytes, usage_bytes), room(memsw_limit_bytes, memsw_usage_bytes)}) {
     if (r) best = best ? std::min(*best, *r) : *r;
   }
   return best;
@@ -231,11 +236,13 @@ MemorySnapshot MemorySnapshot::read(const fs::path& root) {
   const auto meminfo = slurp(meminfo_path);
   if (!meminfo) throw DataError(meminfo_path, "cannot read (is this a procfs root?)");
   const auto total = field(*meminfo, "MemTotal", true);
-  if (!total || *total == 0) throw DataError(meminfo_path, "no usable MemTotal line (missing, zero, not a number or too large)");
+  if (!total || *total == 0)
+    throw DataError(meminfo_path, "no usable MemTotal line (missing, zero, not a number or too large)");
   s.mem_total = *total;
   // Kernels before 3.14 lack MemAvailable: MemFree + Cached is the usual estimate.
-  s.mem_available = field(*meminfo, "MemAvailable", true)
-                        .value_or(field(*meminfo, "MemFree", true).value_or(0) + field(*meminfo, "Cached", true).value_or(0));
+  s.mem_available =
+      field(*meminfo, "MemAvailable", true)
+          .value_or(field(*meminfo, "MemFree", true).value_or(0) + field(*meminfo, "Cached", true).value_or(0));
   s.shmem = field(*meminfo, "Shmem", true).value_or(0);
   s.mlocked = field(*meminfo, "Mlocked", true).value_or(0);
   s.swap_total = field(*meminfo, "SwapTotal", true).value_or(0);
@@ -251,8 +258,9 @@ MemorySnapshot MemorySnapshot::read(const fs::path& root) {
     if (!s.psi) s.psi_note = "proc/pressure/memory is unparsable";
   } else {
     std::error_code ec;
-    s.psi_note = fs::exists(proc / "pressure", ec) ? "PSI present but memory file unreadable (psi=0 on the kernel command line?)"
-                                                    : "no PSI on this kernel (needs Linux 4.20+ with CONFIG_PSI)";
+    s.psi_note = fs::exists(proc / "pressure", ec)
+                     ? "PSI present but memory file unreadable (psi=0 on the kernel command line?)"
+                     : "no PSI on this kernel (needs Linux 4.20+ with CONFIG_PSI)";
   }
 
   const fs::path self = proc / "self";
@@ -339,9 +347,8 @@ std::vector<LockedMemoryUser> locked_memory_users(const fs::path& root) {
     }
     users.push_back(std::move(u));
   }
-  std::sort(users.begin(), users.end(), [](const auto& a, const auto& b) {
-    return a.vm_locked + a.vm_pinned > b.vm_locked + b.vm_pinned;
-  });
+  std::sort(users.begin(), users.end(),
+            [](const auto& a, const auto& b) { return a.vm_locked + a.vm_pinned > b.vm_locked + b.vm_pinned; });
   return users;
 }
 

@@ -44,11 +44,11 @@ PinnedBudget PinnedBudget::compute(const MemorySnapshot& s, const BudgetPolicy& 
   b.terms.push_back({"MemAvailable", scaled(s.mem_available, policy.reserve_bytes, policy.fraction, policy.local_ranks),
                      fmt::format("{}% of MemAvailable {}{}", pct, format_bytes(s.mem_available), reserve)});
   if (const auto room = s.cgroup.room_bytes()) {
-    b.terms.push_back({"cgroup room", scaled(*room, policy.reserve_bytes, policy.fraction, policy.local_ranks),
-                       fmt::format("{}% of cgroup {} room {} (limit {} - usage {} + inactive file {}){}", pct,
-                                   to_string(s.cgroup.version), format_bytes(*room), format_bytes(*s.cgroup.limit_bytes),
-                                   format_bytes(s.cgroup.usage_bytes), format_bytes(s.cgroup.inactive_file_bytes),
-                                   reserve)});
+    b.terms.push_back(
+        {"cgroup room", scaled(*room, policy.reserve_bytes, policy.fraction, policy.local_ranks),
+         fmt::format("{}% of cgroup {} room {} (limit {} - usage {} + inactive file {}){}", pct,
+                     to_string(s.cgroup.version), format_bytes(*room), format_bytes(*s.cgroup.limit_bytes),
+                     format_bytes(s.cgroup.usage_bytes), format_bytes(s.cgroup.inactive_file_bytes), reserve)});
   }
   if (policy.method == PinMethod::mlock && !s.cap_ipc_lock && s.memlock_limit) {
     const std::uint64_t left = *s.memlock_limit > s.vm_locked ? *s.memlock_limit - s.vm_locked : 0;

@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "pinfeed/log.hpp"
 #include "mapping.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/numa.hpp"
 #include "process_limits.hpp"
@@ -28,8 +28,8 @@ PinMethod resolve(PinMethod method) {
 
 PinnedResource::PinnedResource(Config config) : config_(config), method_(resolve(config.method)) {
   if (method_ == PinMethod::cuda_register && !cuda::runtime_status().available) {
-    throw ConfigError(fmt::format("pinned resource: pin method 'cuda' needs a CUDA device ({})",
-                                  cuda::runtime_status().message));
+    throw ConfigError(
+        fmt::format("pinned resource: pin method 'cuda' needs a CUDA device ({})", cuda::runtime_status().message));
   }
 }
 
@@ -70,12 +70,12 @@ void* PinnedResource::do_allocate(std::size_t bytes, std::size_t /*alignment*/) 
       const int err = errno;
       const auto limit = detail::memlock_limit();
       const bool capped = limit.has_value() && !detail::has_cap_ipc_lock();
-      throw OutOfMemory(capped ? "memlock limit" : "mlock",
-                        fmt::format("pinned resource: mlock of {} failed: {}{}", format_bytes(length),
-                                    std::strerror(err),
-                                    capped ? fmt::format(" (RLIMIT_MEMLOCK is {} and the process lacks CAP_IPC_LOCK)",
-                                                         format_bytes(*limit))
-                                           : std::string{}));
+      throw OutOfMemory(
+          capped ? "memlock limit" : "mlock",
+          fmt::format(
+              "pinned resource: mlock of {} failed: {}{}", format_bytes(length), std::strerror(err),
+              capped ? fmt::format(" (RLIMIT_MEMLOCK is {} and the process lacks CAP_IPC_LOCK)", format_bytes(*limit))
+                     : std::string{}));
     }
   } catch (...) {
     detail::unmap(p, length);

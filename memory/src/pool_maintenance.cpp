@@ -13,9 +13,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "pinfeed/error.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
-#include "pinfeed/error.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 
 namespace pinfeed::memory {
@@ -49,7 +49,8 @@ void BufferPool::on_pressure(PressureLevel level) {
 void BufferPool::follow(PressureMonitor& monitor) {
   if (monitor_ != nullptr) throw ConfigError("buffer pool already follows a pressure monitor");
   monitor_ = &monitor;
-  subscription_ = monitor.subscribe([this](PressureLevel, PressureLevel to, const PressureReading&) { on_pressure(to); });
+  subscription_ =
+      monitor.subscribe([this](PressureLevel, PressureLevel to, const PressureReading&) { on_pressure(to); });
   on_pressure(monitor.level());
 }
 
@@ -63,8 +64,9 @@ bool BufferPool::slab_idle_locked(const Slab& slab) const {
 
 std::optional<PoolMove> BufferPool::next_job_locked(bool idle_only) const {
   // A slab being lent (moving, off the lock) is never idle: nothing may move it meanwhile.
-  return next_pool_move(policy_locked(), slabs_,
-                        [this](std::size_t i) { return !slabs_[i].moving && slab_idle_locked(slabs_[i]); }, idle_only);
+  return next_pool_move(
+      policy_locked(), slabs_, [this](std::size_t i) { return !slabs_[i].moving && slab_idle_locked(slabs_[i]); },
+      idle_only);
 }
 
 bool BufferPool::park_free_slots_locked(std::size_t i) {
@@ -100,7 +102,8 @@ std::byte* BufferPool::map_slab(HostResource& resource, std::size_t bytes, std::
     if (&resource == &pinned_resource_) {
       // Registering: outside device collectives (Note [Registration outside
       // collectives] in collective_gate.hpp).
-      CollectiveGate::process().exclusive([&] { data = static_cast<std::byte*>(resource.allocate(bytes, page_size())); });
+      CollectiveGate::process().exclusive(
+          [&] { data = static_cast<std::byte*>(resource.allocate(bytes, page_size())); });
     } else {
       data = static_cast<std::byte*>(resource.allocate(bytes, page_size()));
     }
@@ -160,7 +163,7 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
   moving_ = false;
   slab.data = fresh.data;
   slab.owner = fresh.data != nullptr ? fresh.owner : nullptr;
-  slab.memory = fresh.data == nullptr ? SlabMemory::released
+  slab.memory = fresh.data == nullptr      ? SlabMemory::released
                 : fresh.owner->is_pinned() ? SlabMemory::pinned
                                            : SlabMemory::pageable;
   ++policy_version_;
@@ -178,9 +181,9 @@ void BufferPool::run_job(std::unique_lock<std::mutex>& lock, const PoolMove& job
   record_locked(job.slab, slab.memory, ok ? job.reason : fmt::format("{} failed: {}", job.reason, fresh.failure), ok);
   if (slab.memory != SlabMemory::released) unpark_slots_locked(job.slab);
   update_serving_locked();
-  pinfeed::detail::log().debug("buffer pool: slab {} ({}) {} -> {} ({}{})", job.slab, format_bytes(bytes), to_string(from),
-                              to_string(slab.memory), job.reason,
-                              ok ? "" : fmt::format(", wanted {}: {}", to_string(job.to), fresh.failure));
+  pinfeed::detail::log().debug("buffer pool: slab {} ({}) {} -> {} ({}{})", job.slab, format_bytes(bytes),
+                               to_string(from), to_string(slab.memory), job.reason,
+                               ok ? "" : fmt::format(", wanted {}: {}", to_string(job.to), fresh.failure));
 }
 
 std::optional<std::string> BufferPool::growth_refused(std::size_t bytes) const {
@@ -365,9 +368,18 @@ PoolStats BufferPool::stats() const {
   st.min_live_slots = min_live_slots_;
   for (const Slab& s : slabs_) {
     switch (s.memory) {
-      case SlabMemory::pinned: st.pinned_slots += s.slot_count; st.pinned_bytes += s.bytes; break;
-      case SlabMemory::pageable: st.pageable_slots += s.slot_count; st.pageable_bytes += s.bytes; break;
-      case SlabMemory::released: st.released_slots += s.slot_count; st.released_bytes += s.bytes; break;
+      case SlabMemory::pinned:
+        st.pinned_slots += s.slot_count;
+        st.pinned_bytes += s.bytes;
+        break;
+      case SlabMemory::pageable:
+        st.pageable_slots += s.slot_count;
+        st.pageable_bytes += s.bytes;
+        break;
+      case SlabMemory::released:
+        st.released_slots += s.slot_count;
+        st.released_bytes += s.bytes;
+        break;
     }
     if (s.draining) st.draining_slots += s.slot_count;
   }

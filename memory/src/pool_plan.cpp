@@ -20,11 +20,16 @@ std::uint64_t batch_bytes_from_shape(std::string_view shape) {
   const std::string_view dims = shape.substr(0, colon);
   const std::string_view type = colon == std::string_view::npos ? std::string_view{"u8"} : shape.substr(colon + 1);
   std::uint64_t elem = 0;
-  if (type == "u8" || type == "i8") elem = 1;
-  else if (type == "f16" || type == "bf16" || type == "u16" || type == "i16") elem = 2;
-  else if (type == "f32" || type == "i32") elem = 4;
-  else if (type == "f64" || type == "i64") elem = 8;
-  else throw bad(fmt::format("unknown element type '{}'", type));
+  if (type == "u8" || type == "i8")
+    elem = 1;
+  else if (type == "f16" || type == "bf16" || type == "u16" || type == "i16")
+    elem = 2;
+  else if (type == "f32" || type == "i32")
+    elem = 4;
+  else if (type == "f64" || type == "i64")
+    elem = 8;
+  else
+    throw bad(fmt::format("unknown element type '{}'", type));
   if (dims.empty()) throw bad("no dimensions");
   std::uint64_t total = elem;
   std::size_t pos = 0;
@@ -64,19 +69,19 @@ PoolFit check_pool_fit(const MemorySnapshot& s, std::uint64_t slots, std::uint64
 }
 
 std::string PoolFit::explain(std::string_view prefetch_name, std::string_view batch_name, unsigned consumers) const {
-  const std::string share =
-      local_ranks > 1 ? fmt::format(", split across {} local ranks", local_ranks) : std::string();
-  std::string what = fmt::format(
-      "the pool needs {} but only {} may be used: {:.0f}% of the {} really available ({}{})", format_bytes(pool_bytes),
-      format_bytes(allowed_bytes), kPoolMaxShareOfAvailable * 100, format_bytes(available_bytes), limiting, share);
+  const std::string share = local_ranks > 1 ? fmt::format(", split across {} local ranks", local_ranks) : std::string();
+  std::string what = fmt::format("the pool needs {} but only {} may be used: {:.0f}% of the {} really available ({}{})",
+                                 format_bytes(pool_bytes), format_bytes(allowed_bytes), kPoolMaxShareOfAvailable * 100,
+                                 format_bytes(available_bytes), limiting, share);
   const std::uint64_t prefetch_fit = slots_fit / std::max(1U, consumers);
   if (prefetch_fit > 0) {
     what += fmt::format("; {} slot(s) of this size fit: lower {} to {}, or lower {} so that one slot is at most {}",
                         slots_fit, prefetch_name, prefetch_fit, batch_name, format_bytes(largest_slot_bytes));
   } else if (slots_fit > 0) {
-    what += fmt::format("; {} slot(s) of this size fit, fewer than one per consumer: lower {} so that one slot is at "
-                        "most {}",
-                        slots_fit, batch_name, format_bytes(largest_slot_bytes));
+    what += fmt::format(
+        "; {} slot(s) of this size fit, fewer than one per consumer: lower {} so that one slot is at "
+        "most {}",
+        slots_fit, batch_name, format_bytes(largest_slot_bytes));
   } else {
     what += fmt::format("; not one slot of this size fits: lower {} so that one slot is at most {}", batch_name,
                         format_bytes(largest_slot_bytes));
@@ -92,7 +97,8 @@ void PoolPlanRequest::validate() const {
                                   format_bytes(kMaxRegistrationBytes)));
   }
   if (prefetch == 0 || prefetch > 64) throw ConfigError(fmt::format("prefetch must be 1..64, got {}", prefetch));
-  if (local_ranks == 0 || local_ranks > 4096) throw ConfigError(fmt::format("local ranks must be 1..4096, got {}", local_ranks));
+  if (local_ranks == 0 || local_ranks > 4096)
+    throw ConfigError(fmt::format("local ranks must be 1..4096, got {}", local_ranks));
   policy.validate();
 }
 
@@ -123,26 +129,29 @@ PoolPlan plan_pool(const MemorySnapshot& s, const PoolPlanRequest& req) {
                                     format_bytes(std::max(p.budget.bytes, p.need_bytes))));
   } else if (p.prefetch_fit >= 1) {
     p.verdict = Verdict::pin_reduced;
-    p.reasons.push_back(fmt::format("only {} of {} slots fit the pinned budget of {} (limited by {}): pin with prefetch {} "
-                                    "per GPU instead of {}",
-                                    p.slots_fit, p.slots_needed, format_bytes(p.budget.bytes), p.budget.limiting,
-                                    p.prefetch_fit, req.prefetch));
+    p.reasons.push_back(fmt::format(
+        "only {} of {} slots fit the pinned budget of {} (limited by {}): pin with prefetch {} "
+        "per GPU instead of {}",
+        p.slots_fit, p.slots_needed, format_bytes(p.budget.bytes), p.budget.limiting, p.prefetch_fit, req.prefetch));
   } else {
     p.verdict = Verdict::pageable;
-    p.reasons.push_back(fmt::format("not even one slot per GPU fits the pinned budget of {} (limited by {}): use pageable "
-                                    "memory; copies will be synchronous and slower",
-                                    format_bytes(p.budget.bytes), p.budget.limiting));
+    p.reasons.push_back(
+        fmt::format("not even one slot per GPU fits the pinned budget of {} (limited by {}): use pageable "
+                    "memory; copies will be synchronous and slower",
+                    format_bytes(p.budget.bytes), p.budget.limiting));
   }
   if (p.budget.limiting == "memlock limit") {
-    p.reasons.push_back("raise the memlock limit (ulimit -l, or LimitMEMLOCK= in systemd, or --ulimit memlock in "
-                        "containers), grant CAP_IPC_LOCK, or pin through the CUDA driver, which is not charged to it");
+    p.reasons.push_back(
+        "raise the memlock limit (ulimit -l, or LimitMEMLOCK= in systemd, or --ulimit memlock in "
+        "containers), grant CAP_IPC_LOCK, or pin through the CUDA driver, which is not charged to it");
   } else if (p.budget.limiting == "cgroup room") {
     p.reasons.push_back("the container's memory limit, not the host's RAM, is what bounds pinning here");
   }
   if (s.psi && s.psi->some.avg10 >= 10.0) {
-    p.reasons.push_back(fmt::format("memory pressure is already high (PSI some avg10 {:.1f}%): pinning more will make "
-                                    "it worse",
-                                    s.psi->some.avg10));
+    p.reasons.push_back(
+        fmt::format("memory pressure is already high (PSI some avg10 {:.1f}%): pinning more will make "
+                    "it worse",
+                    s.psi->some.avg10));
   }
   if (s.swap_total > 0 && s.swap_used() > 0) {
     p.reasons.push_back(fmt::format("{} of swap in use: pinned pages cannot be swapped, pressure lands on the rest",
@@ -153,10 +162,11 @@ PoolPlan plan_pool(const MemorySnapshot& s, const PoolPlanRequest& req) {
     p.rule_known = true;
     p.gpu_memory_total = req.gpu_memory_bytes * req.gpus;
     p.rule_met = s.effective_total() >= 2 * p.gpu_memory_total;
-    p.reasons.push_back(fmt::format("rule of thumb: host RAM should be about twice the GPU memory in use ({} x 2 = {}); "
-                                    "this host has {}: {}",
-                                    format_bytes(p.gpu_memory_total), format_bytes(2 * p.gpu_memory_total),
-                                    format_bytes(s.effective_total()), p.rule_met ? "met" : "NOT met"));
+    p.reasons.push_back(
+        fmt::format("rule of thumb: host RAM should be about twice the GPU memory in use ({} x 2 = {}); "
+                    "this host has {}: {}",
+                    format_bytes(p.gpu_memory_total), format_bytes(2 * p.gpu_memory_total),
+                    format_bytes(s.effective_total()), p.rule_met ? "met" : "NOT met"));
   }
   return p;
 }

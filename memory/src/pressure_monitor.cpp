@@ -5,8 +5,8 @@
 #include <thread>
 #include <vector>
 
-#include "pinfeed/log.hpp"
 #include "pinfeed/error.hpp"
+#include "pinfeed/log.hpp"
 #include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/pool_policy.hpp"
 #include "pinfeed/memory/pressure_events.hpp"
@@ -103,7 +103,9 @@ PressureLevel PressureMonitor::classify(const PressureReading& r, double relax, 
       return true;
     }
     if (t.available_fraction > 0 && r.available_fraction <= t.available_fraction / relax) {
-      if (why) *why = fmt::format("available {:.1f}% <= {:.1f}%", r.available_fraction * 100, t.available_fraction / relax * 100);
+      if (why)
+        *why =
+            fmt::format("available {:.1f}% <= {:.1f}%", r.available_fraction * 100, t.available_fraction / relax * 100);
       return true;
     }
     return false;
@@ -167,7 +169,8 @@ PressureReading PressureMonitor::step(const MemorySnapshot& s) {
           low_since_.reset();
           r.reason = fmt::format("{} for {} ms", clear_reason, config_.hold.count());
         } else {
-          r.reason = fmt::format("holding {} until signals stay low for {} ms", to_string(level_), config_.hold.count());
+          r.reason =
+              fmt::format("holding {} until signals stay low for {} ms", to_string(level_), config_.hold.count());
         }
       } else {
         low_since_.reset();
@@ -267,9 +270,9 @@ void PressureMonitor::stop() noexcept {
 
 std::chrono::milliseconds PressureMonitor::next_wait(const PressureReading& r) const {
   const double line = std::max(config_.elevated.available_fraction, 0.0) * 2;
-  const bool near = r.level != PressureLevel::normal || r.available_fraction <= line ||
-                    (config_.headroom_bytes > 0 && r.available_fraction < 1.0 &&
-                     r.available_bytes < 4 * config_.headroom_bytes);
+  const bool near =
+      r.level != PressureLevel::normal || r.available_fraction <= line ||
+      (config_.headroom_bytes > 0 && r.available_fraction < 1.0 && r.available_bytes < 4 * config_.headroom_bytes);
   return near ? std::min(config_.near_period, config_.period) : config_.period;
 }
 

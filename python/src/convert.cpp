@@ -55,7 +55,8 @@ py::capsule make_capsule(std::shared_ptr<void> owner, void* data, DLDataType dty
 void set_option(pl::LoaderConfig& c, const pl::LoaderOption& o, const py::handle& v) {
   // Integral: anything with __index__ (int, numpy integers, IntEnum), not
   // bool; real: anything with __float__ (float, numpy floats) or integral.
-  const bool is_bool = PyBool_Check(v.ptr()) != 0 || py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>() == "bool_";
+  const bool is_bool =
+      PyBool_Check(v.ptr()) != 0 || py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>() == "bool_";
   const bool is_int = !is_bool && PyIndex_Check(v.ptr()) != 0;
   const bool is_real = is_int || (!is_bool && PyUnicode_Check(v.ptr()) == 0 && py::hasattr(v, "__float__"));
   const auto wrong = [&](const char* want) {
@@ -115,9 +116,12 @@ py::list loader_options() {
     d["range"] = o.range_text();
     d["help"] = std::string(o.help);
     if (o.type == pl::OptionType::integer || o.type == pl::OptionType::real) {
-      d["min"] = o.type == pl::OptionType::integer ? py::object(py::int_(static_cast<std::uint64_t>(o.min))) : py::object(py::float_(o.min));
-      d["max"] = o.type == pl::OptionType::integer ? py::object(py::int_(o.max >= 1.8446744073709552e19 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(o.max)))
-                                                   : py::object(py::float_(o.max));
+      d["min"] = o.type == pl::OptionType::integer ? py::object(py::int_(static_cast<std::uint64_t>(o.min)))
+                                                   : py::object(py::float_(o.min));
+      d["max"] = o.type == pl::OptionType::integer
+                     ? py::object(py::int_(o.max >= 1.8446744073709552e19 ? ~std::uint64_t{0}
+                                                                          : static_cast<std::uint64_t>(o.max)))
+                     : py::object(py::float_(o.max));
       d["min_exclusive"] = o.min_exclusive;
     }
     if (o.type == pl::OptionType::choice) {
@@ -146,8 +150,8 @@ pl::LoaderConfig to_config(const py::dict& d) {
   // Every other key is an option of the table (an unknown one is an error)
   // or a field row (loader_config_fields()): those above and mean/std below
   // take Python's types; a row added later is set from its text.
-  static constexpr std::array<std::string_view, 7> kTyped{"dataset", "list_root", "rank", "world_size",
-                                                          "cuda_device", "mean", "std"};
+  static constexpr std::array<std::string_view, 7> kTyped{"dataset",     "list_root", "rank", "world_size",
+                                                          "cuda_device", "mean",      "std"};
   for (const auto& [key, value] : d) {
     const auto name = key.cast<std::string>();
     if (const pl::LoaderField* f = pl::find_loader_field(name)) {

@@ -6,10 +6,10 @@
 // pinfeed/__init__.py.
 #include <cxxabi.h>
 #include <dlpack/dlpack.h>
-#include <unistd.h>
-#include <chrono>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -18,15 +18,15 @@
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
-#include <optional>
-#include <utility>
 #include <map>
 #include <memory>
-#include <thread>
+#include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <utility>
 
-#include "pinfeed/memory/cuda_host.hpp"
+#include "module_support.hpp"
 #include "pinfeed/env.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/launch_env.hpp"
@@ -35,11 +35,11 @@
 #include "pinfeed/loader/options.hpp"
 #include "pinfeed/loader/remote.hpp"
 #include "pinfeed/log.hpp"
+#include "pinfeed/memory/cuda_host.hpp"
 #include "pinfeed/memory/diagnostics.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/device_feed.hpp"
 #include "pinfeed/trainer/device_type.hpp"
-#include "module_support.hpp"
 
 namespace py = pybind11;
 namespace pl = pinfeed::loader;
@@ -158,8 +158,9 @@ class PyLoader {
       if (dt.indexed) c.cuda_device = index;  // the slots belong to the device the batches go to
       if (dt.visible() <= (dt.indexed ? index : 0)) {
         throw pinfeed::ConfigError(fmt::format("device='{}:{}': {}", type, index,
-                                               dt.visible() == 0 ? fmt::format("no {} device is visible to pinfeed", type)
-                                                                 : fmt::format("{} visible", dt.visible())));
+                                               dt.visible() == 0
+                                                   ? fmt::format("no {} device is visible to pinfeed", type)
+                                                   : fmt::format("{} visible", dt.visible())));
       }
       std::shared_ptr<pt::DeviceBackend> backend = dt.make_backend(index, options);
       pt::DeviceFeedOptions fo;
@@ -392,9 +393,7 @@ class PyLoader {
     return d;
   }
   /// Whether the classes have names (an ImageFolder), not label numbers.
-  [[nodiscard]] bool named_classes() const {
-    return !loader_->dataset().class_names().empty();
-  }
+  [[nodiscard]] bool named_classes() const { return !loader_->dataset().class_names().empty(); }
   /// What changed from the fingerprint `was` (fingerprint()'s form) to this
   /// loader's dataset; "" when nothing did.
   [[nodiscard]] std::string dataset_change(const py::dict& was) {
@@ -582,8 +581,9 @@ py::dict launch_env_dict(const std::optional<std::pair<int, int>>& group) {
     view->rank = group->first;
     view->world_size = group->second;
   }
-  const pinfeed::LaunchEnv e = group ? pinfeed::read_launch_env([](const char* n) { return pinfeed::env::raw(n); }, view)
-                                     : pinfeed::read_launch_env();
+  const pinfeed::LaunchEnv e = group
+                                   ? pinfeed::read_launch_env([](const char* n) { return pinfeed::env::raw(n); }, view)
+                                   : pinfeed::read_launch_env();
   py::dict d;
   d["rank"] = e.rank;
   d["world_size"] = e.world_size;
@@ -633,11 +633,13 @@ void bind_functions(py::module_& m) {
   m.def("loader_options", &loader_options, "the loader's option table: name, type, default, range, help");
   m.def("default_normalization", [] {
     const pl::TransformConfig t;
-    return py::make_tuple(py::make_tuple(t.mean[0], t.mean[1], t.mean[2]), py::make_tuple(t.std[0], t.std[1], t.std[2]));
+    return py::make_tuple(py::make_tuple(t.mean[0], t.mean[1], t.mean[2]),
+                          py::make_tuple(t.std[0], t.std[1], t.std[2]));
   });
   m.def("set_log_level", [](const std::string& level) {
     const auto l = spdlog::level::from_str(level);
-    if (l == spdlog::level::off && level != "off") throw pinfeed::ConfigError("log level '" + level + "' is not trace, debug, info, warning, error or off");
+    if (l == spdlog::level::off && level != "off")
+      throw pinfeed::ConfigError("log level '" + level + "' is not trace, debug, info, warning, error or off");
     pinfeed::detail::log().set_level(l);
   });
   m.def("check_same_classes", &pl::check_same_class_names, py::arg("train"), py::arg("val"),

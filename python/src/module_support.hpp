@@ -66,13 +66,14 @@ auto without_gil(F&& f) -> decltype(f()) {
 /// both die, or, with a consumer, after the consumer's work at that moment
 /// (Note [Consumer streams]).
 struct Holder {
-  std::shared_ptr<pl::Loader> loader;   // the batch must go before its Loader
+  std::shared_ptr<pl::Loader> loader;  // the batch must go before its Loader
   std::shared_ptr<std::atomic<long>> live;
   pl::Batch batch;
   std::vector<pt::ConsumerStream> consumers;
   std::int64_t shape[4] = {};
   std::int64_t label_shape[1] = {};
-  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b, std::vector<pt::ConsumerStream> c)
+  Holder(std::shared_ptr<pl::Loader> l, std::shared_ptr<std::atomic<long>> n, pl::Batch b,
+         std::vector<pt::ConsumerStream> c)
       : loader(std::move(l)), live(std::move(n)), batch(std::move(b)), consumers(std::move(c)) {
     ++*live;
   }

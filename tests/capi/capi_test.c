@@ -9,13 +9,12 @@
 #include "pinfeed/pinfeed.h"
 
 static int failures = 0;
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, \
-              __LINE__, #cond, pinfeed_last_error());                      \
-      ++failures;                                                          \
-    }                                                                      \
+#define CHECK(cond)                                                                                                  \
+  do {                                                                                                               \
+    if (!(cond)) {                                                                                                   \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, pinfeed_last_error()); \
+      ++failures;                                                                                                    \
+    }                                                                                                                \
   } while (0)
 
 int main(int argc, char** argv) {
@@ -155,7 +154,7 @@ int main(int argc, char** argv) {
   CHECK(pinfeed_loader_begin_epoch(loader, 0) == PINFEED_OK);
   CHECK(pinfeed_loader_next(loader, &b) == PINFEED_OK);
   CHECK(pinfeed_batch_get_view(b, &v1) == PINFEED_OK);
-  CHECK(v1.shape[0] == 4 && v1.shape[1] == 3 && v1.shape[2] == 24 && v1.shape[3] == 40);  /* height x size */
+  CHECK(v1.shape[0] == 4 && v1.shape[1] == 3 && v1.shape[2] == 24 && v1.shape[3] == 40); /* height x size */
   pinfeed_batch_release(b);
   pinfeed_loader_destroy(loader);
   CHECK(pinfeed_options_list_json(&json) == PINFEED_OK && strstr(json, "\"pressure_floor\"") != NULL &&

@@ -265,7 +265,8 @@ TEST_F(DatasetTest, AFifoNamedLikeAnImageIsRefusedWithoutBlocking) {
 
 TEST_F(DatasetTest, AbsurdLabelsAreRefusedNamingTheFileAndLine) {
   for (const std::string label : {"500000000", "2147483648", "9223372036854775807"}) {
-    testing::write_file(dir_.path() / "big.txt", "folder/class00/img000.jpg 0\nfolder/class00/img001.jpg " + label + "\n");
+    testing::write_file(dir_.path() / "big.txt",
+                        "folder/class00/img000.jpg 0\nfolder/class00/img001.jpg " + label + "\n");
     try {
       FileList list(dir_.path() / "big.txt", dir_.path());
       FAIL() << "label " << label << " accepted: " << list.num_classes() << " classes";
@@ -536,7 +537,8 @@ TEST_F(DatasetTest, ShrinkUsesTheDctScaleAndBoxHalvingsForLargeShrinksAndConvert
     EXPECT_EQ(h.height, 51);  // 203 * 75 / 301 = 50.6
     EXPECT_EQ(h.components, kind == JpegKind::grayscale ? 1 : 3);
     const auto a = mean_colour(decoder, src), b = mean_colour(decoder, out);
-    for (std::size_t c = 0; c < 3; ++c) EXPECT_NEAR(a[c], b[c], 3.0) << "kind " << static_cast<int>(kind) << " channel " << c;
+    for (std::size_t c = 0; c < 3; ++c)
+      EXPECT_NEAR(a[c], b[c], 3.0) << "kind " << static_cast<int>(kind) << " channel " << c;
   }
 }
 
@@ -590,7 +592,7 @@ TEST(ShardPatternTest, EveryGroupListsAndRangesExpandAsWebdatasetDoes) {
   using P = std::vector<std::filesystem::path>;
   EXPECT_EQ(expand_shard_pattern("s-{0..1}-{0..1}.tar"), (P{"s-0-0.tar", "s-0-1.tar", "s-1-0.tar", "s-1-1.tar"}));
   EXPECT_EQ(expand_shard_pattern("other/{a,b}.tar"), (P{"other/a.tar", "other/b.tar"}));
-  EXPECT_EQ(expand_shard_pattern("{x,y{1..2}}.tar"), (P{"x.tar", "y1.tar", "y2.tar"}));  // nested
+  EXPECT_EQ(expand_shard_pattern("{x,y{1..2}}.tar"), (P{"x.tar", "y1.tar", "y2.tar"}));   // nested
   EXPECT_EQ(expand_shard_pattern("s-{3..1}.tar"), (P{"s-3.tar", "s-2.tar", "s-1.tar"}));  // down
   EXPECT_EQ(expand_shard_pattern("s-{0..10..5}.tar"), (P{"s-0.tar", "s-5.tar", "s-10.tar"}));
   EXPECT_EQ(expand_shard_pattern("s-{8..010}.tar"), (P{"s-008.tar", "s-009.tar", "s-010.tar"}));

@@ -10,10 +10,10 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
-#include <string>
-#include <utility>
 #include <span>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "pinfeed/error.hpp"
@@ -40,7 +40,8 @@ std::vector<std::byte> jpeg(int w, int h, JpegKind kind = JpegKind::baseline, in
 std::vector<std::uint8_t> packed(const DecodedImage& img) {
   const auto row_bytes = static_cast<std::size_t>(img.width) * 4;
   std::vector<std::uint8_t> out(row_bytes * static_cast<std::size_t>(img.height));
-  for (int y = 0; y < img.height; ++y) std::memcpy(out.data() + static_cast<std::size_t>(y) * row_bytes, img.row(y), row_bytes);
+  for (int y = 0; y < img.height; ++y)
+    std::memcpy(out.data() + static_cast<std::size_t>(y) * row_bytes, img.row(y), row_bytes);
   return out;
 }
 
@@ -92,10 +93,10 @@ TEST(JpegDecoderTest, RegionDecodeIsTheFullDecodeBitForBit) {
     int w, h, subsampling;
     JpegKind kind;
   };
-  const Case cases[] = {{401, 299, 420, JpegKind::baseline},  {400, 300, 422, JpegKind::baseline},
-                        {333, 251, 444, JpegKind::baseline},  {517, 389, 420, JpegKind::progressive},
+  const Case cases[] = {{401, 299, 420, JpegKind::baseline},    {400, 300, 422, JpegKind::baseline},
+                        {333, 251, 444, JpegKind::baseline},    {517, 389, 420, JpegKind::progressive},
                         {300, 200, 444, JpegKind::progressive}, {250, 190, 420, JpegKind::grayscale},
-                        {210, 170, 420, JpegKind::cmyk},      {97, 61, 420, JpegKind::baseline}};
+                        {210, 170, 420, JpegKind::cmyk},        {97, 61, 420, JpegKind::baseline}};
   SampleRng rng(11, 0, 0);
   JpegDecoder d;
   for (const Case& c : cases) {
@@ -106,12 +107,14 @@ TEST(JpegDecoderTest, RegionDecodeIsTheFullDecodeBitForBit) {
     spec.subsampling = c.subsampling;
     spec.quality = 90;
     const auto data = make_synthetic_jpeg(5, 2, 1, spec);
-    std::vector<Region> regions{{16, 16, 64, 48}, {17, 15, 63, 49}, {15, 17, 33, 31}, {0, 0, c.w, c.h},
-                                {0, 0, 40, 30},   {c.w - 41, c.h - 29, 41, 29}, {c.w / 2, 0, 1, c.h},
-                                {0, c.h / 2, c.w, 1}, {31, 33, 1, 1}};
+    std::vector<Region> regions{{16, 16, 64, 48},     {17, 15, 63, 49},     {15, 17, 33, 31},
+                                {0, 0, c.w, c.h},     {0, 0, 40, 30},       {c.w - 41, c.h - 29, 41, 29},
+                                {c.w / 2, 0, 1, c.h}, {0, c.h / 2, c.w, 1}, {31, 33, 1, 1}};
     for (int i = 0; i < 24; ++i) {
-      const int w = 1 + static_cast<int>(rng.uniform() * (c.w - 1)), h = 1 + static_cast<int>(rng.uniform() * (c.h - 1));
-      regions.push_back(Region{static_cast<int>(rng.uniform() * (c.w - w)), static_cast<int>(rng.uniform() * (c.h - h)), w, h});
+      const int w = 1 + static_cast<int>(rng.uniform() * (c.w - 1)),
+                h = 1 + static_cast<int>(rng.uniform() * (c.h - 1));
+      regions.push_back(
+          Region{static_cast<int>(rng.uniform() * (c.w - w)), static_cast<int>(rng.uniform() * (c.h - h)), w, h});
     }
     for (const int scale : {1, 2, 4, 8}) {
       DecodedImage full;
@@ -141,7 +144,8 @@ TEST(JpegDecoderTest, ScaledDecodeMatchesResizingTheFullImage) {
       for (int c = 0; c < 4; ++c) {
         int sum = 0;
         for (int dy = 0; dy < 4; ++dy) {
-          for (int dx = 0; dx < 4; ++dx) sum += whole[static_cast<std::size_t>(((y * 4 + dy) * 480 + x * 4 + dx) * 4 + c)];
+          for (int dx = 0; dx < 4; ++dx)
+            sum += whole[static_cast<std::size_t>(((y * 4 + dy) * 480 + x * 4 + dx) * 4 + c)];
         }
         ref[static_cast<std::size_t>((y * 120 + x) * 4 + c)] = static_cast<std::uint8_t>(sum / 16);
       }
@@ -174,7 +178,8 @@ TEST(JpegDecoderTest, GrayscaleCmykAndProgressiveComeOutAsRgb) {
     // Colour kinds decode to the same picture as the baseline encoding.
     std::vector<std::uint8_t> crop(pixels.size());
     for (int y = 0; y < 80; ++y) {
-      std::memcpy(&crop[static_cast<std::size_t>(y * 100 * 4)], &base_pixels[static_cast<std::size_t>(((y + 10) * 160 + 10) * 4)], 400);
+      std::memcpy(&crop[static_cast<std::size_t>(y * 100 * 4)],
+                  &base_pixels[static_cast<std::size_t>(((y + 10) * 160 + 10) * 4)], 400);
     }
     EXPECT_LT(mean_abs_diff(pixels, crop), kind == JpegKind::cmyk ? 6.0 : 2.0);
   }
@@ -246,7 +251,8 @@ TEST(JpegDecoderTest, BadInputIsADataErrorNamingTheFile) {
   };
   expect_error({}, "empty");
   expect_error(std::vector<std::byte>(good.begin(), good.begin() + static_cast<long>(good.size() / 2)), "truncated");
-  std::vector<std::byte> png{std::byte{0x89}, std::byte{'P'}, std::byte{'N'}, std::byte{'G'}, std::byte{13}, std::byte{10}, std::byte{26}, std::byte{10}};
+  std::vector<std::byte> png{std::byte{0x89}, std::byte{'P'}, std::byte{'N'}, std::byte{'G'},
+                             std::byte{13},   std::byte{10},  std::byte{26},  std::byte{10}};
   expect_error(png, "png");
   SampleRng rng(1, 2, 3);
   std::vector<std::byte> noise(5000);
@@ -283,7 +289,9 @@ class CollectRows final : public RowSink {
     height = h;
     pixels.clear();
   }
-  void row(const std::uint8_t* bgra) override { pixels.insert(pixels.end(), bgra, bgra + static_cast<std::size_t>(width) * 4); }
+  void row(const std::uint8_t* bgra) override {
+    pixels.insert(pixels.end(), bgra, bgra + static_cast<std::size_t>(width) * 4);
+  }
 };
 
 /// The RGB pixels of `rgb` in region r, as BGRA with alpha 255.
@@ -291,7 +299,8 @@ std::vector<std::uint8_t> rgb_region_as_bgra(const std::vector<std::uint8_t>& rg
   std::vector<std::uint8_t> out;
   for (int y = r.y; y < r.y + r.height; ++y) {
     for (int x = r.x; x < r.x + r.width; ++x) {
-      const std::uint8_t* p = &rgb[(static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 3];
+      const std::uint8_t* p =
+          &rgb[(static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 3];
       out.insert(out.end(), {p[2], p[1], p[0], 255});
     }
   }
@@ -316,7 +325,12 @@ TEST(ImageDecoderTest, LosslessPngAndWebPDecodeToTheExactPixelsFullAndByRegion) 
     EXPECT_EQ(packed(full), rgb_region_as_bgra(rgb, w, whole));
     for (const Region& r : {whole, part}) {
       CollectRows rows;
-      d.decode_planned(data, [&](const ImageHeader&) { return JpegDecoder::Plan{r, 4}; }, rows, name);  // scale ignored
+      d.decode_planned(
+          data,
+          [&](const ImageHeader&) {
+            return JpegDecoder::Plan{r, 4};
+          },
+          rows, name);  // scale ignored
       EXPECT_EQ(rows.width, r.width);
       EXPECT_EQ(rows.height, r.height);
       EXPECT_EQ(rows.pixels, rgb_region_as_bgra(rgb, w, r));
@@ -366,7 +380,12 @@ TEST(ImageDecoderTest, EveryCodecRowSniffsDecodesAndNamesItsFormat) {
     d.decode_full(data, full, name);
     EXPECT_EQ(full.width, 64);
     CollectRows rows;
-    d.decode_planned(data, [](const ImageHeader&) { return JpegDecoder::Plan{Region{8, 4, 20, 10}, 1}; }, rows, name);
+    d.decode_planned(
+        data,
+        [](const ImageHeader&) {
+          return JpegDecoder::Plan{Region{8, 4, 20, 10}, 1};
+        },
+        rows, name);
     EXPECT_EQ(rows.width, 20);
     EXPECT_EQ(rows.height, 10);
     EXPECT_EQ(d.verify(data, name).width, 64);
@@ -434,7 +453,8 @@ TEST(ImageDecoderTest, BadPngAndWebPAreDataErrorsNamingTheFile) {
   const std::uint8_t dims[8] = {0, 0, 0x4e, 0x20, 0, 0, 0x4e, 0x20};
   std::memcpy(big.data() + 16, dims, 8);  // IHDR width, height
   expect_error(big, "big.png", "exceeds the limit");
-  expect_error(std::vector<std::byte>(300, std::byte{'x'}), "noise.jpg", fmt::format("not a {}", codec_names()).c_str());
+  expect_error(std::vector<std::byte>(300, std::byte{'x'}), "noise.jpg",
+               fmt::format("not a {}", codec_names()).c_str());
   expect_error({}, "empty.png", "empty");
   // The decoder is still usable afterwards.
   d.decode_full(encode_png(rgb.data(), w, h), img, "good.png");
@@ -447,7 +467,8 @@ TEST(ImageDecoderTest, VerifyingAHugeClaimedJpegKeepsOnlyRows) {
   auto data = jpeg(64, 48);
   for (std::size_t i = 0; i + 8 < data.size(); ++i) {
     if (data[i] == std::byte{0xff} && data[i + 1] == std::byte{0xc0}) {
-      data[i + 5] = std::byte{0x32}, data[i + 6] = std::byte{0xc8}, data[i + 7] = std::byte{0x32}, data[i + 8] = std::byte{0xc8};
+      data[i + 5] = std::byte{0x32}, data[i + 6] = std::byte{0xc8}, data[i + 7] = std::byte{0x32},
+               data[i + 8] = std::byte{0xc8};
       break;
     }
   }

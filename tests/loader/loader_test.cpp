@@ -211,10 +211,12 @@ std::filesystem::path corrupt_list(const testing::TempDir& dir, const testing::S
   std::ifstream in(data.folder / "class00/img000.jpg", std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto as_bytes = [](const std::vector<char>& v) { return std::as_bytes(std::span(v)); };
-  testing::write_bytes(bad / "truncated.jpg", as_bytes(std::vector<char>(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 3))));
+  testing::write_bytes(bad / "truncated.jpg",
+                       as_bytes(std::vector<char>(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 3))));
   testing::write_bytes(bad / "zero.jpg", {});
   testing::write_bytes(bad / "random.jpg", as_bytes(std::vector<char>(3000, 'q')));
-  testing::write_bytes(bad / "png.jpg", as_bytes(std::vector<char>{'\x89', 'P', 'N', 'G', '\r', '\n', '\x1a', '\n', 0, 0}));
+  testing::write_bytes(bad / "png.jpg",
+                       as_bytes(std::vector<char>{'\x89', 'P', 'N', 'G', '\r', '\n', '\x1a', '\n', 0, 0}));
   std::vector<char> huge = bytes;
   for (std::size_t i = 0; i + 8 < huge.size(); ++i) {
     if (huge[i] == '\xff' && huge[i + 1] == '\xc0') {
@@ -227,9 +229,11 @@ std::filesystem::path corrupt_list(const testing::TempDir& dir, const testing::S
   std::ofstream out(list);
   int n = 0;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(data.folder)) {
-    if (entry.is_regular_file()) out << std::filesystem::relative(entry.path(), dir.path()).string() << " " << (n++ % 3) << "\n";
+    if (entry.is_regular_file())
+      out << std::filesystem::relative(entry.path(), dir.path()).string() << " " << (n++ % 3) << "\n";
   }
-  for (const char* name : {"truncated.jpg", "zero.jpg", "random.jpg", "png.jpg", "huge.jpg", "a_directory.jpg", "missing.jpg"}) {
+  for (const char* name :
+       {"truncated.jpg", "zero.jpg", "random.jpg", "png.jpg", "huge.jpg", "a_directory.jpg", "missing.jpg"}) {
     out << "bad/" << name << " 1\n";
   }
   return list;
@@ -268,7 +272,7 @@ TEST_F(LoaderTest, ReplacingMoreThanTheBudgetFailsTheEpochWithCounts) {
   cfg.max_replaced_share = 0.2;  // 4 of 22 allowed: the fifth bad sample fails it
   Loader some(cfg);
   some.begin_epoch(0);
-  EXPECT_THROW(while (some.next()) {}, DataError);
+  EXPECT_THROW(while (some.next()){}, DataError);
   // One corrupt file in a small set is within the default budget (at least one).
   std::ofstream one(dir_.path() / "one-bad.txt");
   for (const auto& e : std::filesystem::recursive_directory_iterator(data_.folder)) {
@@ -427,7 +431,7 @@ TEST_F(LoaderTest, TheFailPolicyStopsWithAnErrorNamingTheFile) {
     EXPECT_NE(e.path().string().find("bad/"), std::string::npos) << e.what();
   }
   loader.begin_epoch(1);  // the loader is usable again
-  EXPECT_THROW(while (loader.next()) {}, DataError);
+  EXPECT_THROW(while (loader.next()){}, DataError);
 }
 
 TEST_F(LoaderTest, PressureMidEpochShrinksThePoolWithoutLosingASample) {

@@ -131,14 +131,43 @@ TEST(LoaderOptionsTest, EveryOptionAndFieldIsSetAndReadBackByName) {
 // evaluation uses instead. A new option fails here until its row says so,
 // or it is listed as meaning the same in evaluation.
 TEST(LoaderOptionsTest, EveryOptionSaysWhatEvaluationUses) {
-  const std::set<std::string_view> same_in_evaluation = {
-      "batch_size", "threads", "prefetch", "seed", "drop_last", "size", "height", "resize",
-      "scale_min", "scale_max", "ratio_min", "ratio_max",  // RandomResizedCrop's: unused by the center crop
-      "flip_p",                                              // the flip's: evaluation has none
-      "interpolation", "layout", "dct_scaling", "roi_decode", "bad_sample", "max_replacements",
-      "max_replaced_share", "max_classes", "max_image_pixels", "pin", "require_pinned", "pin_method",
-      "pinned_fraction", "local_ranks", "watch_pressure", "pressure_floor", "held_warning", "held_limit",
-      "cache_limit", "remote_timeout", "remote_min_rate", "remote_retries", "remote_readahead", "remote_streams"};  // how shards arrive, not what they hold
+  const std::set<std::string_view> same_in_evaluation = {"batch_size",
+                                                         "threads",
+                                                         "prefetch",
+                                                         "seed",
+                                                         "drop_last",
+                                                         "size",
+                                                         "height",
+                                                         "resize",
+                                                         "scale_min",
+                                                         "scale_max",
+                                                         "ratio_min",
+                                                         "ratio_max",  // RandomResizedCrop's: unused by the center crop
+                                                         "flip_p",     // the flip's: evaluation has none
+                                                         "interpolation",
+                                                         "layout",
+                                                         "dct_scaling",
+                                                         "roi_decode",
+                                                         "bad_sample",
+                                                         "max_replacements",
+                                                         "max_replaced_share",
+                                                         "max_classes",
+                                                         "max_image_pixels",
+                                                         "pin",
+                                                         "require_pinned",
+                                                         "pin_method",
+                                                         "pinned_fraction",
+                                                         "local_ranks",
+                                                         "watch_pressure",
+                                                         "pressure_floor",
+                                                         "held_warning",
+                                                         "held_limit",
+                                                         "cache_limit",
+                                                         "remote_timeout",
+                                                         "remote_min_rate",
+                                                         "remote_retries",
+                                                         "remote_readahead",
+                                                         "remote_streams"};  // how shards arrive, not what they hold
   for (const LoaderOption& o : loader_options()) {
     EXPECT_NE(o.evaluation.empty(), same_in_evaluation.count(o.name) == 0)
         << o.name << ": give its row an evaluation value, or list it here as meaning the same in evaluation";
@@ -213,7 +242,8 @@ TEST(LoaderOptionsTest, AToolTakesEveryOptionButWhatItSetsItself) {
   tools::add_loader_flags_except(app, config, {"batch_size", "layout"}, {"threads:--loader-threads"});
   for (const LoaderOption& o : loader_options()) {
     const bool expected = o.name != "batch_size" && o.name != "layout";
-    const std::string flag = o.type == OptionType::boolean && o.get_bool(config) ? "--no-" + o.flag().substr(2) : o.flag();
+    const std::string flag =
+        o.type == OptionType::boolean && o.get_bool(config) ? "--no-" + o.flag().substr(2) : o.flag();
     EXPECT_EQ(app.get_option_no_throw(flag) != nullptr, expected) << flag;
   }
   EXPECT_NE(app.get_option_no_throw("--loader-threads"), nullptr);

@@ -9,15 +9,15 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <fmt/format.h>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <span>
-#include <thread>
-#include <fmt/format.h>
 #include <cstdlib>
 #include <filesystem>
+#include <span>
+#include <thread>
 #include <vector>
 
 #include "fixtures.hpp"
@@ -100,8 +100,9 @@ TEST_F(RemoteCacheTest, AFailingCommandIsARemoteErrorNamingIt) {
     (void)open_dataset("pipe:exit 3; x.tar", {}, kDefaultMaxClasses, config);
     FAIL() << "no error";
   } catch (const RemoteError& e) {
-    EXPECT_NE(std::string(e.what()).find("pipe:exit \u2026 x.tar: the command exited with status 3 (gave up after 2 tries)"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("pipe:exit \u2026 x.tar: the command exited with status 3 (gave up after 2 tries)"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -132,7 +133,8 @@ TEST(RemoteTest, UrlsAreShownWithoutSecrets) {
             "pipe:curl \u2026 https://h/a.tar");
   EXPECT_EQ(redact_url("pipe:AWS_SECRET_ACCESS_KEY=s3cr3t aws s3 cp s3://b/x.tar -"), "pipe:aws \u2026 s3://b/x.tar");
   // Quotes and a '/' in a value (half of AWS secret keys have one) hide nothing.
-  EXPECT_EQ(redact_url("pipe:AUTH='Bearer T0K' KEY=ab/cd curl -s \"https://h/a.tar\""), "pipe:curl \u2026 https://h/a.tar");
+  EXPECT_EQ(redact_url("pipe:AUTH='Bearer T0K' KEY=ab/cd curl -s \"https://h/a.tar\""),
+            "pipe:curl \u2026 https://h/a.tar");
   EXPECT_EQ(redact_spec("https://u:pw@h/s-{0..3}.tar?t=X,/data/a.tar,s3://b/c.tar"),
             "https://h/s-{0..3}.tar,/data/a.tar,s3://b/c.tar");
   const RemoteError e("https://h/a.tar?sig=secret", 403, "HTTP status 403");
@@ -210,7 +212,10 @@ TEST_F(RemoteCacheTest, WhatKilledProcessesLeftIsSweptAndNothingElse) {
   const std::string saved = was != nullptr ? was : "";
   ::setenv("TMPDIR", tmp.c_str(), 1);
   { StagedShards s = stage_shards({pipes()[0]}, RemoteConfig{}); }
-  if (was != nullptr) ::setenv("TMPDIR", saved.c_str(), 1); else ::unsetenv("TMPDIR");
+  if (was != nullptr)
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
   EXPECT_FALSE(fs::exists(dead)) << "a gone process's folder stays";
   EXPECT_TRUE(fs::exists(live)) << "a live process's folder was removed";
   EXPECT_TRUE(fs::exists(elsewhere)) << "a folder whose owner holds its lock was removed";
@@ -235,9 +240,13 @@ TEST_F(RemoteCacheTest, SweepAndEvictionTouchNothingTheCacheDidNotMake) {
     fs::create_directories((config.cache_dir / rel).parent_path());
     testing::write_bytes(config.cache_dir / rel, std::as_bytes(std::span("someone else's bytes, a few of them")));
   };
-  const std::vector<fs::path> theirs = {"downloads/movie.mkv.part", "backup/x.tar", "backup/x.tar.meta",
-                                        "pinfeed-0123456789abcdef/y.tar", "pinfeed-0123456789abcdef/y.tar.meta",
-                                        "pinfeed-0123456789abcdef/z.tar.part", "a.tar.part"};
+  const std::vector<fs::path> theirs = {"downloads/movie.mkv.part",
+                                        "backup/x.tar",
+                                        "backup/x.tar.meta",
+                                        "pinfeed-0123456789abcdef/y.tar",
+                                        "pinfeed-0123456789abcdef/y.tar.meta",
+                                        "pinfeed-0123456789abcdef/z.tar.part",
+                                        "a.tar.part"};
   for (const fs::path& p : theirs) plant(p);
   for (const fs::path& p : expand_shard_pattern(data_.shards)) {  // room for the largest shard: evict all it may
     config.cache_limit = std::max<std::uint64_t>(config.cache_limit, fs::file_size(p));
@@ -458,7 +467,8 @@ TEST(RemoteTest, ABrokenIndexIsRefusedNamingItAndTheSample) {
   refused(head + R"([["a.jpg",512,1000,0,1],["b.jpg",1024,10,0,1]]})", "overlap");
   refused(head + R"([["a.jpg",512,10,0,1],["b.jpg",512,20,0,1]]})", "overlap");
   // A hard link: another name for the same member (offset, size, checksum).
-  EXPECT_EQ(parse_shard_index(head + R"([["a.jpg",512,10,0,1],["b.jpg",512,10,1,1]]})", "l.json", 10).samples.size(), 2U);
+  EXPECT_EQ(parse_shard_index(head + R"([["a.jpg",512,10,0,1],["b.jpg",512,10,1,1]]})", "l.json", 10).samples.size(),
+            2U);
   refused(head + "[[],[],[]]}", "0 fields");
   refused(R"({"format":"pinfeed-shard-index","version":1,"size":9000000000,"samples":[["a.jpg",512,8589934592,0,1]]})",
           "over the");
@@ -473,7 +483,8 @@ TEST(RemoteTest, ASidecarIsReadInBoundedMemory) {
   EXPECT_THROW((void)parse_shard_index(text, "big.tar.index.json", 10), DataError);
   // A well-formed large one parses into its entries and nothing more.
   std::string good = R"({"format":"pinfeed-shard-index","version":1,"size":1048576000,"samples":[)";
-  for (int k = 0; k < 100000; ++k) good += fmt::format(R"({}["k{}.jpg",{},100,0,1])", k == 0 ? "" : ",", k, 512 + 1024 * k);
+  for (int k = 0; k < 100000; ++k)
+    good += fmt::format(R"({}["k{}.jpg",{},100,0,1])", k == 0 ? "" : ",", k, 512 + 1024 * k);
   good += "]}";
   EXPECT_EQ(parse_shard_index(good, "good.tar.index.json", 10).samples.size(), 100000U);
 }

@@ -10,7 +10,8 @@
 namespace pinfeed::loader {
 namespace {
 
-std::vector<std::vector<std::size_t>> all_ranks(std::size_t n, unsigned r, bool drop_last, bool shuffle, std::uint64_t epoch) {
+std::vector<std::vector<std::size_t>> all_ranks(std::size_t n, unsigned r, bool drop_last, bool shuffle,
+                                                std::uint64_t epoch) {
   std::vector<std::vector<std::size_t>> out;
   for (unsigned rank = 0; rank < r; ++rank) {
     out.push_back(DistributedSampler({n, rank, r, shuffle, drop_last, 42}).indices(epoch));

@@ -282,9 +282,9 @@ TEST(TransformTest, WritesNormalizedPlanarFloatAndInterleavedBytes) {
   std::vector<std::byte> f32(c.sample_bytes());
   SampleWriter(c).write(img, Region{}, false, f32);
   const auto* f = reinterpret_cast<const float*>(f32.data());
-  EXPECT_NEAR(f[1], (250 / 255.0 - 0.485) / 0.229, 1e-5);          // R plane
-  EXPECT_NEAR(f[256 + 1], (128 / 255.0 - 0.456) / 0.224, 1e-5);    // G plane
-  EXPECT_NEAR(f[512 + 1], (10 / 255.0 - 0.406) / 0.225, 1e-5);     // B plane
+  EXPECT_NEAR(f[1], (250 / 255.0 - 0.485) / 0.229, 1e-5);        // R plane
+  EXPECT_NEAR(f[256 + 1], (128 / 255.0 - 0.456) / 0.224, 1e-5);  // G plane
+  EXPECT_NEAR(f[512 + 1], (10 / 255.0 - 0.406) / 0.225, 1e-5);   // B plane
   EXPECT_NEAR(f[0], (0 - 0.485) / 0.229, 1e-5);
   c.layout = Layout::nhwc_u8;
   std::vector<std::byte> u8(c.sample_bytes());
@@ -345,7 +345,9 @@ DecodedImage gradient(int width, int height) {
   img.pixels.resize(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 4);
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) {
-      std::uint8_t* px = img.pixels.data() + (static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 4;
+      std::uint8_t* px =
+          img.pixels.data() +
+          (static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 4;
       px[0] = 7;
       px[1] = static_cast<std::uint8_t>(y % 256);
       px[2] = static_cast<std::uint8_t>(x % 256);
@@ -387,7 +389,7 @@ TEST(TransformTest, NonSquareOutputsHaveTheirHeightAndWidth) {
   EXPECT_EQ(p.x.offset, 40);
   EXPECT_EQ(p.y.offset, 20);
   EXPECT_EQ(p.region.x, 123);  // (40.5 * 3.125 = 126.6) - 3.125, rounded
-  c.resize = 40;  // under the crop's longer side
+  c.resize = 40;               // under the crop's longer side
   EXPECT_THROW(c.validate(), ConfigError);
   c.crop = CropMode::random_resized;
   c.height = 1;
@@ -408,7 +410,8 @@ TEST(TransformTest, EverySimdLevelWritesTheSameBytes) {
   const std::vector<SimdLevel> levels = {SimdLevel::scalar, SimdLevel::sse2, SimdLevel::avx2, SimdLevel::avx512};
   std::mt19937 gen(20261206);
   const auto uniform = [&gen](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
-  const std::array<Interpolation, 3> filters = {Interpolation::bilinear, Interpolation::bicubic, Interpolation::nearest};
+  const std::array<Interpolation, 3> filters = {Interpolation::bilinear, Interpolation::bicubic,
+                                                Interpolation::nearest};
   const std::array<CropMode, 3> crops = {CropMode::random_resized, CropMode::center, CropMode::full};
   std::array<int, 4> compared{};  // samples compared at each level
   for (int trial = 0; trial < 90; ++trial) {
@@ -425,7 +428,8 @@ TEST(TransformTest, EverySimdLevelWritesTheSameBytes) {
     img.pixels.resize(static_cast<std::size_t>(img.width) * static_cast<std::size_t>(img.height) * 4);
     for (std::size_t i = 0; i < img.pixels.size(); ++i) {
       // Edges and noise: every byte value, steps the cubic's lobes overshoot.
-      img.pixels[i] = static_cast<std::uint8_t>((i / 4) % 7 < 3 ? uniform(0, 255) : static_cast<int>((i / 4) % 2) * 255);
+      img.pixels[i] =
+          static_cast<std::uint8_t>((i / 4) % 7 < 3 ? uniform(0, 255) : static_cast<int>((i / 4) % 2) * 255);
     }
     ImageHeader h;
     h.width = img.width;
@@ -461,7 +465,8 @@ TEST(TransformTest, EverySimdLevelWritesTheSameBytes) {
       ASSERT_TRUE(outs[l] == outs[0]) << "trial " << trial << ": level " << l << " differs from the scalar path ("
                                       << img.width << "x" << img.height << " to " << c.out_width() << "x"
                                       << c.out_height() << ", crop " << to_string(c.crop) << ", filter "
-                                      << to_string(c.interpolation) << ", " << to_string(c.layout) << ", first difference at byte " << at << " of " << outs[l].size() << ")";
+                                      << to_string(c.interpolation) << ", " << to_string(c.layout)
+                                      << ", first difference at byte " << at << " of " << outs[l].size() << ")";
     }
   }
   EXPECT_GT(compared[0], 60);

@@ -495,7 +495,8 @@ TEST(BufferPoolTest, ASlotThatComesBackUnderCriticalPressureIsReleased) {
   b.release();
   d.release();
   const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (pool.stats().released_slots < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  while (pool.stats().released_slots < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
   EXPECT_EQ(pool.stats().released_slots, 2U) << "released on return";
   EXPECT_EQ(r.pinned.stats().current_bytes, 64_KiB);
   EXPECT_FALSE(pool.acquire(20ms)) << "the returned slots did not go back into service";
@@ -589,7 +590,8 @@ TEST(BufferPoolTest, ARefusedRepinFallsBackToPageableAndIsRetriedLater) {
   EXPECT_EQ(s.pinned_slots, 2U) << "pinned after the back-off";
   bool saw_failure = false;
   for (const auto& t : pool.transitions()) {
-    saw_failure = saw_failure || (t.reason == "pressure normal failed: memlock limit" && t.memory == SlabMemory::pageable);
+    saw_failure =
+        saw_failure || (t.reason == "pressure normal failed: memlock limit" && t.memory == SlabMemory::pageable);
   }
   EXPECT_TRUE(saw_failure);
 }

@@ -34,7 +34,9 @@ std::string conflict(Vars vars, std::optional<ProcessGroupView> group = std::nul
 
 TEST(LaunchEnvTest, ReadsTorchrunMpiPmiAndSlurmVariables) {
   EXPECT_EQ(env({}).launcher, "single");
-  const auto mpi = env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+  const auto mpi = env({{"OMPI_COMM_WORLD_RANK", "1"},
+                        {"OMPI_COMM_WORLD_SIZE", "4"},
+                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_EQ(mpi.launcher, "mpi");
   EXPECT_TRUE(mpi.mpi_launch());
@@ -54,8 +56,12 @@ TEST(LaunchEnvTest, ReadsTorchrunMpiPmiAndSlurmVariables) {
   EXPECT_THROW(env({{"RANK", "4"}, {"WORLD_SIZE", "4"}}), ConfigError);
   EXPECT_THROW(env({{"RANK", "x"}, {"WORLD_SIZE", "4"}}), ConfigError);
   // An srun step: this node's tasks from the step's layout.
-  const auto srun = env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "5"}, {"SLURM_STEP_NUM_TASKS", "7"}, {"SLURM_NODEID", "2"},
-                         {"SLURM_LOCALID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2),3"}});
+  const auto srun = env({{"SLURM_STEP_ID", "0"},
+                         {"SLURM_PROCID", "5"},
+                         {"SLURM_STEP_NUM_TASKS", "7"},
+                         {"SLURM_NODEID", "2"},
+                         {"SLURM_LOCALID", "1"},
+                         {"SLURM_STEP_TASKS_PER_NODE", "2(x2),3"}});
   EXPECT_EQ(srun.launcher, "slurm");
   EXPECT_EQ(srun.rank, 5);
   EXPECT_EQ(srun.world_size, 7);
@@ -64,11 +70,15 @@ TEST(LaunchEnvTest, ReadsTorchrunMpiPmiAndSlurmVariables) {
   // The batch script is one process, whatever SLURM_NTASKS says.
   EXPECT_EQ(env({{"SLURM_STEP_ID", "batch"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "8"}}).launcher, "single");
   EXPECT_EQ(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}}).launcher, "single");
-  EXPECT_THROW(env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"},
+  EXPECT_THROW(env({{"SLURM_STEP_ID", "0"},
+                    {"SLURM_PROCID", "0"},
+                    {"SLURM_STEP_NUM_TASKS", "2"},
                     {"SLURM_STEP_TASKS_PER_NODE", "2(x"}}),
                ConfigError);
   try {  // the whole value is named, not what was left of it
-    (void)env({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"},
+    (void)env({{"SLURM_STEP_ID", "0"},
+               {"SLURM_PROCID", "0"},
+               {"SLURM_STEP_NUM_TASKS", "2"},
                {"SLURM_STEP_TASKS_PER_NODE", "abc"}});
     ADD_FAILURE() << "accepted";
   } catch (const ConfigError& e) {
@@ -88,37 +98,52 @@ TEST(LaunchEnvTest, HalfALaunchIsAnErrorNamingTheMissingVariable) {
 
 TEST(LaunchEnvTest, SourcesThatDisagreeAreAnErrorNamingBoth) {
   // Agreeing sources are fine: srun starting an MPI program sets both.
-  const auto both = env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_STEP_ID", "0"},
-                         {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}});
+  const auto both = env({{"OMPI_COMM_WORLD_RANK", "1"},
+                         {"OMPI_COMM_WORLD_SIZE", "2"},
+                         {"SLURM_STEP_ID", "0"},
+                         {"SLURM_PROCID", "1"},
+                         {"SLURM_STEP_NUM_TASKS", "2"}});
   EXPECT_EQ(both.launcher, "mpi");
   // A stale RANK/WORLD_SIZE exported by hand under mpirun.
-  const std::string stale = conflict({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "1"},
-                                      {"OMPI_COMM_WORLD_SIZE", "4"}});
+  const std::string stale =
+      conflict({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
   EXPECT_NE(stale.find("RANK/WORLD_SIZE"), std::string::npos) << stale;
   EXPECT_NE(stale.find("OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"), std::string::npos) << stale;
   EXPECT_NE(stale.find("rank 3 of 4"), std::string::npos) << stale;
   EXPECT_NE(stale.find("rank 1 of 4"), std::string::npos) << stale;
-  EXPECT_NE(conflict({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}}),
-            "no error");
+  EXPECT_NE(
+      conflict({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}}),
+      "no error");
   // An MPI launch whose world is larger than the srun step's tasks is one
   // the other way round: the step is 2 tasks, MPI claims 1 of 2 elsewhere.
-  EXPECT_NE(conflict({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "4"},
-                      {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
+  EXPECT_NE(conflict({{"SLURM_STEP_ID", "0"},
+                      {"SLURM_PROCID", "0"},
+                      {"SLURM_STEP_NUM_TASKS", "4"},
+                      {"OMPI_COMM_WORLD_RANK", "1"},
+                      {"OMPI_COMM_WORLD_SIZE", "2"}}),
             "no error");
 }
 
 TEST(LaunchEnvTest, TorchrunInsideSrunOrMpirunIgnoresTheOuterLaunch) {
   // srun --ntasks-per-node 1 torchrun --nnodes 2 --nproc_per_node 4: the
   // step is 2 tasks (one agent per node), torchrun's world is 8.
-  const Vars srun_torchrun{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                           {"TORCHELASTIC_RUN_ID", "job"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"},
+  const Vars srun_torchrun{{"RANK", "5"},
+                           {"WORLD_SIZE", "8"},
+                           {"LOCAL_RANK", "1"},
+                           {"LOCAL_WORLD_SIZE", "4"},
+                           {"TORCHELASTIC_RUN_ID", "job"},
+                           {"SLURM_STEP_ID", "0"},
+                           {"SLURM_PROCID", "1"},
                            {"SLURM_STEP_NUM_TASKS", "2"}};
   const auto e = env(srun_torchrun);
   EXPECT_EQ(e.launcher, "torchrun");
   EXPECT_EQ(e.rank, 5);
   EXPECT_EQ(e.local_size, 4);
   // mpirun -np 2 torchrun --nproc_per_node 2.
-  EXPECT_EQ(env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"TORCHELASTIC_RUN_ID", "x"}, {"OMPI_COMM_WORLD_RANK", "1"},
+  EXPECT_EQ(env({{"RANK", "3"},
+                 {"WORLD_SIZE", "4"},
+                 {"TORCHELASTIC_RUN_ID", "x"},
+                 {"OMPI_COMM_WORLD_RANK", "1"},
                  {"OMPI_COMM_WORLD_SIZE", "2"}})
                 .rank,
             3);
@@ -127,8 +152,11 @@ TEST(LaunchEnvTest, TorchrunInsideSrunOrMpirunIgnoresTheOuterLaunch) {
   by_hand.erase("TORCHELASTIC_RUN_ID");
   EXPECT_NE(conflict(by_hand), "no error");
   // mpirun's daemons started by srun (one per node): the step is 2 tasks, MPI's world 8.
-  EXPECT_EQ(env({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"SLURM_STEP_ID", "0"},
-                 {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}})
+  EXPECT_EQ(env({{"OMPI_COMM_WORLD_RANK", "6"},
+                 {"OMPI_COMM_WORLD_SIZE", "8"},
+                 {"SLURM_STEP_ID", "0"},
+                 {"SLURM_PROCID", "1"},
+                 {"SLURM_STEP_NUM_TASKS", "2"}})
                 .rank,
             6);
 }
@@ -158,8 +186,13 @@ TEST(LaunchEnvTest, AnInitializedProcessGroupOutranksTheVariables) {
 
 TEST(LaunchEnvTest, LocalRankAndSizeComeFromAnAgreeingSourceThatHasThem) {
   // srun --mpi=pmi2: PMI_RANK/PMI_SIZE without MPI_LOCALRANKID; Slurm knows the node.
-  const auto pmi2 = env({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "3"},
-                         {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_NODEID", "1"}, {"SLURM_LOCALID", "1"},
+  const auto pmi2 = env({{"PMI_RANK", "3"},
+                         {"PMI_SIZE", "4"},
+                         {"SLURM_STEP_ID", "0"},
+                         {"SLURM_PROCID", "3"},
+                         {"SLURM_STEP_NUM_TASKS", "4"},
+                         {"SLURM_NODEID", "1"},
+                         {"SLURM_LOCALID", "1"},
                          {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
   EXPECT_EQ(pmi2.launcher, "pmi");
   EXPECT_EQ(pmi2.rank, 3);
@@ -174,13 +207,20 @@ TEST(LaunchEnvTest, LocalRankAndSizeComeFromAnAgreeingSourceThatHasThem) {
 TEST(LaunchEnvTest, RankExportedByHandUnderMpirunStaysAnMpiLaunch) {
   // A job script's `export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=...`: no
   // TORCHELASTIC_RUN_ID, so MPI (which agrees) decides and MPI bootstraps.
-  const auto e = env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  const auto e = env({{"RANK", "1"},
+                      {"WORLD_SIZE", "2"},
+                      {"OMPI_COMM_WORLD_RANK", "1"},
+                      {"OMPI_COMM_WORLD_SIZE", "2"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_EQ(e.launcher, "mpi");
   EXPECT_TRUE(e.mpi_launch());
   EXPECT_EQ(e.local_size, 2);
   // torchrun's own workers stay torchrun's even when MPI's numbers agree.
-  const auto tr = env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "r"}, {"OMPI_COMM_WORLD_RANK", "1"},
+  const auto tr = env({{"RANK", "1"},
+                       {"WORLD_SIZE", "2"},
+                       {"TORCHELASTIC_RUN_ID", "r"},
+                       {"OMPI_COMM_WORLD_RANK", "1"},
                        {"OMPI_COMM_WORLD_SIZE", "2"}});
   EXPECT_EQ(tr.launcher, "torchrun");
   EXPECT_FALSE(tr.mpi_launch());
@@ -189,8 +229,13 @@ TEST(LaunchEnvTest, RankExportedByHandUnderMpirunStaysAnMpiLaunch) {
 TEST(LaunchEnvTest, TorchrunWorkersIgnoreAnOuterLaunchOfTheSameSize) {
   // srun -N2 --ntasks-per-node 2 torchrun --nproc_per_node 1 --nnodes 4:
   // four agents, four workers, but torchrun numbers them its own way.
-  const auto e = env({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
-                      {"TORCHELASTIC_RUN_ID", "job"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"},
+  const auto e = env({{"RANK", "2"},
+                      {"WORLD_SIZE", "4"},
+                      {"LOCAL_RANK", "0"},
+                      {"LOCAL_WORLD_SIZE", "1"},
+                      {"TORCHELASTIC_RUN_ID", "job"},
+                      {"SLURM_STEP_ID", "0"},
+                      {"SLURM_PROCID", "1"},
                       {"SLURM_STEP_NUM_TASKS", "4"}});
   EXPECT_EQ(e.launcher, "torchrun");
   EXPECT_EQ(e.rank, 2);
@@ -200,8 +245,11 @@ TEST(LaunchEnvTest, TorchrunWorkersIgnoreAnOuterLaunchOfTheSameSize) {
 TEST(LaunchEnvTest, TorchrunWorkersRefuseAnOuterLaunchOfMoreProcesses) {
   // mpirun -np 4 torchrun --standalone --nproc-per-node 1: four torchrun
   // jobs of one process each, every one reading the whole dataset.
-  const std::string why = conflict({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_RUN_ID", "job"},
-                                    {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+  const std::string why = conflict({{"RANK", "0"},
+                                    {"WORLD_SIZE", "1"},
+                                    {"TORCHELASTIC_RUN_ID", "job"},
+                                    {"OMPI_COMM_WORLD_RANK", "2"},
+                                    {"OMPI_COMM_WORLD_SIZE", "4"}});
   EXPECT_NE(why.find("torchrun (RANK/WORLD_SIZE) says rank 0 of 1"), std::string::npos) << why;
   EXPECT_NE(why.find("OMPI_COMM_WORLD_RANK"), std::string::npos) << why;
 }
@@ -235,7 +283,8 @@ TEST(LaunchEnvTest, AProcessGroupLargerThanAnOuterSlurmStepIsTheLaunch) {
   // A smaller group than the launch is still a conflict.
   group.rank = 0;
   group.world_size = 2;
-  EXPECT_NE(conflict({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}}, group), "no error");
+  EXPECT_NE(conflict({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}}, group),
+            "no error");
 }
 
 }  // namespace

@@ -35,7 +35,8 @@ TEST(PinnedBudgetTest, RanksOnOneHostEachGetTheirShareOfTheRoom) {
   const auto b = PinnedBudget::compute(fixture("v1-host"), p, 4_GiB);
   EXPECT_EQ(term(b, "MemAvailable")->bytes, 10_GiB / 8);
   EXPECT_EQ(b.bytes, 10_GiB / 8);
-  EXPECT_NE(term(b, "MemAvailable")->detail.find("8 local ranks"), std::string::npos) << term(b, "MemAvailable")->detail;
+  EXPECT_NE(term(b, "MemAvailable")->detail.find("8 local ranks"), std::string::npos)
+      << term(b, "MemAvailable")->detail;
   // In a container the cgroup room is shared the same way.
   const auto c = PinnedBudget::compute(fixture("v2-container"), p, 4_GiB);
   EXPECT_EQ(term(c, "cgroup room")->bytes, 2_GiB / 8);

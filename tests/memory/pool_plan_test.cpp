@@ -72,7 +72,8 @@ TEST(PoolPlanTest, APoolLargerThanTheHostDoesNotFitPinnedOrNot) {
 
 TEST(PoolPlanTest, PinsWhenThePoolFits) {
   // 8 GPUs x prefetch 2 x 38.5 MB batches on a 24 GiB host with 20 GiB available.
-  const auto p = plan_pool(fixture("v1-host"), request(8, batch_bytes_from_shape("256x3x224x224:u8"), 2, PinMethod::mlock));
+  const auto p =
+      plan_pool(fixture("v1-host"), request(8, batch_bytes_from_shape("256x3x224x224:u8"), 2, PinMethod::mlock));
   EXPECT_EQ(p.slot_bytes, round_up_to_page(38535168));
   EXPECT_EQ(p.slots_needed, 16U);
   EXPECT_EQ(p.need_bytes, 16 * p.slot_bytes);

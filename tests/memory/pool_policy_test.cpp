@@ -163,7 +163,7 @@ TEST(PoolPolicyTest, ASettledPoolIsNotWokenByReleasesInTheCasesThatUsedToDisagre
 // more than the line at which "elevated" clears stays available after it.
 TEST(PoolPolicyTest, ARegrowMustLeaveMoreThanTheLineWhereElevatedClears) {
   constexpr std::uint64_t total = 1024_MiB, available = 256_MiB;
-  EXPECT_EQ(regrow_refusal(total, available, 64_MiB, 0.125), std::nullopt);  // 18.75% left
+  EXPECT_EQ(regrow_refusal(total, available, 64_MiB, 0.125), std::nullopt);                // 18.75% left
   const std::optional<std::string> no = regrow_refusal(total, available, 160_MiB, 0.125);  // 9.4% left
   ASSERT_TRUE(no.has_value());
   EXPECT_NE(no->find("9.4% after"), std::string::npos) << *no;

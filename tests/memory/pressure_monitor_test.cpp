@@ -164,9 +164,8 @@ TEST(PressureMonitorTest, MemoryHighAndTheSwapLimitBoundTheRoom) {
 TEST(PressureMonitorTest, SubscribersSeeEveryChangeInOrder) {
   PressureMonitor m(config(0ms));
   std::vector<std::pair<PressureLevel, PressureLevel>> seen;
-  const auto id = m.subscribe([&](PressureLevel from, PressureLevel to, const PressureReading&) {
-    seen.emplace_back(from, to);
-  });
+  const auto id =
+      m.subscribe([&](PressureLevel from, PressureLevel to, const PressureReading&) { seen.emplace_back(from, to); });
   m.step(snap(15, 0, 0, 12_GiB, 0));
   m.step(snap(15, 0, 0, 12_GiB, 10));  // no change, no call
   m.step(snap(50, 0, 0, 12_GiB, 20));
@@ -189,8 +188,9 @@ TEST(PressureMonitorTest, ItsThreadSamplesTheRoot) {
   c.hold = 0ms;
   PressureMonitor m(c);
   m.start();
-  testing::write_file(dir.path() / "proc/pressure/memory",
-                      "some avg10=55.00 avg60=1.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n");
+  testing::write_file(
+      dir.path() / "proc/pressure/memory",
+      "some avg10=55.00 avg60=1.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n");
   const auto deadline = Clock::now() + 10s;
   while (m.level() != PressureLevel::critical && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
   m.stop();
@@ -206,9 +206,9 @@ TEST(PressureMonitorTest, TheHeadroomCountsBelowTheFractions) {
   MemorySnapshot s = snap(0, 0, 0, 12_GiB, 0);
   s.cgroup.version = CgroupVersion::v1;
   s.cgroup.limit_bytes = 650_MiB;
-  s.cgroup.usage_bytes = 650_MiB - 100_MiB;  // 15% free: normal by fraction
+  s.cgroup.usage_bytes = 650_MiB - 100_MiB;             // 15% free: normal by fraction
   EXPECT_EQ(m.step(s).level, PressureLevel::elevated);  // < 2 x 64 MiB
-  s.cgroup.usage_bytes = 650_MiB - 60_MiB;  // 9.2% free: elevated by fraction
+  s.cgroup.usage_bytes = 650_MiB - 60_MiB;              // 9.2% free: elevated by fraction
   s.taken_at += 10ms;
   const PressureReading r = m.step(s);
   EXPECT_EQ(r.level, PressureLevel::critical);
@@ -248,8 +248,8 @@ TEST(PressureEventsTest, ACgroupV1UsageThresholdFiresInARealCgroup) {
       if (line.find(":memory:") != std::string::npos) own = line.substr(line.find(":memory:") + 8);
     }
   }
-  const std::filesystem::path dir = mount / std::filesystem::path(own).relative_path() /
-                                    ("pinfeed-events-" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      mount / std::filesystem::path(own).relative_path() / ("pinfeed-events-" + std::to_string(::getpid()));
   std::error_code ec;
   if (!std::filesystem::create_directory(dir, ec)) GTEST_SKIP() << "cannot make " << dir << ": " << ec.message();
   std::ofstream(dir / "memory.limit_in_bytes") << (256_MiB);

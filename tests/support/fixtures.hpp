@@ -3,12 +3,12 @@
 // writing a file with its parents, and the path of tests/data.
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 
 namespace pinfeed::testing {
 
@@ -48,8 +48,9 @@ inline void write_file(const std::filesystem::path& path, std::string_view text)
 
 /// A /proc/pressure/memory file with these avg10 percentages.
 inline std::string psi(double some, double full) {
-  return fmt::format("some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10={:.2f} avg60=0.00 avg300=0.00 total=1\n",
-                     some, full);
+  return fmt::format(
+      "some avg10={:.2f} avg60=0.00 avg300=0.00 total=1\nfull avg10={:.2f} avg60=0.00 avg300=0.00 total=1\n", some,
+      full);
 }
 
 /// Copies a fixture procfs tree from tests/data/procfs/<name> into `dest`.

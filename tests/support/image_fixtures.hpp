@@ -15,9 +15,9 @@
 namespace pinfeed::testing {
 
 struct SmallDataset {
-  std::filesystem::path folder;   ///< ImageFolder root
-  std::filesystem::path list;     ///< file list over the same files
-  std::string shards;             ///< brace pattern of the tar shards
+  std::filesystem::path folder;  ///< ImageFolder root
+  std::filesystem::path list;    ///< file list over the same files
+  std::string shards;            ///< brace pattern of the tar shards
   std::size_t size = 0;
 };
 

@@ -41,7 +41,8 @@ class BenchToolTest : public ::testing::Test {
 };
 
 TEST_F(BenchToolTest, LoaderBenchReportsLoaderAndCeilingAsJson) {
-  const Result r = bench("loader --data " + train() + " --batch 4 --size 32 --threads 2 --ceiling-files 8 --repeat 1 --json");
+  const Result r =
+      bench("loader --data " + train() + " --batch 4 --size 32 --threads 2 --ceiling-files 8 --repeat 1 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["loader"]["images"], 16);
@@ -76,7 +77,8 @@ TEST_F(BenchToolTest, TheCeilingSkipsFilesTheLoaderWouldReplace) {
   ASSERT_NE(sof, std::string::npos);
   bytes[sof + 5] = '\xfd', bytes[sof + 6] = '\xe8', bytes[sof + 7] = '\xfd', bytes[sof + 8] = '\xe8';
   std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
-  const Result r = bench("loader --data " + train() + " --batch 4 --size 32 --threads 2 --ceiling-files 16 --repeat 1 "
+  const Result r = bench("loader --data " + train() +
+                         " --batch 4 --size 32 --threads 2 --ceiling-files 16 --repeat 1 "
                          "--max-replaced-share 0.1 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(json::parse(r.out)["loader"]["images"], 16);
@@ -99,7 +101,8 @@ TEST_F(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
       << "the sum counts the read a training epoch sees";
   // The idle wait is one epoch at the matching rate: 16 files over 2 threads
   // (a duration in whole nanoseconds: up to 1e-6 ms below the product).
-  EXPECT_NEAR(j["config"]["epoch_ms"].get<double>(), us["matching_decode_per_thread"].get<double>() * 16 / 2 / 1000, 2e-6);
+  EXPECT_NEAR(j["config"]["epoch_ms"].get<double>(), us["matching_decode_per_thread"].get<double>() * 16 / 2 / 1000,
+              2e-6);
   const double sum = us["sum"].get<double>(), decode = us["matching_decode_per_thread"].get<double>();
   EXPECT_NEAR(j["floor_time_vs_matching_decode"].get<double>(), sum / decode, 1e-9);
   EXPECT_NEAR(us["bare_loop_per_thread"].get<double>(), 2.0 / j["bare_loop_images_per_s"].get<double>() * 1e6, 1e-6);
@@ -111,8 +114,8 @@ TEST_F(BenchToolTest, FloorBenchReportsEachPartAndTheirSum) {
 
 TEST_F(BenchToolTest, ThreadsBenchTabulatesEachCountInItsOwnProcess) {
   const std::string prefix = (dir_.path() / "threads").string();
-  const Result r = bench("threads --data " + train() + " --counts 1,2 --batch 4 --size 32 --ceiling-files 8 --repeat 1 --out " +
-                         prefix + " --json");
+  const Result r = bench("threads --data " + train() +
+                         " --counts 1,2 --batch 4 --size 32 --ceiling-files 8 --repeat 1 --out " + prefix + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 2U);

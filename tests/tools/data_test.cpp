@@ -37,7 +37,8 @@ TEST(DataToolTest, MakeScanPackScanAgain) {
   EXPECT_EQ(json::parse(r.out)["samples"], 24);
   EXPECT_TRUE(json::parse(r.out)["bad"].empty());
 
-  r = data("-q pack --from " + (root / "train").string() + " --out " + (dir.path() / "shards/train").string() + " --per-shard 10");
+  r = data("-q pack --from " + (root / "train").string() + " --out " + (dir.path() / "shards/train").string() +
+           " --per-shard 10");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("train-{000000..000002}.tar"), std::string::npos) << r.out;
   r = data("scan --json '" + (dir.path() / "shards/train-{000000..000002}.tar").string() + "'");
@@ -61,7 +62,8 @@ TEST(DataToolTest, MakeScanPackScanAgain) {
 TEST(DataToolTest, TextureStyleWritesTheSameFilesEveryTimeAndRefusesUnknownStyles) {
   pinfeed::testing::TempDir dir;
   for (const char* name : {"a", "b"}) {
-    const Result r = data("-q make --out " + (dir.path() / name).string() + " --classes 4 --per-class 2 --seed 9 --style texture");
+    const Result r =
+        data("-q make --out " + (dir.path() / name).string() + " --classes 4 --per-class 2 --seed 9 --style texture");
     ASSERT_EQ(r.rc, 0) << r.err;
   }
   const auto bytes = [&](const char* name) {
@@ -173,11 +175,11 @@ TEST(DataToolTest, MakeRefusesAFolderThatHoldsFiles) {
 }
 
 TEST(DataToolTest, BadFlagsExitTwo) {
-  for (const char* args : {"", "make", "make --out /tmp/x --classes 0", "make --out /tmp/x --quality 101", "pack --from /nonexistent --out x",
-                           "pack --from . --out x --max-side 4", "pack --from . --out x --max-side 100 --quality 0",
-                           "pack --from . --out x --max-side -1", "make --out /tmp/x --threads 100000",
-                           "scan . --threads 5000", "pack --from . --out x --threads 1025",
-                           "frobnicate"}) {
+  for (const char* args : {"", "make", "make --out /tmp/x --classes 0", "make --out /tmp/x --quality 101",
+                           "pack --from /nonexistent --out x", "pack --from . --out x --max-side 4",
+                           "pack --from . --out x --max-side 100 --quality 0", "pack --from . --out x --max-side -1",
+                           "make --out /tmp/x --threads 100000", "scan . --threads 5000",
+                           "pack --from . --out x --threads 1025", "frobnicate"}) {
     const Result r = data(args);
     EXPECT_EQ(r.rc, 2) << args;
     EXPECT_FALSE(r.err.empty() && r.out.empty()) << args;

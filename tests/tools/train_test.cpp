@@ -1,14 +1,14 @@
 // pinfeed-train end to end: the real binary on a dataset pinfeed-data makes.
 #include <gtest/gtest.h>
-#include <vector>
 #include <algorithm>
+#include <vector>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "fixtures.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
@@ -69,7 +69,8 @@ TEST_F(TrainToolTest, TrainsOnTwoCpuWorkersAndReportsJson) {
 TEST_F(TrainToolTest, ResumingFromACheckpointGivesTheSameLosses) {
   pinfeed::testing::TempDir tmp;
   const std::string ckpt = (tmp.path() / "m.ckpt").string();
-  const std::string common = "--data " + data() + " --devices cpu:2 --epochs 2 --batch-size 24 --size 16 --pool 2 --json";
+  const std::string common =
+      "--data " + data() + " --devices cpu:2 --epochs 2 --batch-size 24 --size 16 --pool 2 --json";
   const Result straight = train(common);
   ASSERT_EQ(straight.rc, 0) << straight.err;
   const Result first = train(common + " --checkpoint " + ckpt + " --max-steps 4");
@@ -91,7 +92,9 @@ TEST_F(TrainToolTest, ResumingFromACheckpointGivesTheSameLosses) {
 TEST_F(TrainToolTest, CompareWritesTheCurvesAndThePlot) {
   pinfeed::testing::TempDir tmp;
   const std::string prefix = (tmp.path() / "cmp").string();
-  const Result r = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 -q --compare 2 --compare-out " + prefix);
+  const Result r =
+      train("--data " + data() +
+            " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 -q --compare 2 --compare-out " + prefix);
   ASSERT_EQ(r.rc, 0) << r.err;
   std::ifstream csv(prefix + ".csv");
   std::string header;
@@ -103,17 +106,17 @@ TEST_F(TrainToolTest, CompareWritesTheCurvesAndThePlot) {
   EXPECT_TRUE(std::filesystem::exists(prefix + ".png") || r.err.find("gnuplot not found") != std::string::npos);
   EXPECT_NE(r.out.find("2 workers: same global batch and lr"), std::string::npos) << r.out;
   // A --compare-out that cannot be written is found before the runs.
-  const Result nowhere = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 "
-                               "--compare 2 --compare-out " + (tmp.path() / "no/such/folder/cmp").string());
+  const Result nowhere = train("--data " + data() +
+                               " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 "
+                               "--compare 2 --compare-out " +
+                               (tmp.path() / "no/such/folder/cmp").string());
   EXPECT_EQ(nowhere.rc, 2) << "a bad flag";
   EXPECT_NE(nowhere.err.find("no/such/folder does not exist"), std::string::npos) << nowhere.err;
   EXPECT_EQ(nowhere.out.find("epoch"), std::string::npos) << "trained before finding out: " << nowhere.out;
 }
 
 /// Validation accuracy of the last epoch of a --json run.
-double final_val_accuracy(const Result& r) {
-  return json::parse(r.out)["epochs"].back()["val_accuracy"].get<double>();
-}
+double final_val_accuracy(const Result& r) { return json::parse(r.out)["epochs"].back()["val_accuracy"].get<double>(); }
 
 TEST_F(TrainToolTest, TheCnnLearnsTexturesThatTheMlpCannot) {
   // Classes told apart by fine stripes, checks or blobs under random
@@ -127,8 +130,8 @@ TEST_F(TrainToolTest, TheCnnLearnsTexturesThatTheMlpCannot) {
 #endif
   pinfeed::testing::TempDir tmp;
   const auto set = tmp.path() / "tex";
-  const Result made = run(PINFEED_DATA, "-q make --out " + set.string() +
-                                            " --classes 4 --per-class 30 --val 0.2 --seed 3 --style texture");
+  const Result made = run(
+      PINFEED_DATA, "-q make --out " + set.string() + " --classes 4 --per-class 30 --val 0.2 --seed 3 --style texture");
   ASSERT_EQ(made.rc, 0) << made.err;
   const std::string common = "--data " + (set / "train").string() + " --val " + (set / "val").string() +
                              " --devices cpu:2 --batch-size 16 --epochs 20 --size 32 --lr 0.4 --json ";
@@ -141,7 +144,8 @@ TEST_F(TrainToolTest, TheCnnLearnsTexturesThatTheMlpCannot) {
 }
 
 TEST_F(TrainToolTest, ProfileBreaksTheStepDownAndTheCoreSplitIsReported) {
-  const std::string d = "--data " + data() + " --devices cpu:2 --epochs 1 --batch-size 24 --size 16 --model cnn:4,8 --profile ";
+  const std::string d =
+      "--data " + data() + " --devices cpu:2 --epochs 1 --batch-size 24 --size 16 --model cnn:4,8 --profile ";
   Result r = train(d + "--loader-threads 2");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("step ms: wait"), std::string::npos) << r.out;
@@ -158,8 +162,9 @@ TEST_F(TrainToolTest, ProfileBreaksTheStepDownAndTheCoreSplitIsReported) {
 TEST_F(TrainToolTest, CompareWithTheCnnAddsTheSyncBnCurve) {
   pinfeed::testing::TempDir tmp;
   const std::string prefix = (tmp.path() / "cmp").string();
-  const Result r = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --model cnn:4,8 -q " +
-                         "--compare 2 --compare-out " + prefix);
+  const Result r =
+      train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --model cnn:4,8 -q " +
+            "--compare 2 --compare-out " + prefix);
   ASSERT_EQ(r.rc, 0) << r.err;
   std::ifstream csv(prefix + ".csv");
   std::string line;
@@ -176,8 +181,10 @@ TEST_F(TrainToolTest, ResumingOnAChangedTrainingSetIsRefusedSayingWhatChanged) {
   const auto set = tmp.path() / "train";
   std::filesystem::copy(data(), set, std::filesystem::copy_options::recursive);
   const std::string ckpt = (tmp.path() / "m.ckpt").string();
-  const std::string common = "--data " + set.string() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 "
-                             "--pool 2 -q --checkpoint " + ckpt;
+  const std::string common = "--data " + set.string() +
+                             " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 "
+                             "--pool 2 -q --checkpoint " +
+                             ckpt;
   ASSERT_EQ(train(common + " --max-steps 2").rc, 0);
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(set)) names.push_back(e.path().filename().string());
@@ -187,7 +194,8 @@ TEST_F(TrainToolTest, ResumingOnAChangedTrainingSetIsRefusedSayingWhatChanged) {
   Result r = train(common + " --resume");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.err.find("not the one the checkpoint was taken on: class '" + names[3] + "' renamed to 'zz_renamed'"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   std::filesystem::rename(set / "zz_renamed", set / names[3]);
   // Added images shift every position after them.
   const auto first = std::filesystem::directory_iterator(set / names[0])->path();
@@ -206,7 +214,7 @@ TEST_F(TrainToolTest, SigtermLeavesNoTemporaryAndASecondRunOnTheSameCheckpointIs
   const std::string ckpt = (dir / "m.ckpt").string();
   pinfeed::testing::write_file(dir / ".m.ckpt.tmp.999999", "a SIGKILLed writer's temporary");
   const std::string command = std::string(PINFEED_TRAIN) + " --data " + data() +
-                          " --devices cpu:1 --batch-size 8 --size 16 --pool 2 --threads 1 -q --checkpoint " + ckpt;
+                              " --devices cpu:1 --batch-size 8 --size 16 --pool 2 --threads 1 -q --checkpoint " + ckpt;
   // The first run saves at every step; the second starts while it runs; then
   // SIGTERM (mostly mid-save: saves are most of each step) ends the first.
   const std::string script = fmt::format(
@@ -250,7 +258,8 @@ TEST_F(TrainToolTest, AValidationSetWithOtherClassesIsRefusedNamingTheFirstDiffe
 }
 
 TEST_F(TrainToolTest, ADivergedRunFailsNamingTheStep) {
-  const Result r = train("--data " + data() + " --size 16 --pool 2 --devices cpu:1 --batch-size 8 --epochs 1 --lr 1e30");
+  const Result r =
+      train("--data " + data() + " --size 16 --pool 2 --devices cpu:1 --batch-size 8 --epochs 1 --lr 1e30");
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_NE(r.err.find("training diverged"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" at step "), std::string::npos) << r.err;
@@ -313,8 +322,9 @@ TEST_F(TrainToolTest, BadRequestsAreClearErrors) {
 
 TEST_F(TrainToolTest, AnUnwritableCheckpointIsFoundBeforeTheFirstEpoch) {
   pinfeed::testing::TempDir tmp;
-  const Result r = train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 --checkpoint " +
-                         (tmp.path() / "no/such/folder/m.ckpt").string());
+  const Result r =
+      train("--data " + data() + " --devices cpu:1 --epochs 2 --batch-size 24 --size 16 --pool 2 --checkpoint " +
+            (tmp.path() / "no/such/folder/m.ckpt").string());
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("no/such/folder"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("epoch"), std::string::npos) << "trained before finding out: " << r.out;
@@ -381,8 +391,8 @@ TEST_F(TrainToolTest, UnderTorchrunTwoProcessesTrainWithoutMpiAndAFailingRankEnd
   // The static rendezvous on a port of its own: --standalone's fixed port
   // belongs to DdpLaunchTest.UnderTorchrunStandalone, which may run meanwhile.
   const auto torchrun = [](const std::string& args) {
-    return run(std::string(PINFEED_TORCHRUN) + " --redirects 9:1 --tee 9:1 --master_port 29533 --nproc_per_node 2 --no_python " +
-                   PINFEED_TRAIN,
+    return run(std::string(PINFEED_TORCHRUN) +
+                   " --redirects 9:1 --tee 9:1 --master_port 29533 --nproc_per_node 2 --no_python " + PINFEED_TRAIN,
                args);
   };
   const std::string common = " --devices cpu:1 --batch-size 16 --size 16 --pool 2 --threads 1 -q";

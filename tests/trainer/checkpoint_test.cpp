@@ -4,10 +4,10 @@
 // the old checkpoint and no temporary; crafted, misplaced and mismatched
 // files are named errors.
 #include <gtest/gtest.h>
-#include <zlib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <sys/stat.h>
 
@@ -15,18 +15,18 @@
 #include <fstream>
 #include <future>
 #include <mutex>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
-#include "train_fixtures.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/model.hpp"
 #include "pinfeed/trainer/trainer.hpp"
+#include "train_fixtures.hpp"
 
 namespace pinfeed::trainer {
 namespace {

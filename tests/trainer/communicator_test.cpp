@@ -15,9 +15,9 @@
 #include <string>
 #include <thread>
 
-#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 
 namespace pinfeed::trainer {
 namespace {
@@ -169,7 +169,8 @@ struct MpiKind {
   static constexpr const char* kName = "mpi";
   static void make(Ranks& r) {
     const LaunchEnv env = read_launch_env();
-    if (!mpi_compiled() || env.launcher != "mpi") GTEST_SKIP() << "run under mpirun (ctest's CommunicatorContract.UnderMpirun does)";
+    if (!mpi_compiled() || env.launcher != "mpi")
+      GTEST_SKIP() << "run under mpirun (ctest's CommunicatorContract.UnderMpirun does)";
     ASSERT_EQ(launch_bootstrap(env).cpu_communicator, "mpi");
     r.add_backends(1);
     r.comms.push_back(launch_bootstrap(env).make_cpu(*r.backends[0], kContractConfig, env));
@@ -251,10 +252,12 @@ TYPED_TEST(CommunicatorContract, AllReduceSumsAndAveragesOverEveryRankInQueueOrd
       for (std::size_t k = 0; k < sizes[j]; k += 97) {
         const float sum = rank_sum + static_cast<float>(world) * static_cast<float>(k % 7);
         const float want = j == 1 ? sum / static_cast<float>(world) : sum;
-        ASSERT_FLOAT_EQ(data[i][j][k], want) << "rank " << g.comms[i]->rank() << ", collective " << j << ", element " << k;
+        ASSERT_FLOAT_EQ(data[i][j][k], want)
+            << "rank " << g.comms[i]->rank() << ", collective " << j << ", element " << k;
       }
-      ASSERT_FLOAT_EQ(data[i][j].back(), (j == 1 ? 1.0F / static_cast<float>(world) : 1.0F) *
-                                             (rank_sum + static_cast<float>(world) * static_cast<float>((sizes[j] - 1) % 7)));
+      ASSERT_FLOAT_EQ(data[i][j].back(),
+                      (j == 1 ? 1.0F / static_cast<float>(world) : 1.0F) *
+                          (rank_sum + static_cast<float>(world) * static_cast<float>((sizes[j] - 1) % 7)));
     }
   }
 }
@@ -267,7 +270,8 @@ TYPED_TEST(CommunicatorContract, BroadcastGivesEveryRankTheRootsBuffer) {
     g.each([&](std::size_t i) {
       const int rank = g.comms[i]->rank();
       data[i].assign(513, 0.0F);
-      for (std::size_t k = 0; k < data[i].size(); ++k) data[i][k] = static_cast<float>(rank * 1000) + 0.5F * static_cast<float>(k);
+      for (std::size_t k = 0; k < data[i].size(); ++k)
+        data[i][k] = static_cast<float>(rank * 1000) + 0.5F * static_cast<float>(k);
       g.comms[i]->broadcast(*g.streams[i], data[i].data(), data[i].size(), root);
       g.backends[i]->synchronize(*g.streams[i]);
     });
@@ -322,7 +326,8 @@ TEST(ThreadCommunicatorTest, AllReduceSumsAndAveragesInRankOrder) {
     const std::size_t n = 1001;  // not divisible by the rank count: uneven chunks
     std::vector<std::vector<float>> data(static_cast<std::size_t>(ranks), std::vector<float>(n));
     for (int r = 0; r < ranks; ++r) {
-      for (std::size_t i = 0; i < n; ++i) data[static_cast<std::size_t>(r)][i] = 0.1F * static_cast<float>(r + 1) + 1e-7F * static_cast<float>(i);
+      for (std::size_t i = 0; i < n; ++i)
+        data[static_cast<std::size_t>(r)][i] = 0.1F * static_cast<float>(r + 1) + 1e-7F * static_cast<float>(i);
     }
     auto expect = data[0];
     for (std::size_t i = 0; i < n; ++i) {
@@ -333,10 +338,12 @@ TEST(ThreadCommunicatorTest, AllReduceSumsAndAveragesInRankOrder) {
     g.each([&](int r) {
       auto& b = *g.backends[static_cast<std::size_t>(r)];
       auto& s = *g.streams[static_cast<std::size_t>(r)];
-      g.comms[static_cast<std::size_t>(r)]->all_reduce(s, data[static_cast<std::size_t>(r)].data(), n, ReduceOp::average);
+      g.comms[static_cast<std::size_t>(r)]->all_reduce(s, data[static_cast<std::size_t>(r)].data(), n,
+                                                       ReduceOp::average);
       b.synchronize(s);
     });
-    for (int r = 0; r < ranks; ++r) EXPECT_EQ(data[static_cast<std::size_t>(r)], expect) << ranks << " ranks, rank " << r;
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_EQ(data[static_cast<std::size_t>(r)], expect) << ranks << " ranks, rank " << r;
   }
 }
 
@@ -344,7 +351,8 @@ TEST(ThreadCommunicatorTest, BroadcastCopiesTheRootsBuffer) {
   Group g(3);
   std::vector<std::vector<float>> data{{1, 2, 3}, {4, 5, 6}, {7, 8, 9}};
   g.each([&](int r) {
-    g.comms[static_cast<std::size_t>(r)]->broadcast(*g.streams[static_cast<std::size_t>(r)], data[static_cast<std::size_t>(r)].data(), 3, 1);
+    g.comms[static_cast<std::size_t>(r)]->broadcast(*g.streams[static_cast<std::size_t>(r)],
+                                                    data[static_cast<std::size_t>(r)].data(), 3, 1);
     g.backends[static_cast<std::size_t>(r)]->synchronize(*g.streams[static_cast<std::size_t>(r)]);
   });
   for (const auto& d : data) EXPECT_EQ(d, (std::vector<float>{4, 5, 6}));
@@ -463,8 +471,8 @@ TEST(LaunchChannelTest, TheStoreSharesRank0sBytesWithEveryRank) {
     channels[i] = open_store_channel(env, std::chrono::seconds(30));
     EXPECT_EQ(channels[i]->rank(), env.rank);
     EXPECT_EQ(channels[i]->size(), kWorld);
-    got[i] = channels[i]->share_from_rank0("test/id", env.rank == 0 ? std::vector<char>{'i', 'd', '\0', 'x'}
-                                                                    : std::vector<char>{'n', 'o'});
+    got[i] = channels[i]->share_from_rank0(
+        "test/id", env.rank == 0 ? std::vector<char>{'i', 'd', '\0', 'x'} : std::vector<char>{'n', 'o'});
   });
   for (int k = 0; k < kWorld; ++k) {
     EXPECT_EQ(errors[static_cast<std::size_t>(k)], "") << "rank " << k;
@@ -487,7 +495,8 @@ TEST(LaunchChannelTest, MpiSharesRank0sBytesWithEveryRank) {
   const auto channel = launch_bootstrap(env).open_channel(env, std::chrono::seconds(30));
   EXPECT_EQ(channel->rank(), env.rank);
   EXPECT_EQ(channel->size(), env.world_size);
-  const std::vector<char> mine(static_cast<std::size_t>(100 + channel->rank()), static_cast<char>('a' + channel->rank()));
+  const std::vector<char> mine(static_cast<std::size_t>(100 + channel->rank()),
+                               static_cast<char>('a' + channel->rank()));
   EXPECT_EQ(channel->share_from_rank0("test/id", mine), std::vector<char>(100, 'a'));
 }
 

@@ -9,13 +9,13 @@
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
-#include "train_fixtures.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
-#include "pinfeed/trainer/nccl_communicator.hpp"
 #include "pinfeed/trainer/model.hpp"
+#include "pinfeed/trainer/nccl_communicator.hpp"
 #include "pinfeed/trainer/trainer.hpp"
+#include "train_fixtures.hpp"
 
 namespace pinfeed::trainer {
 namespace {

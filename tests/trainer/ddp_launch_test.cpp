@@ -10,8 +10,8 @@
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
-#include "train_fixtures.hpp"
 #include "pinfeed/trainer/trainer.hpp"
+#include "train_fixtures.hpp"
 
 namespace pinfeed::trainer {
 namespace {
@@ -20,7 +20,8 @@ TEST(DdpLaunchTest, TwoProcessesReachTheWeightsOfTwoThreads) {
   const LaunchEnv env = read_launch_env();
   // ctest launches it and says under what: there, another launch is a failure.
   const char* expected = std::getenv("PINFEED_REQUIRE_LAUNCHER");
-  if (expected == nullptr && env.world_size != 2) GTEST_SKIP() << "run under mpirun or torchrun with 2 processes (ctest does)";
+  if (expected == nullptr && env.world_size != 2)
+    GTEST_SKIP() << "run under mpirun or torchrun with 2 processes (ctest does)";
   ASSERT_EQ(env.world_size, 2) << "expected 2 processes under " << (expected ? expected : "a launcher");
   if (expected != nullptr) {
     ASSERT_EQ(env.launcher, expected);

@@ -3,10 +3,10 @@
 // no_sync do not change the result; slots outlive their copies; a CNN
 // resumes with its running statistics (checkpoint files: checkpoint_test.cpp).
 #include <gtest/gtest.h>
-#include <zlib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <sys/stat.h>
 
@@ -14,18 +14,18 @@
 #include <fstream>
 #include <future>
 #include <mutex>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "fixtures.hpp"
 #include "image_fixtures.hpp"
-#include "train_fixtures.hpp"
 #include "pinfeed/trainer/checkpoint.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
 #include "pinfeed/trainer/model.hpp"
 #include "pinfeed/trainer/trainer.hpp"
+#include "train_fixtures.hpp"
 
 namespace pinfeed::trainer {
 namespace {
@@ -145,7 +145,8 @@ TEST(ModelConfigTest, EverySpecReadsBackAsTheSameModel) {
   ModelConfig m;
   m.parse_spec("cnn");
   EXPECT_EQ(m.spec(), "cnn:32,64,128") << "the default widths";
-  for (const char* bad : {"cnn:0", "cnn:4,", "resnet", "mlp:x", "cnn:-2"}) EXPECT_THROW(m.parse_spec(bad), ConfigError) << bad;
+  for (const char* bad : {"cnn:0", "cnn:4,", "resnet", "mlp:x", "cnn:-2"})
+    EXPECT_THROW(m.parse_spec(bad), ConfigError) << bad;
 }
 
 // The model registry: every row names, parses, validates and builds its
@@ -276,7 +277,7 @@ TEST_F(DdpTest, PressureMidTrainingShrinksThePoolAndGrowsItBackWithoutChangingTh
     std::this_thread::sleep_for(30ms);
     testing::write_file(psi_file, psi(60, 30));  // critical
     std::this_thread::sleep_for(150ms);
-    testing::write_file(psi_file, psi(0, 0));    // calm
+    testing::write_file(psi_file, psi(0, 0));  // calm
   });
   const auto release_weather = [&] { std::call_once(once, [&] { first_step.set_value(); }); };
   TrainResult stormy;
@@ -412,7 +413,8 @@ TEST_F(DdpTest, FreeingWhileAStreamHasWorkIsCountedAndAFailedRunNeverDoesIt) {
   {
     std::ofstream out(list);
     for (const auto& e : std::filesystem::recursive_directory_iterator(data_->folder)) {
-      if (e.is_regular_file()) out << e.path().string() << " " << e.path().parent_path().filename().string().substr(5) << "\n";
+      if (e.is_regular_file())
+        out << e.path().string() << " " << e.path().parent_path().filename().string().substr(5) << "\n";
     }
     testing::write_file(tmp.path() / "broken.jpg", "not an image");
     out << (tmp.path() / "broken.jpg").string() << " 0\n";

@@ -179,8 +179,8 @@ TYPED_TEST(DeviceBackendTest, SoftmaxCrossEntropyGradientMatchesFiniteDifference
   this->backend->copy_h2d(*this->stream, lab.get(), labels.data(), labels.size() * sizeof(std::int32_t));
   DeviceBuffer grad = this->backend->allocate(logits.size() * sizeof(float));
   DeviceBuffer stats = this->backend->allocate(2 * sizeof(float));
-  this->backend->softmax_cross_entropy(*this->stream, dl.as<float>(), lab.as<std::int32_t>(), n, k, 1.0F, grad.as<float>(),
-                                       stats.as<float>());
+  this->backend->softmax_cross_entropy(*this->stream, dl.as<float>(), lab.as<std::int32_t>(), n, k, 1.0F,
+                                       grad.as<float>(), stats.as<float>());
   const auto g = this->download(grad, logits.size());
   const auto st = this->download(stats, 2);
   const auto mean_loss = [&](const std::vector<float>& z) {
@@ -427,9 +427,11 @@ TYPED_TEST(DeviceBackendTest, Col2imIsTheAdjointOfIm2col) {
     const auto x = random_floats(xs, 31);
     const auto c = random_floats(cols, 32);
     DeviceBuffer dx = this->upload(x), dc = this->upload(c);
-    DeviceBuffer col = this->backend->allocate(cols * sizeof(float)), back = this->backend->allocate(xs * sizeof(float));
+    DeviceBuffer col = this->backend->allocate(cols * sizeof(float)),
+                 back = this->backend->allocate(xs * sizeof(float));
     const std::size_t plane = static_cast<std::size_t>(sh.h * sh.w);
-    this->backend->im2col(*this->stream, dx.as<float>(), static_cast<std::size_t>(sh.n) * plane, plane, sh, col.as<float>());
+    this->backend->im2col(*this->stream, dx.as<float>(), static_cast<std::size_t>(sh.n) * plane, plane, sh,
+                          col.as<float>());
     this->backend->col2im(*this->stream, dc.as<float>(), sh, back.as<float>());
     const double lhs = dot(this->download(col, cols), c), rhs = dot(x, this->download(back, xs));
     EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(lhs))) << "stride " << sh.stride;
@@ -458,7 +460,8 @@ HostBn host_bn(const std::vector<float>& x, int c, std::size_t m, const std::vec
     r.var.push_back(var);
     for (std::size_t j = 0; j < m; ++j) {
       const std::size_t i = static_cast<std::size_t>(k) * m + j;
-      const double v = gamma[static_cast<std::size_t>(k)] * (x[i] - mean) / std::sqrt(var + 1e-5) + beta[static_cast<std::size_t>(k)];
+      const double v = gamma[static_cast<std::size_t>(k)] * (x[i] - mean) / std::sqrt(var + 1e-5) +
+                       beta[static_cast<std::size_t>(k)];
       r.y[i] = relu ? std::max(v, 0.0) : v;
     }
   }
@@ -491,7 +494,8 @@ TYPED_TEST(DeviceBackendTest, BatchNormForwardMatchesItsDefinitionInBothModes) {
   DeviceBuffer dx = this->upload(x), dg = this->upload(gamma), db = this->upload(beta);
   DeviceBuffer rm = this->upload({0, 0, 0}), rv = this->upload({1, 1, 1});
   DeviceBuffer inv = this->backend->allocate(c * sizeof(float)), sums = this->backend->allocate(2 * c * sizeof(float));
-  DeviceBuffer xhat = this->backend->allocate(x.size() * sizeof(float)), y = this->backend->allocate(x.size() * sizeof(float));
+  DeviceBuffer xhat = this->backend->allocate(x.size() * sizeof(float)),
+               y = this->backend->allocate(x.size() * sizeof(float));
   const BatchNormArgs a = bn_args(c, m, true, dg, db, rm, rv, inv);
   this->backend->bn_stats(*this->stream, dx.as<float>(), c, m, sums.as<float>());
   this->backend->bn_forward(*this->stream, dx.as<float>(), sums.as<float>(), a, xhat.as<float>(), y.as<float>());
@@ -619,7 +623,8 @@ TYPED_TEST(DeviceBackendTest, BatchNormAndGemmOnTwoStreamsAtOnceKeepTheirOwnStat
     // product, not necessarily the same bits.
     const auto out = read(lanes[l], lanes[l].out, static_cast<std::size_t>(dim) * dim);
     for (std::size_t i = 0; i < out.size(); ++i) {
-      ASSERT_NEAR(out[i], lanes[l].want_out[i], 1e-5 * (1 + std::abs(lanes[l].want_out[i]))) << "lane " << l << ", " << i;
+      ASSERT_NEAR(out[i], lanes[l].want_out[i], 1e-5 * (1 + std::abs(lanes[l].want_out[i])))
+          << "lane " << l << ", " << i;
     }
   }
 }
@@ -641,17 +646,20 @@ TYPED_TEST(DeviceBackendTest, BatchNormBackwardMatchesFiniteDifferences) {
   for (const bool relu : {false, true}) {
     DeviceBuffer dx = this->upload(x0), dg = this->upload(gamma0), db = this->upload(beta0);
     DeviceBuffer rm = this->upload({0, 0}), rv = this->upload({1, 1});
-    DeviceBuffer inv = this->backend->allocate(c * sizeof(float)), sums = this->backend->allocate(2 * c * sizeof(float));
+    DeviceBuffer inv = this->backend->allocate(c * sizeof(float)),
+                 sums = this->backend->allocate(2 * c * sizeof(float));
     DeviceBuffer red = this->backend->allocate(2 * c * sizeof(float));
-    DeviceBuffer xhat = this->backend->allocate(x0.size() * sizeof(float)), y = this->backend->allocate(x0.size() * sizeof(float));
+    DeviceBuffer xhat = this->backend->allocate(x0.size() * sizeof(float)),
+                 y = this->backend->allocate(x0.size() * sizeof(float));
     DeviceBuffer dy = this->upload(w), grad_x = this->backend->allocate(x0.size() * sizeof(float));
     DeviceBuffer grad_g = this->upload({0, 0}), grad_b = this->upload({0, 0});
     const BatchNormArgs a = bn_args(c, m, relu, dg, db, rm, rv, inv);
     this->backend->bn_stats(*this->stream, dx.as<float>(), c, m, sums.as<float>());
     this->backend->bn_forward(*this->stream, dx.as<float>(), sums.as<float>(), a, xhat.as<float>(), y.as<float>());
-    this->backend->bn_backward_reduce(*this->stream, dy.as<float>(), y.as<float>(), xhat.as<float>(), a, red.as<float>(),
-                                      grad_g.as<float>(), grad_b.as<float>());
-    this->backend->bn_backward_input(*this->stream, dy.as<float>(), xhat.as<float>(), red.as<float>(), a, grad_x.as<float>());
+    this->backend->bn_backward_reduce(*this->stream, dy.as<float>(), y.as<float>(), xhat.as<float>(), a,
+                                      red.as<float>(), grad_g.as<float>(), grad_b.as<float>());
+    this->backend->bn_backward_input(*this->stream, dy.as<float>(), xhat.as<float>(), red.as<float>(), a,
+                                     grad_x.as<float>());
     const auto gx = this->download(grad_x, x0.size());
     const auto gg = this->download(grad_g, 2), gb = this->download(grad_b, 2);
     if (relu) {
@@ -685,7 +693,8 @@ TYPED_TEST(DeviceBackendTest, GlobalAveragePoolingAndItsAdjoint) {
   const auto x = random_floats(static_cast<std::size_t>(c * n) * hw, 61);
   const auto d = random_floats(static_cast<std::size_t>(n * c), 62);
   DeviceBuffer dx = this->upload(x), dd = this->upload(d);
-  DeviceBuffer out = this->backend->allocate(d.size() * sizeof(float)), back = this->backend->allocate(x.size() * sizeof(float));
+  DeviceBuffer out = this->backend->allocate(d.size() * sizeof(float)),
+               back = this->backend->allocate(x.size() * sizeof(float));
   this->backend->channel_mean(*this->stream, dx.as<float>(), c, n, hw, out.as<float>());
   this->backend->channel_mean_backward(*this->stream, dd.as<float>(), c, n, hw, back.as<float>());
   const auto got = this->download(out, d.size());
@@ -693,7 +702,8 @@ TYPED_TEST(DeviceBackendTest, GlobalAveragePoolingAndItsAdjoint) {
     for (int k = 0; k < c; ++k) {
       double mean = 0;
       for (std::size_t p = 0; p < hw; ++p) mean += x[(static_cast<std::size_t>(k * n + i)) * hw + p];
-      EXPECT_NEAR(got[static_cast<std::size_t>(i * c + k)], mean / static_cast<double>(hw), 1e-6) << "sample " << i << " channel " << k;
+      EXPECT_NEAR(got[static_cast<std::size_t>(i * c + k)], mean / static_cast<double>(hw), 1e-6)
+          << "sample " << i << " channel " << k;
     }
   }
   EXPECT_NEAR(dot(got, d), dot(x, this->download(back, x.size())), 1e-5);

@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/trainer/communicator.hpp"

@@ -6,20 +6,20 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <zlib.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <csignal>
-#include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <mutex>
-#include <thread>
-#include <fmt/format.h>
-#include <zlib.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
@@ -72,7 +72,7 @@ void put(std::vector<std::byte>& out, const T* p, std::size_t count) {
 constexpr std::size_t kSlots = 8;
 constexpr std::size_t kPathMax = 4096;
 constexpr std::size_t kWriteChunk = std::size_t{64} << 20;  // how often a long write looks at g_terminating
-constexpr auto kSaveGrace = std::chrono::seconds(10);     // how long a signal waits for saves in flight
+constexpr auto kSaveGrace = std::chrono::seconds(10);       // how long a signal waits for saves in flight
 struct TempSlot {
   std::atomic<int> state{0};
   std::array<char, kPathMax> path{};
@@ -216,7 +216,8 @@ void install_checkpoint_signal_handlers() {
     pthread_t thread{};
     // 256 KiB, unless the libraries' static TLS needs more (glibc puts it on
     // the stack and refuses a stack it does not fit in): then the default.
-    (void)::pthread_attr_setstacksize(&attr, std::max(static_cast<std::size_t>(PTHREAD_STACK_MIN), std::size_t{256} << 10U));
+    (void)::pthread_attr_setstacksize(&attr,
+                                      std::max(static_cast<std::size_t>(PTHREAD_STACK_MIN), std::size_t{256} << 10U));
     int e = ::pthread_create(&thread, &attr, signal_thread_main, &waited);
     if (e == EINVAL) {
       (void)::pthread_attr_destroy(&attr);
@@ -277,8 +278,7 @@ CheckpointLock::CheckpointLock(const std::filesystem::path& path) {
     const std::string name = it->path().filename().string();
     // ".<name>.tmp.<pid>" exactly: a checkpoint named "<name>.tmp.7" has its own.
     const std::string_view pid = std::string_view(name).substr(std::min(prefix.size(), name.size()));
-    if (!name.starts_with(prefix) || pid.empty() ||
-        pid.find_first_not_of("0123456789") != std::string_view::npos) {
+    if (!name.starts_with(prefix) || pid.empty() || pid.find_first_not_of("0123456789") != std::string_view::npos) {
       continue;
     }
     if (fs::remove(it->path(), ec)) ++removed_;
@@ -299,8 +299,11 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, con
   h["seed"] = c.seed;
   h["world_size"] = c.world_size;
   h["global_batch"] = c.global_batch;
-  h["model"] = {{"image_size", c.model.image_size}, {"pool", c.model.pool}, {"hidden", c.model.hidden},
-                {"classes", c.model.classes}, {"spec", c.model.spec()}};
+  h["model"] = {{"image_size", c.model.image_size},
+                {"pool", c.model.pool},
+                {"hidden", c.model.hidden},
+                {"classes", c.model.classes},
+                {"spec", c.model.spec()}};
   h["params"] = c.weights.size();
   h["buffers"] = c.buffers.size();
   if (c.dataset) {
@@ -358,8 +361,9 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
 
 Checkpoint parse_checkpoint(std::span<const std::byte> in, const std::filesystem::path& path) {
   if (in.size() >= sizeof kMagicV1 && std::memcmp(in.data(), kMagicV1, sizeof kMagicV1) == 0) {
-    throw DataError(path, "checkpoint format 01, written by a pinfeed before 2026-12-01: resume it with that "
-                          "version, or start the run again");
+    throw DataError(path,
+                    "checkpoint format 01, written by a pinfeed before 2026-12-01: resume it with that "
+                    "version, or start the run again");
   }
   if (in.size() < sizeof kMagic + 16 || std::memcmp(in.data(), kMagic, sizeof kMagic) != 0) {
     throw DataError(path, "not a pinfeed checkpoint (bad magic or too short)");

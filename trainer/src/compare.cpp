@@ -18,8 +18,8 @@ Curve run(TrainConfig c, std::string label, const TrainCallbacks& callbacks) {
   for (const EpochSummary& e : curve.result.epochs) {
     const double steps = static_cast<double>(e.step_loss.size());
     for (std::size_t k = 0; k < e.step_loss.size(); ++k, ++step) {
-      curve.points.push_back(CurvePoint{static_cast<double>(e.epoch) + static_cast<double>(k + 1) / steps, step + 1,
-                                        e.step_loss[k]});
+      curve.points.push_back(
+          CurvePoint{static_cast<double>(e.epoch) + static_cast<double>(k + 1) / steps, step + 1, e.step_loss[k]});
     }
   }
   return curve;
@@ -35,7 +35,9 @@ std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const
     d.count = n;
     if (device_type(d.kind).indexed) {  // n devices: the ones given, else 0..n-1
       d.devices.clear();
-      for (int i = 0; i < n; ++i) d.devices.push_back(config.devices.devices.empty() ? i : config.devices.devices.at(static_cast<std::size_t>(i)));
+      for (int i = 0; i < n; ++i)
+        d.devices.push_back(config.devices.devices.empty() ? i
+                                                           : config.devices.devices.at(static_cast<std::size_t>(i)));
     }
     return d;
   };
@@ -60,8 +62,9 @@ std::vector<Curve> compare_workers(const TrainConfig& config, int workers, const
   c.model.sync_bn = false;  // the reported setup: DataParallel's per-device statistics
   c.global_batch = config.global_batch * static_cast<std::size_t>(workers);
   c.lr = config.lr / workers;  // the peak rate stays the 1-worker value: not scaled for the larger batch
-  curves.push_back(run(c, fmt::format("{} workers: {} each (global batch x{}); lr not scaled{}", workers,
-                                      config.global_batch, workers, batch_norm ? "; BN per worker" : ""),
+  curves.push_back(run(c,
+                       fmt::format("{} workers: {} each (global batch x{}); lr not scaled{}", workers,
+                                   config.global_batch, workers, batch_norm ? "; BN per worker" : ""),
                        callbacks));
   return curves;
 }
@@ -71,8 +74,8 @@ std::string curves_csv(const std::vector<Curve>& curves) {
   for (std::size_t r = 0; r < curves.size(); ++r) {
     const Curve& c = curves[r];
     for (const CurvePoint& p : c.points) {
-      out += fmt::format("{},\"{}\",{},{:.6g},{},{:.6f},{:.6f}\n", r, c.label, c.global_batch, c.peak_lr, p.step, p.epoch,
-                         p.loss);
+      out += fmt::format("{},\"{}\",{},{:.6g},{},{:.6f},{:.6f}\n", r, c.label, c.global_batch, c.peak_lr, p.step,
+                         p.epoch, p.loss);
     }
   }
   return out;

@@ -5,15 +5,24 @@
 namespace pinfeed::trainer {
 
 void DdpConfig::validate() const {
-  if (bucket_cap_bytes < sizeof(float)) throw ConfigError(fmt::format("ddp bucket_cap_bytes must be >= 4, got {}", bucket_cap_bytes));
-  if (first_bucket_bytes < sizeof(float)) throw ConfigError(fmt::format("ddp first_bucket_bytes must be >= 4, got {}", first_bucket_bytes));
+  if (bucket_cap_bytes < sizeof(float))
+    throw ConfigError(fmt::format("ddp bucket_cap_bytes must be >= 4, got {}", bucket_cap_bytes));
+  if (first_bucket_bytes < sizeof(float))
+    throw ConfigError(fmt::format("ddp first_bucket_bytes must be >= 4, got {}", first_bucket_bytes));
 }
 
 DdpEngine::DdpEngine(DeviceBackend& backend, Communicator& comm, const std::vector<ParamInfo>& params, float* weights,
                      float* grads, DdpConfig config)
-    : backend_(backend), comm_(comm), params_(params), weights_(weights), grads_(grads),
-      bucket_of_(params.size()), comm_stream_(backend.create_copy_stream()), done_(backend.create_event()),
-      collective_ready_(backend.create_event()), collective_done_(backend.create_event()) {
+    : backend_(backend),
+      comm_(comm),
+      params_(params),
+      weights_(weights),
+      grads_(grads),
+      bucket_of_(params.size()),
+      comm_stream_(backend.create_copy_stream()),
+      done_(backend.create_event()),
+      collective_ready_(backend.create_event()),
+      collective_done_(backend.create_event()) {
   config.validate();
   if (params_.empty()) throw ConfigError("ddp: the model has no parameters");
   // Reverse order; a bucket closes once it reaches its cap (PyTorch's rule).

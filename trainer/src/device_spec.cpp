@@ -54,7 +54,8 @@ DeviceSpec parse_devices(std::string_view text) {
   std::size_t start = 0;
   while (start <= rest.size()) {
     const auto comma = rest.find(',', start);
-    const std::string_view item = rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const std::string_view item =
+        rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     const int d = number(item);
     if (std::find(spec.devices.begin(), spec.devices.end(), d) != spec.devices.end()) {
       throw ConfigError(fmt::format("devices '{}': {}:{} listed twice", text, type->name, d));

@@ -43,7 +43,8 @@ std::vector<std::unique_ptr<DeviceBackend>> make_backends(const TrainConfig& con
   options.copy_delay = config.copy_delay;
   if (!type.indexed) {
     // Worker i of this process, named by its global rank.
-    for (int i = 0; i < spec.count; ++i) backends.push_back(type.make_backend((multi_process ? env.rank : 0) + i, options));
+    for (int i = 0; i < spec.count; ++i)
+      backends.push_back(type.make_backend((multi_process ? env.rank : 0) + i, options));
     return backends;
   }
   const int visible = type.visible();
@@ -66,7 +67,8 @@ std::vector<std::unique_ptr<DeviceBackend>> make_backends(const TrainConfig& con
     spec.count = static_cast<int>(spec.devices.size());
   }
   for (const int d : spec.devices) {
-    if (d >= visible) throw ConfigError(fmt::format("devices: {}:{} does not exist ({} visible)", type.name, d, visible));
+    if (d >= visible)
+      throw ConfigError(fmt::format("devices: {}:{} does not exist ({} visible)", type.name, d, visible));
     backends.push_back(type.make_backend(d, options));
   }
   return backends;
@@ -86,19 +88,20 @@ void place_workers(const TrainConfig& config, const LaunchEnv& env, int workers,
   group.first_rank = multi_process ? env.rank : 0;
   const auto world = static_cast<std::size_t>(group.world);
   if (config.global_batch % world != 0) {
-    throw ConfigError(fmt::format("batch size {} is not divisible by the {} workers", config.global_batch, group.world));
+    throw ConfigError(
+        fmt::format("batch size {} is not divisible by the {} workers", config.global_batch, group.world));
   }
   if ((config.global_batch / world) % config.accumulation != 0) {
-    throw ConfigError(fmt::format("per-worker batch {} is not divisible by accumulation {}", config.global_batch / world,
-                                  config.accumulation));
+    throw ConfigError(fmt::format("per-worker batch {} is not divisible by accumulation {}",
+                                  config.global_batch / world, config.accumulation));
   }
 }
 
 /// One communicator per backend: solo for one worker, the launcher's for
 /// one rank per process, else the group of the kind's CommType (comm_type()).
-std::vector<std::unique_ptr<Communicator>> make_communicators(const TrainConfig& config, const LaunchEnv& env,
-                                                              const DeviceType& type,
-                                                              const std::vector<std::unique_ptr<DeviceBackend>>& backends) {
+std::vector<std::unique_ptr<Communicator>> make_communicators(
+    const TrainConfig& config, const LaunchEnv& env, const DeviceType& type,
+    const std::vector<std::unique_ptr<DeviceBackend>>& backends) {
   std::vector<std::unique_ptr<Communicator>> comms;
   if (env.world_size > 1) {
     comms.push_back(comm_type(type.kind).make_launched(*backends[0], config.comm, env));

@@ -68,7 +68,12 @@ Worker::~Worker() {
 }
 
 Worker::Worker(WorkerGroup& group, int local, DeviceBackend& backend, Communicator& comm)
-    : group_(group), cfg_(group.config), local_(local), rank_(group.first_rank + local), backend_(backend), comm_(comm),
+    : group_(group),
+      cfg_(group.config),
+      local_(local),
+      rank_(group.first_rank + local),
+      backend_(backend),
+      comm_(comm),
       norm_{cfg_.loader.transform.mean, cfg_.loader.transform.std} {}
 
 void Worker::run() {
@@ -131,9 +136,10 @@ void Worker::make_loaders(const loader::LoaderConfig& lc) {
   // 4x zoom of what its random crops showed it in training.
   vc.transform.resize = cfg_.val_resize > 0 ? cfg_.val_resize : (vc.transform.size * 256 + 112) / 224;
   if (vc.transform.resize < vc.transform.size) {
-    throw ConfigError(fmt::format("val_resize {} is smaller than the image size {}: Resize then CenterCrop needs it "
-                                  "at least as large",
-                                  vc.transform.resize, vc.transform.size));
+    throw ConfigError(
+        fmt::format("val_resize {} is smaller than the image size {}: Resize then CenterCrop needs it "
+                    "at least as large",
+                    vc.transform.resize, vc.transform.size));
   }
   vc.prefetch = 2;
   vc.watch_pressure = false;
@@ -161,9 +167,10 @@ void Worker::make_model(int image_size) {
   copy_ = backend_.create_copy_stream();
   steps_per_epoch_ = loader_->batches_per_epoch() / cfg_.accumulation;
   if (steps_per_epoch_ == 0) {
-    throw ConfigError(fmt::format("{} samples per rank make no step of {} x {} samples: lower the batch size or the "
-                                  "number of workers",
-                                  loader_->samples_per_epoch(), cfg_.accumulation, micro_batch_));
+    throw ConfigError(
+        fmt::format("{} samples per rank make no step of {} x {} samples: lower the batch size or the "
+                    "number of workers",
+                    loader_->samples_per_epoch(), cfg_.accumulation, micro_batch_));
   }
   schedule_.base_lr = cfg_.lr;
   schedule_.global_batch = cfg_.global_batch;
@@ -184,7 +191,8 @@ Worker::Start Worker::resume_or_initialize() {
   const ModelConfig& mc = model_->config();
   const auto mismatch = [&](const char* field, auto have, auto want) {
     if (have != want) {
-      throw ConfigError(fmt::format("{}: checkpoint {} is {}, this run has {}", cfg_.checkpoint.string(), field, have, want));
+      throw ConfigError(
+          fmt::format("{}: checkpoint {} is {}, this run has {}", cfg_.checkpoint.string(), field, have, want));
     }
   };
   mismatch("world_size", ck.world_size, static_cast<std::uint64_t>(group_.world));
@@ -221,19 +229,21 @@ void Worker::check_dataset() {
   // the same set and the same checkpoint, so every rank refuses together.
   if (!resumed_dataset_) {
     if (rank_ == 0) {
-      pinfeed::detail::log().warn("{}: the checkpoint carries no dataset fingerprint (written before 2026-12-03): "
-                                  "whether the training set changed cannot be checked",
-                                  cfg_.checkpoint.string());
+      pinfeed::detail::log().warn(
+          "{}: the checkpoint carries no dataset fingerprint (written before 2026-12-03): "
+          "whether the training set changed cannot be checked",
+          cfg_.checkpoint.string());
     }
     return;
   }
   const std::string change = loader::describe_change(*resumed_dataset_, *fingerprint_);
   if (change.empty()) return;
   if (!cfg_.allow_dataset_change) {
-    throw ConfigError(fmt::format("{}: the training set is not the one the checkpoint was taken on: {}. Resuming "
-                                  "would put other samples and labels at the saved position; --allow-dataset-change "
-                                  "resumes anyway",
-                                  cfg_.checkpoint.string(), change));
+    throw ConfigError(
+        fmt::format("{}: the training set is not the one the checkpoint was taken on: {}. Resuming "
+                    "would put other samples and labels at the saved position; --allow-dataset-change "
+                    "resumes anyway",
+                    cfg_.checkpoint.string(), change));
   }
   if (rank_ == 0) {
     pinfeed::detail::log().warn("{}: resuming on a changed training set (--allow-dataset-change): {}",
@@ -360,7 +370,8 @@ loader::Batch Worker::next_batch(std::size_t b, std::uint64_t step, EpochSummary
                             s.epoch));
   }
   if (batch->size() != micro_batch_) {
-    throw Error(fmt::format("rank {}: a batch of {} samples where {} were expected", rank_, batch->size(), micro_batch_));
+    throw Error(
+        fmt::format("rank {}: a batch of {} samples where {} were expected", rank_, batch->size(), micro_batch_));
   }
   check_labels(*batch, loader_->dataset(), model_->config().classes);
   (batch->pinned() ? s.pinned_batches : s.pageable_batches) += 1;
@@ -397,8 +408,8 @@ void Worker::compute(std::size_t b, unsigned micro_in_step, std::uint64_t step, 
   const float* x = in_[b].as<float>();
   if (cfg_.device_normalize) {
     const int side = model_->config().image_size;
-    backend_.normalize_u8(*compute_, in_[b].as<std::uint8_t>(), images_.as<float>(), static_cast<int>(micro_batch_), side,
-                          side, norm_);
+    backend_.normalize_u8(*compute_, in_[b].as<std::uint8_t>(), images_.as<float>(), static_cast<int>(micro_batch_),
+                          side, side, norm_);
     x = images_.as<float>();
   }
   if (micro_in_step == 0) model_->zero_grad(*compute_);
@@ -410,7 +421,8 @@ void Worker::compute(std::size_t b, unsigned micro_in_step, std::uint64_t step, 
   profiler_->mark(*compute_, Mark::backward_end);
   ddp_->finish_backward(*compute_);
   profiler_->mark(*compute_, Mark::reduced);
-  if (sync) model_->sgd(*compute_, SgdStep{lr, static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay)});
+  if (sync)
+    model_->sgd(*compute_, SgdStep{lr, static_cast<float>(cfg_.momentum), static_cast<float>(cfg_.weight_decay)});
   profiler_->end(*compute_, sync);
 }
 
@@ -490,10 +502,11 @@ void Worker::reduce_epoch(EpochSummary& s, std::uint64_t first_step, std::uint64
     if (!std::isfinite(step_loss)) {
       // Every rank sees the same all-reduced loss and stops here together,
       // before the epoch's checkpoint is written with the diverged weights.
-      throw Error(fmt::format("training diverged: the loss is {} at step {} (epoch {}, step {} of {}): lower the "
-                              "learning rate (--lr {:g}), or lengthen the warm-up",
-                              step_loss, static_cast<std::uint64_t>(s.epoch) * steps_per_epoch_ + k + 1, s.epoch,
-                              k + 1, steps_per_epoch_, cfg_.lr));
+      throw Error(
+          fmt::format("training diverged: the loss is {} at step {} (epoch {}, step {} of {}): lower the "
+                      "learning rate (--lr {:g}), or lengthen the warm-up",
+                      step_loss, static_cast<std::uint64_t>(s.epoch) * steps_per_epoch_ + k + 1, s.epoch, k + 1,
+                      steps_per_epoch_, cfg_.lr));
     }
     s.step_loss.push_back(step_loss);
     loss += st[2 * k];
@@ -566,9 +579,10 @@ void Worker::check_equal_work(std::uint64_t epoch, std::uint64_t steps) {
   host_all_reduce(counts);
   for (std::size_t r = 0; r < counts.size(); ++r) {
     if (counts[r] != counts[0]) {
-      throw Error(fmt::format("epoch {}: rank {} has {} steps but rank {} has {}: every rank must run the same number "
-                              "of steps (same dataset, batch size and drop_last on every rank)",
-                              epoch, r, counts[r], 0, counts[0]));
+      throw Error(
+          fmt::format("epoch {}: rank {} has {} steps but rank {} has {}: every rank must run the same number "
+                      "of steps (same dataset, batch size and drop_last on every rank)",
+                      epoch, r, counts[r], 0, counts[0]));
     }
   }
 }

@@ -29,13 +29,13 @@ struct WorkerGroup {
   WorkerGroup(const TrainConfig& c, const TrainCallbacks& cb) : config(c), callbacks(cb) {}
   const TrainConfig& config;
   const TrainCallbacks& callbacks;
-  int world = 1;                 // ranks in all
-  int first_rank = 0;            // rank of this process's worker 0
+  int world = 1;       // ranks in all
+  int first_rank = 0;  // rank of this process's worker 0
   int local_workers = 1;
   unsigned local_processes = 1;  // processes of this job on this host (the launcher's local size)
   std::mutex mutex;              // guards error, result and ready_workers
   std::condition_variable ready_cv;
-  int ready_workers = 0;         // local workers done allocating (arrive_allocated)
+  int ready_workers = 0;  // local workers done allocating (arrive_allocated)
   std::exception_ptr error;
   TrainResult result;
 
@@ -67,7 +67,9 @@ class EventRing {
 struct EpochCounters {
   float wait_fraction = 0;  // summed: divided by the world afterwards
   float pinned_batches = 0, pageable_batches = 0, replaced = 0;
-  [[nodiscard]] std::array<float, 4> values() const { return {wait_fraction, pinned_batches, pageable_batches, replaced}; }
+  [[nodiscard]] std::array<float, 4> values() const {
+    return {wait_fraction, pinned_batches, pageable_batches, replaced};
+  }
   static EpochCounters from(std::span<const float, 4> v) { return {v[0], v[1], v[2], v[3]}; }
 };
 
@@ -105,8 +107,9 @@ class StepProfiler {
 /// StepProfile's timed fields, in order: one reduction over the workers
 /// reads and writes them by name.
 inline constexpr std::array<double StepProfile::*, 7> kStepProfileFields{
-    &StepProfile::wait,     &StepProfile::copy,      &StepProfile::forward,  &StepProfile::backward,
-    &StepProfile::allreduce, &StepProfile::allreduce_exposed, &StepProfile::optimizer};
+    &StepProfile::wait,     &StepProfile::copy,      &StepProfile::forward,
+    &StepProfile::backward, &StepProfile::allreduce, &StepProfile::allreduce_exposed,
+    &StepProfile::optimizer};
 
 class Worker {
  public:

@@ -30,12 +30,12 @@ extern "C" {
 
 typedef enum pinfeed_status {
   PINFEED_OK = 0,
-  PINFEED_END = 1,              /* pinfeed_loader_next: the epoch is over (not an error) */
-  PINFEED_ERROR_CONFIG = 2,     /* a bad argument or configuration (the message names it) */
-  PINFEED_ERROR_DATA = 3,       /* a file could not be read or decoded (the message names it) */
-  PINFEED_ERROR_MEMORY = 4,     /* memory could not be provided */
-  PINFEED_ERROR_CANCELLED = 5,  /* a wait was cancelled */
-  PINFEED_ERROR = 6             /* anything else */
+  PINFEED_END = 1,             /* pinfeed_loader_next: the epoch is over (not an error) */
+  PINFEED_ERROR_CONFIG = 2,    /* a bad argument or configuration (the message names it) */
+  PINFEED_ERROR_DATA = 3,      /* a file could not be read or decoded (the message names it) */
+  PINFEED_ERROR_MEMORY = 4,    /* memory could not be provided */
+  PINFEED_ERROR_CANCELLED = 5, /* a wait was cancelled */
+  PINFEED_ERROR = 6            /* anything else */
 } pinfeed_status;
 
 typedef struct pinfeed_loader pinfeed_loader;
@@ -63,46 +63,47 @@ typedef struct pinfeed_options pinfeed_options;
  * pinfeed_loader_config_init() (every field gets the C++ LoaderConfig's
  * default), then set fields. */
 typedef struct pinfeed_loader_config {
-  const char* dataset;    /* folder (ImageFolder), file list, or tar shard pattern; required */
-  const char* list_root;  /* root of a file list's relative paths; NULL: the list's folder */
-  size_t batch_size;      /* 64 */
-  unsigned threads;       /* 0: the cores divided by the ranks on this host */
-  size_t prefetch;        /* batches in flight = pool slots; 4 */
-  unsigned rank, world_size;  /* this process's shard; 0 of 1 */
-  int shuffle;            /* 1 */
-  int drop_last;          /* sampler: trim instead of padding; 0 */
-  int drop_last_batch;    /* drop a final partial batch; 0 */
-  uint64_t seed;          /* 0 */
-  const char* crop;       /* "random" (RandomResizedCrop), "center" (Resize + CenterCrop), "full" */
-  int size;               /* output side; 224 */
-  int resize;             /* center crop: shorter side before cropping; 256 */
-  int flip;               /* random horizontal flip (random crop only); 1 */
-  const char* layout;     /* "nchw-f32" (normalized float32) or "nhwc-u8" */
-  float mean[3], std[3];  /* normalization, RGB */
-  const char* bad_sample; /* "replace" or "fail" */
-  int pin;                /* 1: pin the pool within the budget; 0: pageable */
-  int watch_pressure;     /* 1: under critical memory pressure give slots beyond a floor of 2 back to the kernel, re-pin after */
+  const char* dataset;       /* folder (ImageFolder), file list, or tar shard pattern; required */
+  const char* list_root;     /* root of a file list's relative paths; NULL: the list's folder */
+  size_t batch_size;         /* 64 */
+  unsigned threads;          /* 0: the cores divided by the ranks on this host */
+  size_t prefetch;           /* batches in flight = pool slots; 4 */
+  unsigned rank, world_size; /* this process's shard; 0 of 1 */
+  int shuffle;               /* 1 */
+  int drop_last;             /* sampler: trim instead of padding; 0 */
+  int drop_last_batch;       /* drop a final partial batch; 0 */
+  uint64_t seed;             /* 0 */
+  const char* crop;          /* "random" (RandomResizedCrop), "center" (Resize + CenterCrop), "full" */
+  int size;                  /* output side; 224 */
+  int resize;                /* center crop: shorter side before cropping; 256 */
+  int flip;                  /* random horizontal flip (random crop only); 1 */
+  const char* layout;        /* "nchw-f32" (normalized float32) or "nhwc-u8" */
+  float mean[3], std[3];     /* normalization, RGB */
+  const char* bad_sample;    /* "replace" or "fail" */
+  int pin;                   /* 1: pin the pool within the budget; 0: pageable */
+  int watch_pressure; /* 1: under critical memory pressure give slots beyond a floor of 2 back to the kernel, re-pin
+                         after */
 } pinfeed_loader_config;
 
 /* A batch's contents; pointers are valid until pinfeed_batch_release(). */
 typedef struct pinfeed_batch_view {
-  void* data;              /* size * sample_bytes bytes in `layout` */
+  void* data; /* size * sample_bytes bytes in `layout` */
   size_t bytes;
-  size_t size;             /* samples (batch_size, or fewer in a final partial batch) */
+  size_t size; /* samples (batch_size, or fewer in a final partial batch) */
   size_t sample_bytes;
-  int64_t shape[4];        /* N, C, H, W for nchw-f32; N, H, W, C for nhwc-u8 */
-  const char* dtype;       /* "float32" or "uint8" */
-  const char* layout;      /* "nchw-f32" or "nhwc-u8" */
-  const int64_t* labels;   /* size of them */
-  const size_t* indices;   /* dataset index of each sample */
-  int pinned;              /* 1: page-locked memory */
+  int64_t shape[4];      /* N, C, H, W for nchw-f32; N, H, W, C for nhwc-u8 */
+  const char* dtype;     /* "float32" or "uint8" */
+  const char* layout;    /* "nchw-f32" or "nhwc-u8" */
+  const int64_t* labels; /* size of them */
+  const size_t* indices; /* dataset index of each sample */
+  int pinned;            /* 1: page-locked memory */
   uint64_t epoch;
-  size_t index;            /* batch number in this epoch's run */
-  size_t position;         /* epoch position of the first sample */
+  size_t index;    /* batch number in this epoch's run */
+  size_t position; /* epoch position of the first sample */
 } pinfeed_batch_view;
 
 typedef struct pinfeed_loader_state {
-  uint64_t seed, epoch, position;  /* position: samples of this rank's epoch delivered */
+  uint64_t seed, epoch, position; /* position: samples of this rank's epoch delivered */
   unsigned world_size, rank;
 } pinfeed_loader_state;
 

@@ -121,7 +121,8 @@ std::vector<std::byte> encode_jpeg(const std::uint8_t* rgb, int width, int heigh
   if (h == nullptr) throw Error("TurboJPEG: tjInitCompress failed");
   unsigned char* jpeg = nullptr;
   unsigned long size = 0;
-  const int rc = tjCompress2(h, rgb, width, width * 3, height, TJPF_RGB, &jpeg, &size, TJSAMP_420, quality, TJFLAG_ACCURATEDCT);
+  const int rc =
+      tjCompress2(h, rgb, width, width * 3, height, TJPF_RGB, &jpeg, &size, TJSAMP_420, quality, TJFLAG_ACCURATEDCT);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(h);
     tjFree(jpeg);
@@ -178,7 +179,8 @@ const char* webp_status(VP8StatusCode s) {
 void check_pixels(std::uint64_t w, std::uint64_t h, std::uint64_t max_pixels, const std::string& name) {
   if (w == 0 || h == 0) throw DataError(name, "header gives an empty image");
   if (w * h > max_pixels) {
-    throw DataError(name, fmt::format("image {}x{} ({} pixels) exceeds the limit of {} pixels", w, h, w * h, max_pixels));
+    throw DataError(name,
+                    fmt::format("image {}x{} ({} pixels) exceeds the limit of {} pixels", w, h, w * h, max_pixels));
   }
 }
 
@@ -239,7 +241,8 @@ struct Codecs {
     ImageHeader h;
     h.width = static_cast<int>(ih.width);
     h.height = static_cast<int>(ih.height);
-    const bool alpha = ih.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA || ih.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA;
+    const bool alpha =
+        ih.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA || ih.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA;
     const bool gray = ih.color_type == SPNG_COLOR_TYPE_GRAYSCALE || ih.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA;
     h.components = (gray ? 1 : 3) + (alpha ? 1 : 0);
     h.color_space = gray ? "gray" : (alpha ? "rgba" : "rgb");
@@ -325,8 +328,8 @@ struct Codecs {
         nullptr) {
       WebPBitstreamFeatures f{};
       const VP8StatusCode s = WebPGetFeatures(p, data.size(), &f);
-      throw DataError(name, fmt::format("corrupt WebP: {}", s == VP8_STATUS_OK ? "the image data does not decode"
-                                                                                 : webp_status(s)));
+      throw DataError(name, fmt::format("corrupt WebP: {}",
+                                        s == VP8_STATUS_OK ? "the image data does not decode" : webp_status(s)));
     }
   }
 
@@ -402,14 +405,19 @@ struct CodecOps {
   ImageHeader (Codecs::*verify)(Bytes, const std::string&);
   std::vector<std::byte> (*encode)(const std::uint8_t* rgb, int width, int height, int quality);
 };
-std::vector<std::byte> encode_png_rgb(const std::uint8_t* rgb, int w, int h, int /*quality*/) { return encode_png(rgb, w, h); }
+std::vector<std::byte> encode_png_rgb(const std::uint8_t* rgb, int w, int h, int /*quality*/) {
+  return encode_png(rgb, w, h);
+}
 std::vector<std::byte> encode_webp_lossy(const std::uint8_t* rgb, int w, int h, int quality) {
   return encode_webp(rgb, w, h, false, quality);
 }
 constexpr std::array<CodecOps, kImageCodecs.size()> kCodecOps{{
-    {ImageFormat::jpeg, is_jpeg, &Codecs::jpeg_header, &Codecs::jpeg_planned, &Codecs::jpeg_whole, &Codecs::jpeg_verify, encode_jpeg},
-    {ImageFormat::png, is_png, &Codecs::png_header, &Codecs::png_planned, &Codecs::png_whole, &Codecs::png_verify, encode_png_rgb},
-    {ImageFormat::webp, is_webp, &Codecs::webp_header, &Codecs::webp_planned, &Codecs::webp_whole, &Codecs::webp_verify, encode_webp_lossy},
+    {ImageFormat::jpeg, is_jpeg, &Codecs::jpeg_header, &Codecs::jpeg_planned, &Codecs::jpeg_whole, &Codecs::jpeg_verify,
+     encode_jpeg},
+    {ImageFormat::png, is_png, &Codecs::png_header, &Codecs::png_planned, &Codecs::png_whole, &Codecs::png_verify,
+     encode_png_rgb},
+    {ImageFormat::webp, is_webp, &Codecs::webp_header, &Codecs::webp_planned, &Codecs::webp_whole, &Codecs::webp_verify,
+     encode_webp_lossy},
 }};
 constexpr bool in_registry_order() {
   for (std::size_t i = 0; i < kImageCodecs.size(); ++i) {
@@ -420,8 +428,8 @@ constexpr bool in_registry_order() {
 static_assert(in_registry_order(), "kCodecOps has one row per kImageCodecs row, in its order");
 constexpr bool every_row_complete() {
   for (const CodecOps& o : kCodecOps) {
-    if (o.sniff == nullptr || o.header == nullptr || o.planned == nullptr || o.whole == nullptr || o.verify == nullptr ||
-        o.encode == nullptr) {
+    if (o.sniff == nullptr || o.header == nullptr || o.planned == nullptr || o.whole == nullptr ||
+        o.verify == nullptr || o.encode == nullptr) {
       return false;
     }
   }

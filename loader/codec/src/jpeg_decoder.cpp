@@ -17,7 +17,7 @@ namespace pinfeed::loader {
 namespace {
 
 struct ErrorManager {
-  jpeg_error_mgr pub;    // first: libjpeg casts j_common_ptr->err to this
+  jpeg_error_mgr pub;  // first: libjpeg casts j_common_ptr->err to this
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
 };
@@ -94,8 +94,7 @@ struct JpegDecoder::Impl {
   bool read_header(std::span<const std::byte> data);
   // Exactly one of image / sink. A sink's exception leaves through here and
   // the caller aborts the decompressor.
-  bool run_decode(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image,
-                  RowSink* sink);
+  bool run_decode(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image, RowSink* sink);
 };
 
 bool JpegDecoder::Impl::read_header(std::span<const std::byte> data) {
@@ -174,8 +173,7 @@ bool JpegDecoder::Impl::run_decode(std::span<const std::byte> data, const Region
   // The margin's rows above the region: decoded (they are the context of
   // the region's first rows) into the first line and dropped.
   for (int y = dy0; y < y0; ++y) {
-    JSAMPROW target = cmyk ? row.data()
-                           : kMisalign + (image != nullptr ? image->pixels.data() : lines[0].data());
+    JSAMPROW target = cmyk ? row.data() : kMisalign + (image != nullptr ? image->pixels.data() : lines[0].data());
     if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
       std::snprintf(err.message, sizeof err.message, "image data ends early at row %d", y);
       jpeg_abort_decompress(&cinfo);
@@ -184,7 +182,7 @@ bool JpegDecoder::Impl::run_decode(std::span<const std::byte> data, const Region
   }
   for (int y = 0; y < height; ++y) {
     std::uint8_t* dst = kMisalign + (image != nullptr ? image->pixels.data() + static_cast<std::size_t>(y) * stride
-                                                     : lines[y % 2].data());
+                                                      : lines[y % 2].data());
     JSAMPROW target = cmyk ? row.data() : dst;
     if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
       std::snprintf(err.message, sizeof err.message, "image data ends early at row %d", y0 + y);
@@ -204,7 +202,8 @@ JpegDecoder::JpegDecoder(std::uint64_t max_pixels) : impl_(std::make_unique<Impl
   impl_->cinfo.err = jpeg_std_error(&impl_->err.pub);
   impl_->err.pub.error_exit = on_error;
   impl_->err.pub.emit_message = on_message;
-  if (setjmp(impl_->err.jump) != 0) throw Error(fmt::format("libjpeg: cannot create a decoder: {}", impl_->err.message));
+  if (setjmp(impl_->err.jump) != 0)
+    throw Error(fmt::format("libjpeg: cannot create a decoder: {}", impl_->err.message));
   jpeg_create_decompress(&impl_->cinfo);
 }
 

@@ -8,25 +8,25 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <iterator>
-#include <sstream>
 #include <map>
-#include <unordered_map>
 #include <optional>
 #include <set>
+#include <sstream>
+#include <unordered_map>
 
-#include <nlohmann/json.hpp>
 #include <oneapi/tbb/parallel_for.h>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
 
+#include "dataset_names.hpp"
 #include "pinfeed/error.hpp"
 #include "pinfeed/file_io.hpp"
 #include "pinfeed/loader/image_decoder.hpp"
-#include "dataset_names.hpp"
 
 namespace fs = std::filesystem;
 
@@ -44,7 +44,8 @@ namespace {
 /// when the dataset is opened, never replaced sample by sample.
 enum class NameKind { other, decodable, undecodable };
 NameKind image_name_kind(const fs::path& p) {
-  static const std::set<std::string> kTorchvision{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
+  static const std::set<std::string> kTorchvision{".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
+                                                  ".pgm", ".tif",  ".tiff", ".webp"};
   const std::string ext = lower(p.extension().string());
   if (!ext.empty() && is_image_extension(ext.substr(1))) return NameKind::decodable;
   return kTorchvision.contains(ext) ? NameKind::undecodable : NameKind::other;
@@ -74,7 +75,8 @@ char32_t next_code_point(std::string_view s, std::size_t& i) {
     return c;
   }
   if (b >= 0xE0 && b <= 0xEF && cont(i + 1, b == 0xE0 ? 0xA0 : 0x80, b == 0xED ? 0x9F : 0xBF) && cont(i + 2)) {
-    const char32_t c = (char32_t{b} & 0x0FU) << 12U | (char32_t{byte(i + 1)} & 0x3FU) << 6U | (char32_t{byte(i + 2)} & 0x3FU);
+    const char32_t c =
+        (char32_t{b} & 0x0FU) << 12U | (char32_t{byte(i + 1)} & 0x3FU) << 6U | (char32_t{byte(i + 2)} & 0x3FU);
     i += 3;
     return c;
   }
@@ -145,8 +147,9 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
       const NameKind kind = image_name_kind(it->path());
       if (kind == NameKind::other) continue;
       if (kind == NameKind::undecodable) {
-        throw DataError(it->path(), fmt::format("is a {} image: pinfeed decodes {}; convert it or move it out of the dataset",
-                                                lower(it->path().extension().string()).substr(1), codec_names("and")));
+        throw DataError(it->path(),
+                        fmt::format("is a {} image: pinfeed decodes {}; convert it or move it out of the dataset",
+                                    lower(it->path().extension().string()).substr(1), codec_names("and")));
       }
       // A FIFO or device named like an image would block or never end when
       // read: refuse the dataset now, naming it, rather than hang later.
@@ -181,8 +184,8 @@ ImageFolder::ImageFolder(fs::path root, std::size_t max_classes) : root_(std::mo
     throw DataError(root_, fmt::format("found no image file ({}) in the class folder{} {}: every "
                                        "sub-folder is a class, hidden ones too, as in torchvision's ImageFolder, which "
                                        "refuses them the same way; remove {} or give {} images",
-                                       codec_extensions(), empty.size() == 1 ? "" : "s", names, empty.size() == 1 ? "it" : "them",
-                                       empty.size() == 1 ? "it" : "them"));
+                                       codec_extensions(), empty.size() == 1 ? "" : "s", names,
+                                       empty.size() == 1 ? "it" : "them", empty.size() == 1 ? "it" : "them"));
   }
 }
 
@@ -234,8 +237,8 @@ FileList::FileList(const fs::path& list, fs::path root, std::size_t max_classes)
     }
     const auto label = parse_label(body.substr(sep + 1));
     if (!label) {
-      throw DataError(list, fmt::format("line {}: label '{}' is not a non-negative whole number", lineno,
-                                        body.substr(sep + 1)));
+      throw DataError(
+          list, fmt::format("line {}: label '{}' is not a non-negative whole number", lineno, body.substr(sep + 1)));
     }
     check_label(*label, max_classes, list, fmt::format("line {}", lineno));
     names_.append(body.substr(0, body.find_last_not_of(" \t", sep) + 1));
@@ -283,14 +286,14 @@ void check_same_class_names(const std::vector<std::string>& t, const std::vector
   const std::size_t n = std::min(t.size(), v.size());
   std::size_t k = 0;
   while (k < n && t[k] == v[k]) ++k;
-  const std::string diff =
-      k < n ? fmt::format("class {} is '{}' in validation but '{}' in training", k, v[k], t[k])
-      : k < t.size() ? fmt::format("training's class {} '{}' has no validation folder", k, t[k])
-                     : fmt::format("validation's class {} '{}' has no training folder", k, v[k]);
-  throw ConfigError(fmt::format("the validation set's classes are not the training set's ({} in validation, {} in "
-                                "training): {}; labels are folder positions, so every label from there on would "
-                                "be wrong. Give both sets the same class folders",
-                                v.size(), t.size(), diff));
+  const std::string diff = k < n ? fmt::format("class {} is '{}' in validation but '{}' in training", k, v[k], t[k])
+                           : k < t.size() ? fmt::format("training's class {} '{}' has no validation folder", k, t[k])
+                                          : fmt::format("validation's class {} '{}' has no training folder", k, v[k]);
+  throw ConfigError(
+      fmt::format("the validation set's classes are not the training set's ({} in validation, {} in "
+                  "training): {}; labels are folder positions, so every label from there on would "
+                  "be wrong. Give both sets the same class folders",
+                  v.size(), t.size(), diff));
 }
 
 // ---------------------------------------------------------------- fingerprints
@@ -348,8 +351,10 @@ std::string describe_change(const DatasetFingerprint& was, const DatasetFingerpr
       what.push_back(fmt::format("class{} {} renamed to {}", removed.size() == 1 ? "" : "es", quoted_list(removed),
                                  quoted_list(added)));
     } else {
-      if (!removed.empty()) what.push_back(fmt::format("class{} {} removed", removed.size() == 1 ? "" : "es", quoted_list(removed)));
-      if (!added.empty()) what.push_back(fmt::format("class{} {} added", added.size() == 1 ? "" : "es", quoted_list(added)));
+      if (!removed.empty())
+        what.push_back(fmt::format("class{} {} removed", removed.size() == 1 ? "" : "es", quoted_list(removed)));
+      if (!added.empty())
+        what.push_back(fmt::format("class{} {} added", added.size() == 1 ? "" : "es", quoted_list(added)));
     }
   } else if (was.num_classes != now.num_classes) {
     what.push_back(fmt::format("{} classes, now {}", was.num_classes, now.num_classes));
@@ -360,9 +365,10 @@ std::string describe_change(const DatasetFingerprint& was, const DatasetFingerpr
                                now.samples > was.samples ? "added" : "removed", was.samples, now.samples));
   }
   if (what.empty() && was.hash != now.hash) {
-    what.push_back(fmt::format("the same {} samples and classes, but their paths, sizes or labels differ (files "
-                               "replaced, renamed, edited or relabelled)",
-                               now.samples));
+    what.push_back(
+        fmt::format("the same {} samples and classes, but their paths, sizes or labels differ (files "
+                    "replaced, renamed, edited or relabelled)",
+                    now.samples));
   }
   std::string out;
   for (const auto& w : what) out += (out.empty() ? "" : "; ") + w;

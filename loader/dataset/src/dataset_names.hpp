@@ -37,7 +37,8 @@ inline std::optional<std::int64_t> parse_label(std::string_view s) {
 
 /// The label's class count must stay under the limit: the model's output
 /// layer and every buffer sized by it follow from the largest label.
-inline void check_label(std::int64_t label, std::size_t max_classes, const std::filesystem::path& file, const std::string& where) {
+inline void check_label(std::int64_t label, std::size_t max_classes, const std::filesystem::path& file,
+                        const std::string& where) {
   if (static_cast<std::uint64_t>(label) >= max_classes) {
     throw DataError(file, fmt::format("{}: label {} means at least {} classes, over the limit of {} (raise max_classes "
                                       "/ --max-classes if the dataset really has that many)",

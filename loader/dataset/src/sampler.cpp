@@ -20,11 +20,13 @@ std::size_t samples_per_rank(const SamplerConfig& c) {
 void SamplerConfig::validate() const {
   if (dataset_size == 0) throw ConfigError("sampler: the dataset is empty (0 samples)");
   if (world_size == 0) throw ConfigError("sampler: world_size must be > 0");
-  if (rank >= world_size) throw ConfigError(fmt::format("sampler: rank {} is not below world_size {}", rank, world_size));
+  if (rank >= world_size)
+    throw ConfigError(fmt::format("sampler: rank {} is not below world_size {}", rank, world_size));
   if (samples_per_rank(*this) == 0) {
-    throw ConfigError(fmt::format("sampler: drop_last with {} samples over {} ranks leaves each rank nothing; "
-                                  "use drop_last=false (pads) or fewer ranks",
-                                  dataset_size, world_size));
+    throw ConfigError(
+        fmt::format("sampler: drop_last with {} samples over {} ranks leaves each rank nothing; "
+                    "use drop_last=false (pads) or fewer ranks",
+                    dataset_size, world_size));
   }
 }
 

@@ -31,7 +31,9 @@ struct ValueNoise {
   int cell, gw, gh;
   std::vector<float> grid;
   ValueNoise(SampleRng& rng, int width, int height, int cell_px)
-      : cell(cell_px), gw(width / cell_px + 2), gh(height / cell_px + 2),
+      : cell(cell_px),
+        gw(width / cell_px + 2),
+        gh(height / cell_px + 2),
         grid(static_cast<std::size_t>(gw) * static_cast<std::size_t>(gh)) {
     for (float& v : grid) v = static_cast<float>(rng.uniform(-1.0, 1.0));
   }
@@ -39,7 +41,9 @@ struct ValueNoise {
     const int gx = x / cell, gy = y / cell;
     const float fx = static_cast<float>(x % cell) / static_cast<float>(cell);
     const float fy = static_cast<float>(y % cell) / static_cast<float>(cell);
-    const auto g = [&](int i, int j) { return grid[static_cast<std::size_t>(j) * static_cast<std::size_t>(gw) + static_cast<std::size_t>(i)]; };
+    const auto g = [&](int i, int j) {
+      return grid[static_cast<std::size_t>(j) * static_cast<std::size_t>(gw) + static_cast<std::size_t>(i)];
+    };
     const float top = g(gx, gy) * (1 - fx) + g(gx + 1, gy) * fx;
     const float bottom = g(gx, gy + 1) * (1 - fx) + g(gx + 1, gy + 1) * fx;
     return top * (1 - fy) + bottom * fy;
@@ -50,7 +54,8 @@ struct ValueNoise {
 
 namespace {
 
-std::vector<std::uint8_t> render_texture_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height) {
+std::vector<std::uint8_t> render_texture_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width,
+                                             int height) {
   // Class identity: the pattern (k % 4) and its scale (k / 4). The period
   // is ~24 source pixels at the first scale: 3-6 pixels after a 64 px
   // RandomResizedCrop, gone under 4x4 average pooling.
@@ -68,10 +73,10 @@ std::vector<std::uint8_t> render_texture_rgb(std::uint64_t seed, int klass, std:
     for (int x = 0; x < width; ++x) {
       double t = 0;
       switch (pattern) {
-        case 0: t = std::sin(w * y + py); break;                                  // horizontal stripes
-        case 1: t = std::sin(w * x + px); break;                                  // vertical stripes
-        case 2: t = 1.4 * std::sin(w * x + px) * std::sin(w * y + py); break;     // checks
-        default: t = 1.6 * blobs.at(x, y); break;                                 // blobs, no orientation
+        case 0: t = std::sin(w * y + py); break;                               // horizontal stripes
+        case 1: t = std::sin(w * x + px); break;                               // vertical stripes
+        case 2: t = 1.4 * std::sin(w * x + px) * std::sin(w * y + py); break;  // checks
+        default: t = 1.6 * blobs.at(x, y); break;                              // blobs, no orientation
       }
       const double shade = level + 30 * light.at(x, y);
       const double grain = static_cast<double>(static_cast<int>(rng.below(17)) - 8);
@@ -86,8 +91,8 @@ std::vector<std::uint8_t> render_texture_rgb(std::uint64_t seed, int klass, std:
 
 }  // namespace
 
-std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height,
-                                               ImageStyle style) {
+std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width,
+                                               int height, ImageStyle style) {
   if (style == ImageStyle::texture) return render_texture_rgb(seed, klass, index, width, height);
   // Class identity: hue, grating angle and frequency. Instance: phase, noise.
   const double hue = 2 * std::numbers::pi * ((klass * 0.61803398875) - std::floor(klass * 0.61803398875));
@@ -96,7 +101,8 @@ std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, st
   SampleRng rng(seed, static_cast<std::uint64_t>(klass), index);
   const double phase = rng.uniform(0, 2 * std::numbers::pi);
   const double fx = freq * std::cos(angle), fy = freq * std::sin(angle);
-  const std::array<double, 3> base{127 + 80 * std::cos(hue), 127 + 80 * std::cos(hue - 2.094), 127 + 80 * std::cos(hue + 2.094)};
+  const std::array<double, 3> base{127 + 80 * std::cos(hue), 127 + 80 * std::cos(hue - 2.094),
+                                   127 + 80 * std::cos(hue + 2.094)};
   ValueNoise coarse(rng, width, height, 48), medium(rng, width, height, 12), fine(rng, width, height, 2);
   std::vector<std::uint8_t> rgb(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3);
   std::size_t o = 0;
@@ -153,7 +159,8 @@ std::vector<std::byte> make_synthetic_jpeg(std::uint64_t seed, int klass, std::u
   if (h == nullptr) throw Error("TurboJPEG: tjInitCompress failed");
   unsigned char* jpeg = nullptr;
   unsigned long size = 0;
-  const int rc = tjCompress2(h, src, spec.width, pitch, spec.height, pixel_format, &jpeg, &size, samp, spec.quality, flags);
+  const int rc =
+      tjCompress2(h, src, spec.width, pitch, spec.height, pixel_format, &jpeg, &size, samp, spec.quality, flags);
   if (rc != 0) {
     const std::string why = tjGetErrorStr2(h);
     tjFree(jpeg);

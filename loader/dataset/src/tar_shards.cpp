@@ -40,7 +40,7 @@ constexpr std::size_t kBlock = 512;
 std::uint64_t tar_number(const char* field, std::size_t len, bool* ok) {
   constexpr std::uint64_t kMax = std::uint64_t{1} << 63U;
   const auto* u = reinterpret_cast<const unsigned char*>(field);
-  if ((u[0] & 0x80U) != 0) {  // GNU base-256 for large sizes
+  if ((u[0] & 0x80U) != 0) {    // GNU base-256 for large sizes
     if ((u[0] & 0x40U) != 0) {  // negative
       *ok = false;
       return 0;
@@ -93,9 +93,9 @@ bool is_sample_member_name(const std::string& name) {
 struct TarIndexState {
   std::vector<TarShards::Member> members;
   std::unordered_map<std::string, std::size_t> by_name;  // the latest member of each name, for hard links
-  std::string long_name;         // from a GNU 'L' or pax 'x' record, for the next member
-  std::string long_link;         // a link's target, from a GNU 'K' or pax 'x' record
-  std::string last = "(none)";  // the last member's name, for messages
+  std::string long_name;                                 // from a GNU 'L' or pax 'x' record, for the next member
+  std::string long_link;                                 // a link's target, from a GNU 'K' or pax 'x' record
+  std::string last = "(none)";                           // the last member's name, for messages
 };
 
 /// The header's size field, after its checksum and number fields are checked.
@@ -130,8 +130,8 @@ void read_long_record(TarIndexState& st, char type, const std::string& rec) {
 
 /// A file ('0', '\0', '7'), hard link ('1') or symbolic link ('2') header
 /// whose data starts at `data`: the member it adds, or the refusal.
-void add_member(TarIndexState& st, const std::array<char, kBlock>& h, char type, std::uint64_t data,
-                std::uint64_t size, const fs::path& path) {
+void add_member(TarIndexState& st, const std::array<char, kBlock>& h, char type, std::uint64_t data, std::uint64_t size,
+                const fs::path& path) {
   std::string name = st.long_name;
   if (name.empty()) {
     name = field_string(&h[0], 100);
@@ -147,8 +147,8 @@ void add_member(TarIndexState& st, const std::array<char, kBlock>& h, char type,
     // the earlier member's, as tar extracts it.
     const auto it = st.by_name.find(target);
     if (it == st.by_name.end()) {
-      throw DataError(path, fmt::format("{}: a hard link to '{}', which is not an earlier member of the shard", name,
-                                        target));
+      throw DataError(
+          path, fmt::format("{}: a hard link to '{}', which is not an earlier member of the shard", name, target));
     }
     const TarShards::Member& t = st.members[it->second];
     st.by_name[name] = st.members.size();
@@ -186,7 +186,8 @@ std::vector<TarShards::Member> scan_fd(int fd, std::uint64_t file_size, const fs
     const std::uint64_t data = off + kBlock;  // <= file_size: a whole block was read at off
     const std::uint64_t left = file_size - data;
     if (size > left) {
-      throw DataError(path, fmt::format("member '{}' is cut short: {} bytes declared, {} present", name_here, size, left));
+      throw DataError(path,
+                      fmt::format("member '{}' is cut short: {} bytes declared, {} present", name_here, size, left));
     }
     if (type == 'L' || type == 'K' || type == 'x') {
       if (size > (1U << 20U)) throw DataError(path, fmt::format("long-name record of {} bytes at byte {}", size, off));
@@ -302,7 +303,8 @@ std::vector<TarShards::IndexedSample> TarShards::index_fd(int fd, std::uint64_t 
       if (tail == "cls" || is_image_extension(tail)) dotted.emplace(key, m.name);
     }
     if (is_image_extension(ext)) {
-      if (entry.first) throw DataError(path, fmt::format("{}: a second image for key '{}' ({})", m.name, key, entry.first->name));
+      if (entry.first)
+        throw DataError(path, fmt::format("{}: a second image for key '{}' ({})", m.name, key, entry.first->name));
       entry.first = m;
     } else if (ext == "cls") {
       // "Last one wins" would label the sample by whichever copy tar kept last.
@@ -328,13 +330,14 @@ std::vector<TarShards::IndexedSample> TarShards::index_fd(int fd, std::uint64_t 
                                           d->second, key, d->second.substr(key.size() + 1)));
       }
       if (label) {
-        throw DataError(path, fmt::format("key '{}' has a .cls label but no image member pinfeed decodes ({})",
-                                          key, codec_extensions()));
+        throw DataError(path, fmt::format("key '{}' has a .cls label but no image member pinfeed decodes ({})", key,
+                                          codec_extensions()));
       }
       continue;  // another field alone (json, txt): not a sample
     }
     if (!label) throw DataError(path, fmt::format("{}: image without a .cls label", image->name));
-    out.push_back(IndexedSample{image->name, image->offset, image->size, *label, header_checksum(fd, image->offset, path)});
+    out.push_back(
+        IndexedSample{image->name, image->offset, image->size, *label, header_checksum(fd, image->offset, path)});
   }
   return out;
 }
@@ -386,7 +389,8 @@ std::string TarShards::describe(std::size_t i) const {
 
 void TarShards::read(std::size_t i, std::vector<std::byte>& out) const {
   const Sample& s = samples_.at(i);
-  if (s.size > kMaxSampleBytes) throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
+  if (s.size > kMaxSampleBytes)
+    throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
   out.resize(s.size);
   const auto fd = shard_fd(s.shard);
   check_unchanged(s, fd->get());
@@ -448,8 +452,9 @@ std::shared_ptr<const UniqueFd> TarShards::shard_fd(std::uint32_t s) const {
   const Identity now = identity_of(file.fd(), path);
   const Identity& then = identity_[s];
   if (now.device != then.device || now.inode != then.inode || now.size != then.size || now.mtime_ns != then.mtime_ns) {
-    throw DatasetChanged(shown(s), "changed since it was indexed (a new file, size or modification time): restart to "
-                                   "index it again");
+    throw DatasetChanged(shown(s),
+                         "changed since it was indexed (a new file, size or modification time): restart to "
+                         "index it again");
   }
   auto fd = std::make_shared<const UniqueFd>(file.take());
   const std::scoped_lock lock(fd_mutex_);

@@ -29,33 +29,33 @@ using HeaderList = std::unique_ptr<curl_slist, ListDeleter>;
 
 /// What one transfer saw.
 struct Transfer {
-  int fd = -1;                    ///< the body goes here (2xx only)
-  bool resuming = false;          ///< a Range request: 206 appends, 200 starts over
-  std::uint64_t written = 0;      ///< body bytes written by this transfer
-  bool restarted = false;         ///< the server ignored the Range: the file was truncated
-  std::string error_body;         ///< the start of a non-2xx body, for the message
+  int fd = -1;                ///< the body goes here (2xx only)
+  bool resuming = false;      ///< a Range request: 206 appends, 200 starts over
+  std::uint64_t written = 0;  ///< body bytes written by this transfer
+  bool restarted = false;     ///< the server ignored the Range: the file was truncated
+  std::string error_body;     ///< the start of a non-2xx body, for the message
   std::string etag;
-  std::string last_modified;      ///< the answer's Last-Modified
-  std::string content_range;      ///< a 206's Content-Range value ("bytes a-b/total")
+  std::string last_modified;  ///< the answer's Last-Modified
+  std::string content_range;  ///< a 206's Content-Range value ("bytes a-b/total")
   std::string write_error;
-  std::string* text = nullptr;    ///< a 2xx body kept in memory instead (a listing, a sample)
-  std::uint64_t text_limit = 0;   ///< with text: more than this many bytes ends the transfer (0: no limit)
+  std::string* text = nullptr;            ///< a 2xx body kept in memory instead (a listing, a sample)
+  std::uint64_t text_limit = 0;           ///< with text: more than this many bytes ends the transfer (0: no limit)
   const char* text_what = "this answer";  ///< what the limit is for, in its message
   /// With fd: the file may not grow past this many bytes (0: no bound);
   /// `byte_limit_why` says what set it, for the message.
   std::uint64_t byte_limit = 0;
-  std::uint64_t file_base = 0;    ///< bytes the file held when this transfer began (a resume)
+  std::uint64_t file_base = 0;  ///< bytes the file held when this transfer began (a resume)
   std::string byte_limit_why;
   std::uint64_t unknown_limit = 0;  ///< also, for a body of no announced length (0: no bound)
   std::string unknown_limit_why;
   CURL* handle = nullptr;
   // Note [Bounded waits]: watch_progress's state.
   const std::atomic<bool>* cancel = nullptr;
-  double min_rate = 0;            ///< bytes/s a transfer must keep up over `window` seconds
+  double min_rate = 0;  ///< bytes/s a transfer must keep up over `window` seconds
   double window = 0;
   std::chrono::steady_clock::time_point window_start{};
   std::uint64_t window_bytes = 0;
-  std::string stalled;            ///< set when the progress check ended the transfer: why
+  std::string stalled;                             ///< set when the progress check ended the transfer: why
   std::array<char, CURL_ERROR_SIZE> curl_error{};  ///< libcurl's message for the failure (CURLOPT_ERRORBUFFER)
 };
 

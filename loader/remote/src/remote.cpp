@@ -8,25 +8,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <array>
-#include <ctime>
 #include <atomic>
-#include <cerrno>
 #include <cctype>
-#include <csignal>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <strings.h>
+#include <ctime>
 #include <exception>
 #include <fstream>
 #include <functional>
 #include <map>
-#include <new>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <random>
 #include <set>
@@ -36,9 +36,9 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "curl_transfer.hpp"
 #include "pinfeed/env.hpp"
 #include "pinfeed/log.hpp"
-#include "curl_transfer.hpp"
 
 namespace pinfeed::loader {
 
@@ -133,7 +133,8 @@ std::string redact_url(const std::string& url) {
   const std::size_t host = scheme == std::string::npos ? 0 : scheme + 3;
   if (const auto q = out.find_first_of("?#", host); q != std::string::npos) out.resize(q);  // signatures, tokens
   const auto path = out.find('/', host);
-  if (const auto at = out.rfind('@', path == std::string::npos ? out.size() : path); at != std::string::npos && at >= host) {
+  if (const auto at = out.rfind('@', path == std::string::npos ? out.size() : path);
+      at != std::string::npos && at >= host) {
     out.erase(host, at + 1 - host);  // user:password@
   }
   return out;
@@ -214,14 +215,15 @@ AwsCredentials aws_credentials() {
   const std::string profile = env("AWS_PROFILE").empty() ? "default" : env("AWS_PROFILE");
   if (c.key.empty() || c.secret.empty()) {
     const fs::path file = env("AWS_SHARED_CREDENTIALS_FILE").empty() ? fs::path(home) / ".aws" / "credentials"
-                                                                      : fs::path(env("AWS_SHARED_CREDENTIALS_FILE"));
+                                                                     : fs::path(env("AWS_SHARED_CREDENTIALS_FILE"));
     auto p = aws_profile(file, profile);
     c.key = p["aws_access_key_id"];
     c.secret = p["aws_secret_access_key"];
     c.token = p["aws_session_token"];
   }
   if (c.region.empty()) {
-    const fs::path file = env("AWS_CONFIG_FILE").empty() ? fs::path(home) / ".aws" / "config" : fs::path(env("AWS_CONFIG_FILE"));
+    const fs::path file =
+        env("AWS_CONFIG_FILE").empty() ? fs::path(home) / ".aws" / "config" : fs::path(env("AWS_CONFIG_FILE"));
     c.region = aws_profile(file, profile)["region"];
   }
   if (c.region.empty()) c.region = "us-east-1";
@@ -253,10 +255,11 @@ std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
   }
   if (t.text != nullptr) {
     if (t.text_limit != 0 && t.text->size() + bytes > t.text_limit) {
-      t.write_error = fmt::format("over {}, the limit for {}", t.text_limit % (1ULL << 20U) == 0 && t.text_limit > 0
-                                                                  ? fmt::format("{} MiB", t.text_limit >> 20U)
-                                                                  : fmt::format("{} bytes", t.text_limit),
-                                  t.text_what);
+      t.write_error =
+          fmt::format("over {}, the limit for {}",
+                      t.text_limit % (1ULL << 20U) == 0 && t.text_limit > 0 ? fmt::format("{} MiB", t.text_limit >> 20U)
+                                                                            : fmt::format("{} bytes", t.text_limit),
+                      t.text_what);
       return 0;
     }
     t.text->append(data, bytes);
@@ -345,9 +348,10 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
   if (url.starts_with("s3://")) {
     const AwsCredentials c = aws_credentials();  // read each time: rotated keys and tokens are taken up
     if (c.key.empty() || c.secret.empty()) {
-      throw RemoteError(url, 0, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile "
-                                "in ~/.aws/credentials (AWS_PROFILE picks one); instance roles, EKS web identity "
-                                "and SSO are not read: `aws configure export-credentials --format env` exports them");
+      throw RemoteError(url, 0,
+                        "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile "
+                        "in ~/.aws/credentials (AWS_PROFILE picks one); instance roles, EKS web identity "
+                        "and SSO are not read: `aws configure export-credentials --format env` exports them");
     }
     const std::string sigv4 = "aws:amz:" + c.region + ":s3";
     curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4.c_str());  // copied by libcurl
@@ -381,25 +385,27 @@ void watch_progress(CURL* h, Transfer& t, const RemoteConfig& config) {
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, t.curl_error.data());
   curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(h, CURLOPT_XFERINFODATA, &t);
-  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION,
-                   +[](void* user, curl_off_t, curl_off_t now_down, curl_off_t, curl_off_t now_up) -> int {
-                     auto& w = *static_cast<Transfer*>(user);
-                     if (w.cancel != nullptr && w.cancel->load()) return 1;
-                     const auto now = std::chrono::steady_clock::now();
-                     const double elapsed = std::chrono::duration<double>(now - w.window_start).count();
-                     if (elapsed < w.window) return 0;
-                     const auto moved = static_cast<std::uint64_t>(std::max<curl_off_t>(0, now_down + now_up));
-                     const double rate = static_cast<double>(moved - std::min(moved, w.window_bytes)) / elapsed;
-                     if (rate < std::max(w.min_rate, 1e-9)) {
-                       w.stalled = fmt::format("{} bytes in the last {:.1f} s, under remote_min_rate {} bytes/s: "
-                                               "a stalled or trickling server",
-                                               moved - std::min(moved, w.window_bytes), elapsed, w.min_rate);
-                       return 1;
-                     }
-                     w.window_start = now;
-                     w.window_bytes = moved;
-                     return 0;
-                   });
+  curl_easy_setopt(
+      h, CURLOPT_XFERINFOFUNCTION,
+      +[](void* user, curl_off_t, curl_off_t now_down, curl_off_t, curl_off_t now_up) -> int {
+        auto& w = *static_cast<Transfer*>(user);
+        if (w.cancel != nullptr && w.cancel->load()) return 1;
+        const auto now = std::chrono::steady_clock::now();
+        const double elapsed = std::chrono::duration<double>(now - w.window_start).count();
+        if (elapsed < w.window) return 0;
+        const auto moved = static_cast<std::uint64_t>(std::max<curl_off_t>(0, now_down + now_up));
+        const double rate = static_cast<double>(moved - std::min(moved, w.window_bytes)) / elapsed;
+        if (rate < std::max(w.min_rate, 1e-9)) {
+          w.stalled = fmt::format(
+              "{} bytes in the last {:.1f} s, under remote_min_rate {} bytes/s: "
+              "a stalled or trickling server",
+              moved - std::min(moved, w.window_bytes), elapsed, w.min_rate);
+          return 1;
+        }
+        w.window_start = now;
+        w.window_bytes = moved;
+        return 0;
+      });
 }
 
 bool final_status(long code) {
@@ -416,7 +422,7 @@ std::string permanent_error(CURLcode rc, const Transfer& t) {
     return fmt::format("{} (no retry: asking again gets the same answer)", message);  // libcurl 8: over 300 KiB
   }
   switch (rc) {
-    case CURLE_URL_MALFORMAT:  // a space in the URL, an empty host
+    case CURLE_URL_MALFORMAT:         // a space in the URL, an empty host
     case CURLE_UNSUPPORTED_PROTOCOL:  // a redirect to file:// or ftp://, refused by REDIR_PROTOCOLS
     case CURLE_TOO_MANY_REDIRECTS:
     case CURLE_NOT_BUILT_IN:
@@ -424,10 +430,8 @@ std::string permanent_error(CURLcode rc, const Transfer& t) {
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_LOGIN_DENIED:
       return fmt::format("{} (no retry: asking again gets the same answer)", curl_easy_strerror(rc));
-    case CURLE_OUT_OF_MEMORY:
-      return "libcurl ran out of memory (or a response header was over its limit)";
-    default:
-      return {};
+    case CURLE_OUT_OF_MEMORY: return "libcurl ran out of memory (or a response header was over its limit)";
+    default: return {};
   }
 }
 
@@ -454,9 +458,9 @@ double backoff_seconds(const RemoteConfig& config, unsigned attempt) {
 /// The backoff before a retry, cut short (Cancelled) when the dataset
 /// closes or the program is interrupted.
 void sleep_backoff(const RemoteConfig& config, unsigned attempt, const std::string& url) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(backoff_seconds(config, attempt)));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(backoff_seconds(config, attempt)));
   while (std::chrono::steady_clock::now() < until) {
     if (config.cancel && config.cancel->load()) throw Cancelled(fmt::format("{}: cancelled", redact_url(url)));
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
@@ -487,7 +491,8 @@ void request(const std::string& url, const RemoteConfig& config, const std::stri
       done(h.get(), t);
       return;
     }
-    if (rc == CURLE_ABORTED_BY_CALLBACK && t.stalled.empty()) throw Cancelled(fmt::format("{}: cancelled", redact_url(url)));
+    if (rc == CURLE_ABORTED_BY_CALLBACK && t.stalled.empty())
+      throw Cancelled(fmt::format("{}: cancelled", redact_url(url)));
     if (!t.write_error.empty()) throw RemoteError(url, code, t.write_error);  // a bound: no retry changes it
     if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
     if (const std::string why = permanent_error(rc, t); !why.empty()) throw RemoteError(url, 0, why);
@@ -504,8 +509,7 @@ void request(const std::string& url, const RemoteConfig& config, const std::stri
 Head head_url(const std::string& url, const RemoteConfig& config) {
   Head out;
   request(
-      url, config, {},
-      [](CURL* h, Transfer&) { curl_easy_setopt(h, CURLOPT_NOBODY, 1L); },
+      url, config, {}, [](CURL* h, Transfer&) { curl_easy_setopt(h, CURLOPT_NOBODY, 1L); },
       [&](CURL* h, Transfer& t) {
         out.last_modified = t.last_modified;
         curl_off_t length = -1;
@@ -621,9 +625,10 @@ void check_upload_target(const std::string& url) {
   if (!url.starts_with("s3://")) return;
   const AwsCredentials c = aws_credentials();
   if (c.key.empty() || c.secret.empty()) {
-    throw RemoteError(url, 0, "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in "
-                              "~/.aws/credentials (AWS_PROFILE picks one); instance roles, EKS web identity and SSO "
-                              "are not read: `aws configure export-credentials --format env` exports them");
+    throw RemoteError(url, 0,
+                      "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in "
+                      "~/.aws/credentials (AWS_PROFILE picks one); instance roles, EKS web identity and SSO "
+                      "are not read: `aws configure export-credentials --format env` exports them");
   }
 }
 

@@ -19,8 +19,8 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -320,14 +320,17 @@ void lock_bounded(const UniqueFd& fd, int how, const CacheFolder& dir, const std
     }
     if (!told && now - start > std::chrono::seconds(2)) {
       told = true;
-      pinfeed::detail::log().info("remote: waiting for {}, which holds {}", lock_holder(fd.get()), (dir.path / name).string());
+      pinfeed::detail::log().info("remote: waiting for {}, which holds {}", lock_holder(fd.get()),
+                                  (dir.path / name).string());
     }
     const double idle = std::chrono::duration<double>(now - changed).count();
     if (idle > budget) {
-      throw RemoteError(url, 0, fmt::format("{} holds {} and the shard has not changed for {:.1f} s (remote_timeout x "
-                                            "(remote_retries + 1), and the retries' backoff): giving up. Is it stopped (a debugger) or hung "
-                                            "(a network file system)? If it is gone, remove that file",
-                                            lock_holder(fd.get()), (dir.path / name).string(), idle));
+      throw RemoteError(
+          url, 0,
+          fmt::format("{} holds {} and the shard has not changed for {:.1f} s (remote_timeout x "
+                      "(remote_retries + 1), and the retries' backoff): giving up. Is it stopped (a debugger) or hung "
+                      "(a network file system)? If it is gone, remove that file",
+                      lock_holder(fd.get()), (dir.path / name).string(), idle));
     }
   }
 }
@@ -389,7 +392,10 @@ ShardOutcome stage_one(const std::string& url, const CacheFolder& root, const fs
     }
     const FetchResult r = fetch_into(url, dir, name, config, expected);
     write_meta(dir, name + ".meta",
-               {{"url", shown}, {"key", cache_key(url)}, {"size", r.bytes}, {"etag", r.etag},
+               {{"url", shown},
+                {"key", cache_key(url)},
+                {"size", r.bytes},
+                {"etag", r.etag},
                 {"last_modified", r.last_modified}});
     out = {r.bytes, true};
   }
@@ -399,7 +405,7 @@ ShardOutcome stage_one(const std::string& url, const CacheFolder& root, const fs
   ::utimensat(dir.fd.get(), name.c_str(), times, AT_SYMLINK_NOFOLLOW);
   use = open_in(dir, name + ".lock", O_RDWR | O_CREAT);
   lock_bounded(use, LOCK_SH, dir, name + ".lock", name, url, config);  // kept while the dataset is open
-  return out;  // NAME.fetch is let go here
+  return out;                                                          // NAME.fetch is let go here
 }
 
 /// The entry folders of the cache at `root` (Note [Cache ownership]), by
@@ -474,7 +480,8 @@ void evict(const CacheFolder& root, std::uint64_t limit, std::uint64_t own_bytes
     for (const std::string& meta : names_in(*dir)) {
       if (!meta.ends_with(".meta")) continue;
       const std::string name = meta.substr(0, meta.size() - 5);
-      struct stat st {}, ms {};
+      struct stat st {
+      }, ms{};
       if (::fstatat(dir->fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
           ::fstatat(dir->fd.get(), meta.c_str(), &ms, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(ms.st_mode)) {
         continue;
@@ -501,9 +508,10 @@ void evict(const CacheFolder& root, std::uint64_t limit, std::uint64_t own_bytes
     pinfeed::detail::log().debug("remote cache: evicted {} ({} bytes)", (dir.path / e.name).string(), e.bytes);
   }
   if (total > limit) {
-    pinfeed::detail::log().warn("remote cache {}: {} bytes held, over cache_limit {}: this dataset's shards ({} bytes) "
-                                "are in use and stay until it closes",
-                                root.path.string(), total, limit, own_bytes);
+    pinfeed::detail::log().warn(
+        "remote cache {}: {} bytes held, over cache_limit {}: this dataset's shards ({} bytes) "
+        "are in use and stay until it closes",
+        root.path.string(), total, limit, own_bytes);
   }
 }
 
@@ -537,9 +545,8 @@ void sweep_parts(const CacheFolder& root) {
   const std::string temp = fmt::format(".{}new-", kEntryPrefix);
   std::size_t old_layout = 0;
   for (const std::string& name : names_in(root)) {
-    if (name.size() == 16 && std::all_of(name.begin(), name.end(), [](char c) {
-          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-        })) {
+    if (name.size() == 16 && std::all_of(name.begin(), name.end(),
+                                         [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
       ++old_layout;  // a cache folder of pinfeed before December 2026
     }
     if (!name.starts_with(temp)) continue;
@@ -558,9 +565,10 @@ void sweep_parts(const CacheFolder& root) {
   if (old_layout > 0) {
     static std::once_flag told;
     std::call_once(told, [&] {
-      pinfeed::detail::log().warn("remote cache {}: {} folder(s) named by a bare 16-digit hash are an older pinfeed's "
-                                  "cache, no longer read or evicted: delete them to get their space back",
-                                  root.path.string(), old_layout);
+      pinfeed::detail::log().warn(
+          "remote cache {}: {} folder(s) named by a bare 16-digit hash are an older pinfeed's "
+          "cache, no longer read or evicted: delete them to get their space back",
+          root.path.string(), old_layout);
     });
   }
 }
@@ -592,7 +600,8 @@ void sweep_private_dirs(const fs::path& base) {
     if (owner ? ::flock(owner.get(), LOCK_EX | LOCK_NB) != 0 : ::time(nullptr) - st.st_mtim.tv_sec < 3600) continue;
     std::error_code e2;
     fs::remove_all(it->path(), e2);
-    if (!e2) pinfeed::detail::log().info("remote: removed {}, left by process {} which is gone", it->path().string(), pid);
+    if (!e2)
+      pinfeed::detail::log().info("remote: removed {}, left by process {} which is gone", it->path().string(), pid);
   }
 }
 
@@ -637,9 +646,10 @@ StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConf
     out.local[i] = root / folder_of(urls[i]) / remote_shard_name(urls[i]);
     const auto [it, fresh] = owner.emplace(out.local[i], std::pair{cache_key(urls[i]), redact_url(urls[i])});
     if (!fresh && it->second.first != cache_key(urls[i])) {
-      throw ConfigError(fmt::format("'{}' and '{}' name the same shard file '{}' (a URL's file name, its query "
-                                    "left out): give each shard its own name",
-                                    it->second.second, redact_url(urls[i]), out.local[i].filename().string()));
+      throw ConfigError(
+          fmt::format("'{}' and '{}' name the same shard file '{}' (a URL's file name, its query "
+                      "left out): give each shard its own name",
+                      it->second.second, redact_url(urls[i]), out.local[i].filename().string()));
     }
   }
   // The first failure, or the caller's cancel, stops the other fetches.
@@ -658,7 +668,8 @@ StagedShards stage_shards(const std::vector<std::string>& urls, const RemoteConf
       pool.emplace_back([&] {
         for (std::size_t i = next++; i < urls.size(); i = next++) {
           try {
-            outcomes[i] = stage_one(urls[i], root_dir, out.local[i], keep->locks[i], local, i < sizes.size() ? sizes[i] : 0);
+            outcomes[i] =
+                stage_one(urls[i], root_dir, out.local[i], keep->locks[i], local, i < sizes.size() ? sizes[i] : 0);
           } catch (...) {
             const std::scoped_lock lock(failure_mutex);
             // The first failure is the one to tell; the rest it cancelled.

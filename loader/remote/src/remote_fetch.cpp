@@ -126,7 +126,8 @@ std::string run_pipe(const std::string& command, int fd, const RemoteConfig& con
   ::kill(-pid, SIGKILL);  // whatever the shell left running in the background
   if (killed == "cancelled") throw Cancelled("pipe: cancelled");
   if (!killed.empty()) return killed;
-  if (WIFEXITED(status)) return WEXITSTATUS(status) == 0 ? "" : fmt::format("the command exited with status {}", WEXITSTATUS(status));
+  if (WIFEXITED(status))
+    return WEXITSTATUS(status) == 0 ? "" : fmt::format("the command exited with status {}", WEXITSTATUS(status));
   return fmt::format("the command was killed by signal {}", WTERMSIG(status));
 }
 
@@ -136,7 +137,8 @@ std::string tar_tail_problem(int fd) {
   const std::uint64_t size = file_size_of(fd);
   if (size < 1024 || size % 512 != 0) return fmt::format("not a tar shard: {} bytes, not whole 512-byte blocks", size);
   std::array<char, 1024> tail{};
-  if (::pread(fd, tail.data(), tail.size(), static_cast<off_t>(size - tail.size())) != static_cast<ssize_t>(tail.size())) {
+  if (::pread(fd, tail.data(), tail.size(), static_cast<off_t>(size - tail.size())) !=
+      static_cast<ssize_t>(tail.size())) {
     return fmt::format("cannot read it back: {}", std::strerror(errno));
   }
   if (std::any_of(tail.begin(), tail.end(), [](char c) { return c != 0; })) {
@@ -150,7 +152,7 @@ std::string tar_tail_problem(int fd) {
 /// reserve (the least of 1 GiB and 5% of it), so an endless body never
 /// fills the disk.
 struct Budget {
-  std::uint64_t limit = 0;    ///< always (0: none)
+  std::uint64_t limit = 0;  ///< always (0: none)
   std::string why;
   std::uint64_t unknown = 0;  ///< also, for a body of no announced length (0: none)
   std::string unknown_why;
@@ -170,7 +172,8 @@ Budget fetch_budget(int fd, const fs::path& where, const RemoteConfig& config, s
   struct statvfs v {};
   if (::fstatvfs(fd, &v) == 0 && v.f_blocks != 0) {  // some FUSE file systems report no size: no disk bound
     const std::uint64_t avail = static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
-    const std::uint64_t reserve = std::min<std::uint64_t>(1ULL << 30U, static_cast<std::uint64_t>(v.f_blocks) * v.f_frsize / 20);
+    const std::uint64_t reserve =
+        std::min<std::uint64_t>(1ULL << 30U, static_cast<std::uint64_t>(v.f_blocks) * v.f_frsize / 20);
     const std::uint64_t room = avail > reserve ? avail - reserve : 0;
     if (limit == 0 || room < limit) {
       limit = std::max<std::uint64_t>(room, 1);
@@ -186,8 +189,8 @@ Budget fetch_budget(int fd, const fs::path& where, const RemoteConfig& config, s
 /// One try of a fetch into `fd`: "" when its bytes are complete, else why
 /// not (retried). Throws what no retry changes.
 struct Attempt {
-  std::string last;   ///< why this try did not complete ("": it did)
-  long code = 0;      ///< the HTTP status
+  std::string last;  ///< why this try did not complete ("": it did)
+  long code = 0;     ///< the HTTP status
 };
 
 Attempt pipe_attempt(const std::string& url, int fd, const fs::path& part, const Budget& budget,
@@ -202,8 +205,8 @@ Attempt pipe_attempt(const std::string& url, int fd, const fs::path& part, const
   const std::string& why = unknown_tighter ? budget.unknown_why : budget.why;
   Attempt a{run_pipe(url.substr(5), fd, config, limit, why), 0};
   if (limit != 0 && file_size_of(fd) > limit) {  // a bound: no retry changes it
-    throw RemoteError(url, 0, a.last.empty() ? fmt::format("the command wrote more than {} bytes ({})", limit, why)
-                                             : a.last);
+    throw RemoteError(url, 0,
+                      a.last.empty() ? fmt::format("the command wrote more than {} bytes ({})", limit, why) : a.last);
   }
   return a;
 }
@@ -241,7 +244,8 @@ Attempt http_attempt(const std::string& url, int fd, const fs::path& part, const
   }
   const CURLcode rc = curl_easy_perform(h.get());
   const long code = response_code(h.get());
-  if (rc == CURLE_ABORTED_BY_CALLBACK && t.stalled.empty()) throw Cancelled(fmt::format("{}: cancelled", redact_url(url)));
+  if (rc == CURLE_ABORTED_BY_CALLBACK && t.stalled.empty())
+    throw Cancelled(fmt::format("{}: cancelled", redact_url(url)));
   if (!t.write_error.empty()) throw RemoteError(url, code, fmt::format("{} ({})", t.write_error, part.string()));
   if (have > 0 && !t.restarted && code == 206) out.resumed += have;
   if (!t.etag.empty()) out.etag = t.etag;
@@ -309,7 +313,8 @@ FetchResult fetch_into(const std::string& url, const CacheFolder& dir, const std
                                 config.retries + 1);
     sleep_backoff(config, attempt, url);
   }
-  if (::fsync(fd.get()) != 0) throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
+  if (::fsync(fd.get()) != 0)
+    throw RemoteError(url, 0, fmt::format("cannot write {}: {}", part.string(), std::strerror(errno)));
   out.bytes = file_size_of(fd.get());
   fd.reset();
   // Complete, or not there at all (a rename replaces a planted link itself).

@@ -24,8 +24,8 @@ using namespace detail;
 namespace {
 
 std::string xml_unescape(std::string s) {
-  static const std::pair<const char*, const char*> kEntities[] = {
-      {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}, {"&#13;", "\r"}, {"&amp;", "&"}};
+  static const std::pair<const char*, const char*> kEntities[] = {{"&lt;", "<"},   {"&gt;", ">"},   {"&quot;", "\""},
+                                                                  {"&apos;", "'"}, {"&#13;", "\r"}, {"&amp;", "&"}};
   for (const auto& [from, to] : kEntities) {
     for (auto at = s.find(from); at != std::string::npos; at = s.find(from, at + std::strlen(to))) {
       s.replace(at, std::strlen(from), to);
@@ -49,7 +49,8 @@ std::vector<std::string> xml_values(const std::string& xml, const std::string& t
 
 std::string escape_query(const std::string& s) {
   curl_init_once();
-  char* e = curl_easy_escape(nullptr, s.c_str(), static_cast<int>(s.size()));  // all but unreserved: S3's canonical form
+  char* e =
+      curl_easy_escape(nullptr, s.c_str(), static_cast<int>(s.size()));  // all but unreserved: S3's canonical form
   if (e == nullptr) throw std::bad_alloc();
   std::string out(e);
   curl_free(e);
@@ -97,9 +98,10 @@ std::vector<std::string> list_s3_shards(const std::string& url, const RemoteConf
     if (truncated.empty() || truncated.front() != "true" || next.empty()) break;
     token = next.front();
     if (!tokens.insert(token).second) {
-      throw RemoteError(url, 0, fmt::format("the listing repeats its continuation token after {} pages: the store "
-                                            "would be listed forever",
-                                            page + 1));
+      throw RemoteError(url, 0,
+                        fmt::format("the listing repeats its continuation token after {} pages: the store "
+                                    "would be listed forever",
+                                    page + 1));
     }
     if (out.size() > 10'000'000) throw RemoteError(url, 0, "the listing names over 10 million .tar objects");
   }

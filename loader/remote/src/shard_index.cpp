@@ -59,7 +59,8 @@ class IndexReader : public nlohmann::json_sax<nlohmann::json> {
   }
   bool number_unsigned(number_unsigned_t v) override {
     if (in_entry() || top_key_ == "size" || top_key_ == "version") {
-      if (v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) return fail("a number too large");
+      if (v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max()))
+        return fail("a number too large");
     }
     return entry_value(Value{static_cast<std::int64_t>(v), true}, nullptr);
   }
@@ -106,7 +107,8 @@ class IndexReader : public nlohmann::json_sax<nlohmann::json> {
   }
   bool end_array() override {
     if (depth_ == 3 && top_key_ == "samples") {
-      if (field_ != 5) return fail(fmt::format("an entry with {} fields, not [key, offset, size, label, header_sum]", field_));
+      if (field_ != 5)
+        return fail(fmt::format("an entry with {} fields, not [key, offset, size, label, header_sum]", field_));
       // A member takes a header and a block at least: no more entries than
       // the shard has room for (its "size" comes first in what pack writes).
       const std::uint64_t cap = size_seen_ ? out_.size / 1024 + 1 : kMaxIndexEntries;
@@ -187,7 +189,8 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& source,
   IndexReader reader(out);
   const bool ok = nlohmann::json::sax_parse(text, &reader, nlohmann::json::input_format_t::json, true, true);
   if (!ok || !reader.error().empty()) {
-    throw DataError(source, fmt::format("not a readable shard index: {}", reader.error().empty() ? "malformed" : reader.error()));
+    throw DataError(
+        source, fmt::format("not a readable shard index: {}", reader.error().empty() ? "malformed" : reader.error()));
   }
   if (reader.format() != "pinfeed-shard-index" || reader.version() != 1) {
     throw DataError(source, "not a pinfeed shard index (format pinfeed-shard-index, version 1)");
@@ -213,8 +216,8 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& source,
                                           s.size, kMaxSampleBytes));
     }
     if (s.label < 0 || static_cast<std::uint64_t>(s.label) >= max_classes) {
-      throw DataError(source, fmt::format("sample '{}': label {} is not in 0..{} (max_classes)", s.key, s.label,
-                                          max_classes - 1));
+      throw DataError(
+          source, fmt::format("sample '{}': label {} is not in 0..{} (max_classes)", s.key, s.label, max_classes - 1));
     }
     if (!keys.insert(s.key).second) throw DataError(source, fmt::format("sample '{}' is listed twice", s.key));
     by_offset.emplace_back(s.offset, k);
@@ -236,7 +239,8 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& source,
 }
 
 SidecarOutcome detail::fetch_sidecars(const std::vector<std::string>& specs, const std::vector<std::size_t>& remote,
-                              std::size_t max_classes, const RemoteConfig& config, std::vector<ShardIndex>& indexes) {
+                                      std::size_t max_classes, const RemoteConfig& config,
+                                      std::vector<ShardIndex>& indexes) {
   std::atomic<std::size_t> next{0};
   std::atomic<bool> missing{false}, no_ranges{false};
   std::exception_ptr failure;
@@ -271,9 +275,10 @@ SidecarOutcome detail::fetch_sidecars(const std::vector<std::string>& specs, con
             // S3 answers 403 for a missing key to a reader without
             // s3:ListBucket: staging then says what the shard itself gets.
             if (e.status() == 404 || e.status() == 410 || e.status() == 403) {
-              pinfeed::detail::log().info("remote: {} has no index sidecar ({}): staging whole shards instead of "
-                                          "streaming (pinfeed-data index makes sidecars)",
-                                          redact_url(specs[s]), e.what());
+              pinfeed::detail::log().info(
+                  "remote: {} has no index sidecar ({}): staging whole shards instead of "
+                  "streaming (pinfeed-data index makes sidecars)",
+                  redact_url(specs[s]), e.what());
               missing = true;
               continue;
             }

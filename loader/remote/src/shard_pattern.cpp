@@ -78,7 +78,9 @@ std::optional<std::vector<std::string>> range_of(const std::string& body, const 
     step = step < 0 ? -step : step;
   }
   std::vector<std::string> out;
-  const auto letter = [](const std::string& t) { return t.size() == 1 && std::isalpha(static_cast<unsigned char>(t[0])) != 0; };
+  const auto letter = [](const std::string& t) {
+    return t.size() == 1 && std::isalpha(static_cast<unsigned char>(t[0])) != 0;
+  };
   if (letter(a) && letter(b)) {
     const std::int64_t lo = a[0], hi = b[0], dir = lo <= hi ? 1 : -1;
     for (std::int64_t c = lo; dir > 0 ? c <= hi : c >= hi; c += dir * step) out.emplace_back(1, static_cast<char>(c));
@@ -102,7 +104,8 @@ std::optional<std::vector<std::string>> range_of(const std::string& body, const 
   };
   const std::size_t width = zero_led(a) || zero_led(b) ? std::max(a.size(), b.size()) : 0;
   for (std::uint64_t k = 0; k <= n; ++k) {
-    const std::int64_t v = lo <= hi ? lo + static_cast<std::int64_t>(k) * step : lo - static_cast<std::int64_t>(k) * step;
+    const std::int64_t v =
+        lo <= hi ? lo + static_cast<std::int64_t>(k) * step : lo - static_cast<std::int64_t>(k) * step;
     out.push_back(v < 0 ? fmt::format("-{:0{}}", -v, width > 0 ? width - 1 : 0) : fmt::format("{:0{}}", v, width));
   }
   return out;
@@ -110,7 +113,8 @@ std::optional<std::vector<std::string>> range_of(const std::string& body, const 
 
 /// Every group of `s` expanded, left to right (webdataset's braceexpand:
 /// lists {a,b}, ranges {a..b}, nested and several in one name).
-void expand_groups(const std::string& s, const std::string& shown, std::vector<std::string>& out, std::size_t from = 0) {
+void expand_groups(const std::string& s, const std::string& shown, std::vector<std::string>& out,
+                   std::size_t from = 0) {
   std::size_t open = std::string::npos;
   for (std::size_t i = from; i < s.size(); ++i) {
     if (s[i] == '\\') {
@@ -122,7 +126,8 @@ void expand_groups(const std::string& s, const std::string& shown, std::vector<s
   }
   const std::size_t close = open == std::string::npos ? open : matching_brace(s, open);
   if (close == std::string::npos) {  // no group (an unmatched brace is literal, as braceexpand keeps it)
-    if (out.size() >= kMaxExpanded) throw ConfigError(fmt::format("shard pattern '{}' names over {} shards", shown, kMaxExpanded));
+    if (out.size() >= kMaxExpanded)
+      throw ConfigError(fmt::format("shard pattern '{}' names over {} shards", shown, kMaxExpanded));
     out.push_back(s);
     return;
   }
@@ -142,7 +147,8 @@ void expand_groups(const std::string& s, const std::string& shown, std::vector<s
 std::string unescape(const std::string& s) {
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == ',' || s[i + 1] == '{' || s[i + 1] == '}' || s[i + 1] == '\\')) ++i;
+    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == ',' || s[i + 1] == '{' || s[i + 1] == '}' || s[i + 1] == '\\'))
+      ++i;
     out += s[i];
   }
   return out;
@@ -169,6 +175,5 @@ std::vector<fs::path> expand_shard_pattern(const std::string& pattern) {
   if (out.empty()) throw ConfigError(fmt::format("shard pattern '{}' names no file", redact_spec(pattern)));
   return out;
 }
-
 
 }  // namespace pinfeed::loader

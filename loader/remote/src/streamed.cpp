@@ -86,10 +86,11 @@ std::unique_ptr<StreamedShards> StreamedShards::open(const std::vector<std::stri
   for (const std::size_t s : remote) impl->shards[s].bytes = indexes[s].size;
   const bool no_ranges = got == SidecarOutcome::no_ranges;
   if (no_ranges) {
-    pinfeed::detail::log().warn("remote: {} answers Range requests with the whole object (no Range support): "
-                                "streaming is off, the shards are staged whole (nginx, S3 and most object stores "
-                                "stream)",
-                                redact_url(specs[remote.front()]));
+    pinfeed::detail::log().warn(
+        "remote: {} answers Range requests with the whole object (no Range support): "
+        "streaming is off, the shards are staged whole (nginx, S3 and most object stores "
+        "stream)",
+        redact_url(specs[remote.front()]));
     return nullptr;
   }
   impl->add_samples(indexes);
@@ -179,7 +180,8 @@ void StreamedShards::read(std::size_t i, std::vector<std::byte>& out) const { re
 void StreamedShards::read_stoppable(std::size_t i, std::vector<std::byte>& out, const std::stop_token& stop) const {
   Impl& m = *impl_;
   const Impl::Sample& s = m.samples.at(i);
-  if (s.size > kMaxSampleBytes) throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
+  if (s.size > kMaxSampleBytes)
+    throw DataError(describe(i), fmt::format("member of {} bytes is over the limit", s.size));
   std::shared_ptr<const UniqueFd> fd;
   std::string body;
   {
@@ -231,10 +233,13 @@ void StreamedShards::read_stoppable(std::size_t i, std::vector<std::byte>& out, 
   std::vector<char> buf(kHeader + s.size);
   std::size_t done = 0;
   while (done < buf.size()) {
-    const ssize_t r = ::pread(fd->get(), buf.data() + done, buf.size() - done, static_cast<off_t>(s.offset - kHeader + done));
+    const ssize_t r =
+        ::pread(fd->get(), buf.data() + done, buf.size() - done, static_cast<off_t>(s.offset - kHeader + done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) throw DataError(sh.shown, fmt::format("read of {} failed: {}", s.key, std::strerror(errno)));
-    if (r == 0) throw DatasetChanged(sh.shown, fmt::format("{} is cut short at byte {}: the shard changed", s.key, s.offset - kHeader + done));
+    if (r == 0)
+      throw DatasetChanged(
+          sh.shown, fmt::format("{} is cut short at byte {}: the shard changed", s.key, s.offset - kHeader + done));
     done += static_cast<std::size_t>(r);
   }
   if (!(s.linked ? TarShards::header_matches(buf.data(), s.size, s.header_sum)

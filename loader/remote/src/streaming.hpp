@@ -17,8 +17,8 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -49,7 +49,6 @@ inline constexpr std::uint64_t kHeader = 512;
 /// A sidecar's size limit: ~900k samples of one shard (Note [Bounded sidecars]).
 inline constexpr std::uint64_t kMaxIndexBytes = 64ULL << 20U;
 inline constexpr std::uint64_t kMaxIndexEntries = 1'000'000;
-
 
 enum class SidecarOutcome { indexed, missing, no_ranges };
 
@@ -84,8 +83,8 @@ struct StreamedShards::Impl {
   struct Job {
     std::size_t index = 0;
     std::uint64_t gen = 0;
-    std::size_t pos = 0;      ///< place in the plan (demand: none)
-    bool counted = false;     ///< inside the read-ahead bound
+    std::size_t pos = 0;   ///< place in the plan (demand: none)
+    bool counted = false;  ///< inside the read-ahead bound
     unsigned attempt = 0;
     Clock::time_point at{};
   };
@@ -129,12 +128,12 @@ struct StreamedShards::Impl {
   std::uint64_t ahead = 0, base_limit = 0, limit = 0;
   StreamStats stats;
   bool closing = false;
-  bool served = false;     // a read has had its bytes: the stagers may start
+  bool served = false;                            // a read has had its bytes: the stagers may start
   std::vector<std::shared_ptr<const void>> keep;  ///< the cache's locks
 
   CURLM* multi = nullptr;
   std::thread fetcher;
-  std::vector<std::thread> stagers;       ///< with cache_dir: `parallel` of them
+  std::vector<std::thread> stagers;        ///< with cache_dir: `parallel` of them
   std::atomic<std::size_t> stage_next{0};  ///< the next shard a stager takes
   std::shared_ptr<memory::PressureMonitor> monitor;
   std::uint64_t subscription = 0;
@@ -156,7 +155,8 @@ struct StreamedShards::Impl {
         samples.push_back(std::move(sample));
       }
     }
-    if (samples.empty()) throw DataError(shards.front().shown, "dataset is empty: no key.jpg + key.cls pairs in the shards");
+    if (samples.empty())
+      throw DataError(shards.front().shown, "dataset is empty: no key.jpg + key.cls pairs in the shards");
     std::map<std::pair<std::uint32_t, std::uint64_t>, unsigned> at;  // a hard link shares its target's offset
     for (const Sample& x : samples) ++at[{x.shard, x.offset}];
     for (Sample& x : samples) x.linked = at[{x.shard, x.offset}] > 1;
@@ -273,9 +273,10 @@ struct StreamedShards::Impl {
     }
     if (total != sh.bytes) {
       changed = true;
-      return fmt::format("is {} bytes on the server, its index says {}: the shard changed after its index was "
-                         "written (pinfeed-data index makes a new one)",
-                         total, sh.bytes);
+      return fmt::format(
+          "is {} bytes on the server, its index says {}: the shard changed after its index was "
+          "written (pinfeed-data index makes a new one)",
+          total, sh.bytes);
     }
     if (first != s.offset - kHeader || last != s.offset + s.size - 1) {
       return fmt::format("the server sent bytes {}-{} for a request of {}-{}", first, last, s.offset - kHeader,
@@ -287,9 +288,10 @@ struct StreamedShards::Impl {
     if (!(s.linked ? TarShards::header_matches(a.body.data(), s.size, s.header_sum)
                    : TarShards::header_matches(a.body.data(), s.size, s.header_sum, s.key))) {
       changed = true;
-      return fmt::format("member {} at byte {} is not the indexed one: the shard changed after its index was written "
-                         "(pinfeed-data index makes a new one)",
-                         s.key, s.offset - kHeader);
+      return fmt::format(
+          "member {} at byte {} is not the indexed one: the shard changed after its index was written "
+          "(pinfeed-data index makes a new one)",
+          s.key, s.offset - kHeader);
     }
     return {};
   }
@@ -365,9 +367,9 @@ struct StreamedShards::Impl {
     if (a.job.counted) ahead -= need(i);
     if (a.job.gen != gen && !waiting.contains(i)) return;  // an earlier plan's: nobody reads it now
     if (!fatal) {
-      fatal = std::make_exception_ptr(
-          RemoteError(sh.url, rc == CURLE_OK ? code : 0,
-                      fmt::format("{} (sample {}; gave up after {} tries)", retry_why, samples[i].key, a.job.attempt + 1)));
+      fatal = std::make_exception_ptr(RemoteError(
+          sh.url, rc == CURLE_OK ? code : 0,
+          fmt::format("{} (sample {}; gave up after {} tries)", retry_why, samples[i].key, a.job.attempt + 1)));
     }
     failed[i] = fatal;
     if (!sh.failed) sh.failed = fatal;
@@ -443,8 +445,9 @@ struct StreamedShards::Impl {
         const std::scoped_lock lock(mutex);
         const auto now = Clock::now();
         for (const Job& j : retry) {
-          wait_ms = std::min<int>(wait_ms, static_cast<int>(std::max<std::int64_t>(
-                                               0, std::chrono::duration_cast<std::chrono::milliseconds>(j.at - now).count())));
+          wait_ms = std::min<int>(wait_ms,
+                                  static_cast<int>(std::max<std::int64_t>(
+                                      0, std::chrono::duration_cast<std::chrono::milliseconds>(j.at - now).count())));
         }
       }
       curl_multi_poll(multi, nullptr, 0, wait_ms, nullptr);

@@ -109,8 +109,7 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
     int count = last - first;
     double total = 0;
     for (int t = 0; t < count; ++t) {
-      w[static_cast<std::size_t>(t)] =
-          nearest ? 1.0 : filter_weight(filter, (first + t - base + 0.5 - center) / scale);
+      w[static_cast<std::size_t>(t)] = nearest ? 1.0 : filter_weight(filter, (first + t - base + 0.5 - center) / scale);
       total += w[static_cast<std::size_t>(t)];
     }
     if (total <= 0) {  // a window clamped away from the centre: the nearest pixel
@@ -248,9 +247,9 @@ __attribute__((target("avx2"))) int resample_row_avx2(const std::uint8_t* in, in
     const auto ui = static_cast<std::size_t>(i);
     const int groups = (std::max(k.count[ui], k.count[ui + 1]) + 3) / 4;
     if (k.first[ui] + 4 * groups > size || k.first[ui + 1] + 4 * groups > size) break;
-    const __m128i px = pair_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]),
-                                 in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]), k.quads.data() + ui / 2 * qs,
-                                 groups);
+    const __m128i px =
+        pair_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]),
+                  in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]), k.quads.data() + ui / 2 * qs, groups);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 4 * static_cast<std::ptrdiff_t>(i)), px);
   }
   return i;
@@ -351,9 +350,7 @@ struct Vec {
   PINFEED_SIMD_TARGET static R load(const std::uint8_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
-  PINFEED_SIMD_TARGET static void store(std::uint8_t* p, R v) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
-  }
+  PINFEED_SIMD_TARGET static void store(std::uint8_t* p, R v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
   PINFEED_SIMD_TARGET static R unpacklo8(R a, R b) { return _mm256_unpacklo_epi8(a, b); }
   PINFEED_SIMD_TARGET static R unpackhi8(R a, R b) { return _mm256_unpackhi_epi8(a, b); }
   PINFEED_SIMD_TARGET static R add32(R a, R b) { return _mm256_add_epi32(a, b); }
@@ -401,8 +398,7 @@ struct Vec {
 /// One row through a kernel: out[i] = sum of in[first + t] * w[t] over the
 /// taps, per BGRA channel, rounded. SSE2 (taps padded to an even count):
 /// two output pixels at a time, packed and stored together.
-void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& k, std::uint8_t* out,
-                  SimdLevel simd) {
+void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& k, std::uint8_t* out, SimdLevel simd) {
   const int n = static_cast<int>(k.first.size());
   const auto stride = static_cast<std::size_t>(k.stride);
   int i = 0;
@@ -414,8 +410,8 @@ void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& 
   if (simd >= SimdLevel::sse2 && k.even) {
     for (; i + 2 <= n; i += 2) {
       const auto ui = static_cast<std::size_t>(i);
-      const __m128i a = tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), k.weights.data() + ui * stride,
-                                 k.count[ui]);
+      const __m128i a =
+          tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui]), k.weights.data() + ui * stride, k.count[ui]);
       const __m128i b = tap_sums(in + 4 * static_cast<std::ptrdiff_t>(k.first[ui + 1]),
                                  k.weights.data() + (ui + 1) * stride, k.count[ui + 1]);
       const __m128i px = _mm_packs_epi32(a, b);

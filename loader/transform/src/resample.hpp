@@ -23,8 +23,7 @@ void make_kernel(const ResampleAxis& axis, int n, int dct, int origin, int size,
 /// The kernel's taps regrouped for `lanes` output pixels per AVX2/AVX-512 step.
 void make_quads(SampleWriter::Kernel& k, int lanes);
 /// One row through a kernel (the horizontal pass), at SIMD level `simd`.
-void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& k, std::uint8_t* out,
-                  SimdLevel simd);
+void resample_row(const std::uint8_t* in, int size, const SampleWriter::Kernel& k, std::uint8_t* out, SimdLevel simd);
 /// One output row from `count` rows weighted by `w` (the vertical pass).
 void resample_rows(const std::uint8_t* const* rows, const std::int16_t* w, int count, std::size_t bytes,
                    std::uint8_t* out, SimdLevel simd);

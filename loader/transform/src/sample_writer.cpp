@@ -90,7 +90,7 @@ struct Vec {
 }  // namespace avx2_planes
 
 #pragma GCC diagnostic push
-#if !defined(__clang__)  // clang has no such warning group, and no such bug
+#if !defined(__clang__)                                 // clang has no such warning group, and no such bug
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593: see resample_row_avx512
 #endif
 namespace avx512_planes {
@@ -131,7 +131,9 @@ void bgra_row_to_planes(const std::uint8_t* px, int n, bool flip, const std::arr
   int x = 0;
   [[maybe_unused]] const auto aligned = [&](std::uintptr_t to) {
     return (reinterpret_cast<std::uintptr_t>(r + x) | reinterpret_cast<std::uintptr_t>(g + x) |
-            reinterpret_cast<std::uintptr_t>(b + x)) % to == 0;
+            reinterpret_cast<std::uintptr_t>(b + x)) %
+               to ==
+           0;
   };
 #if defined(PINFEED_HAVE_WIDE_PLANES)
   using V512 = avx512_planes::Vec;
@@ -171,7 +173,8 @@ void ensure(ScratchBytes& buffer, std::size_t bytes) {
 
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 /// Output rows written together.
@@ -210,7 +213,6 @@ void SampleWriter::prepare(bool flip, std::span<std::byte> out) {
   started_ = false;
   planned_ = false;
 }
-
 
 void SampleWriter::begin(int width, int height) {
   if (out_.empty()) throw Error("sample writer: rows arrived before prepare()");

@@ -114,7 +114,9 @@ std::string_view to_string(CropMode m) noexcept { return enum_word(kCropModeWord
 
 std::string_view to_string(Layout l) noexcept { return enum_word(kLayoutWords, l); }
 
-Interpolation parse_interpolation(std::string_view text) { return parse_enum(kInterpolationWords, text, "interpolation"); }
+Interpolation parse_interpolation(std::string_view text) {
+  return parse_enum(kInterpolationWords, text, "interpolation");
+}
 
 std::string_view to_string(Interpolation i) noexcept { return enum_word(kInterpolationWords, i); }
 
@@ -161,17 +163,19 @@ void TransformConfig::validate() const {
 
 void TransformConfig::validate_relations() const {
   if (height != 0 && height < kMinImageSize) {  // the row's range includes 0 (= size)
-    throw ConfigError(fmt::format("transform height must be 0 (= size) or {}..{}, got {}", kMinImageSize, kMaxImageSize,
-                                  height));
+    throw ConfigError(
+        fmt::format("transform height must be 0 (= size) or {}..{}, got {}", kMinImageSize, kMaxImageSize, height));
   }
   const int longer = std::max(out_width(), out_height());
   if (crop == CropMode::center && resize < longer) {
-    throw ConfigError(fmt::format("transform resize must be at least the crop's longer side for a center crop: {}..{}, "
-                                  "got {}",
-                                  longer, kMaxResize, resize));
+    throw ConfigError(
+        fmt::format("transform resize must be at least the crop's longer side for a center crop: {}..{}, "
+                    "got {}",
+                    longer, kMaxResize, resize));
   }
   if (!(scale_min <= scale_max)) {
-    throw ConfigError(fmt::format("transform scale range [{}, {}] must satisfy 0 < min <= max <= 1", scale_min, scale_max));
+    throw ConfigError(
+        fmt::format("transform scale range [{}, {}] must satisfy 0 < min <= max <= 1", scale_min, scale_max));
   }
   if (!(ratio_min <= ratio_max)) {
     throw ConfigError(fmt::format("transform ratio range [{}, {}] must satisfy 0 < min <= max", ratio_min, ratio_max));

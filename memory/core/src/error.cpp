@@ -20,8 +20,7 @@ namespace pinfeed {
 DataError::DataError(std::filesystem::path path, const std::string& reason)
     : Error(fmt::format("{}: {}", path.string(), reason)), path_(std::move(path)), reason_(reason) {}
 
-OutOfMemory::OutOfMemory(std::string reason, const std::string& what)
-    : Error(what), reason_(std::move(reason)) {}
+OutOfMemory::OutOfMemory(std::string reason, const std::string& what) : Error(what), reason_(std::move(reason)) {}
 
 namespace {
 
@@ -87,7 +86,8 @@ std::string describe_failure(const std::exception& e) {
     what += "lower --threads / --loader-threads (num_workers in Python) or raise the limit";
   } else if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
     what = "out of memory (std::bad_alloc)";
-    if (as.rlim_cur != RLIM_INFINITY) what += "; " + address_space_text(as) + ": raise it or lower the batch size and threads";
+    if (as.rlim_cur != RLIM_INFINITY)
+      what += "; " + address_space_text(as) + ": raise it or lower the batch size and threads";
   }
   return what;
 }

@@ -35,7 +35,8 @@ RegularFile::RegularFile(const std::filesystem::path& path, std::string_view wha
   fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   if (!fd_) throw DataError(path, fmt::format("cannot open {}: {}", what, std::strerror(errno)));
   struct stat st {};
-  if (::fstat(fd_.get(), &st) != 0) throw DataError(path, fmt::format("cannot stat {}: {}", what, std::strerror(errno)));
+  if (::fstat(fd_.get(), &st) != 0)
+    throw DataError(path, fmt::format("cannot stat {}: {}", what, std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) {
     throw DataError(path, fmt::format("is {}, not a regular file (expected {})", file_kind(st.st_mode), what));
   }

@@ -1,11 +1,11 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <algorithm>
-#include <optional>
 #include <vector>
 
 #include "pinfeed/env.hpp"
@@ -49,9 +49,10 @@ int tasks_on_node(const char* name, std::string_view layout, int node) {
       ok = item.back() == ')' && ec2 == std::errc() && end2 == times.data() + times.size() && repeat > 0;
     }
     if (!ok) {
-      throw ConfigError(fmt::format("environment variable {}='{}' is not a Slurm task layout (at '{}'; "
-                                    "a layout reads like 4(x2),3)",
-                                    name, whole, item));
+      throw ConfigError(
+          fmt::format("environment variable {}='{}' is not a Slurm task layout (at '{}'; "
+                      "a layout reads like 4(x2),3)",
+                      name, whole, item));
     }
     if (node < seen + repeat) return tasks;
     seen += repeat;
@@ -79,22 +80,22 @@ Found read_slurm_step(const std::function<const char*(const char*)>& getenv) {
   const char* layout = getenv("SLURM_STEP_TASKS_PER_NODE");
   env.has_local = local_rank != nullptr && layout != nullptr;
   env.local_rank = local_rank != nullptr ? parse_int("SLURM_LOCALID", local_rank) : 0;
-  env.local_size = layout != nullptr
-                       ? tasks_on_node("SLURM_STEP_TASKS_PER_NODE", layout, node != nullptr ? parse_int("SLURM_NODEID", node) : 0)
-                       : 1;
+  env.local_size = layout != nullptr ? tasks_on_node("SLURM_STEP_TASKS_PER_NODE", layout,
+                                                     node != nullptr ? parse_int("SLURM_NODEID", node) : 0)
+                                     : 1;
   if (env.world_size < 1 || env.rank >= env.world_size || env.local_rank >= env.local_size) {
-    throw ConfigError(fmt::format("Slurm variables disagree: SLURM_PROCID={} of SLURM_STEP_NUM_TASKS={}, SLURM_LOCALID={} of "
-                                  "{} tasks on this node",
-                                  env.rank, env.world_size, env.local_rank, env.local_size));
+    throw ConfigError(
+        fmt::format("Slurm variables disagree: SLURM_PROCID={} of SLURM_STEP_NUM_TASKS={}, SLURM_LOCALID={} of "
+                    "{} tasks on this node",
+                    env.rank, env.world_size, env.local_rank, env.local_size));
   }
   return env;
 }
 
-
 /// One launcher's variables, or nullopt when its rank and size are unset.
 std::optional<Found> read_launcher(const std::function<const char*(const char*)>& getenv, const char* launcher,
-                                       const char* rank_name, const char* size_name, const char* local_rank_name,
-                                       const char* local_size_name) {
+                                   const char* rank_name, const char* size_name, const char* local_rank_name,
+                                   const char* local_size_name) {
   const char* rank = getenv(rank_name);
   const char* size = getenv(size_name);
   if (rank == nullptr && size == nullptr) return std::nullopt;
@@ -105,8 +106,8 @@ std::optional<Found> read_launcher(const std::function<const char*(const char*)>
     // guessing "rank 0 of 1" would train every process on the whole data.
     const char* set = rank != nullptr ? rank_name : size_name;
     const char* unset = rank != nullptr ? size_name : rank_name;
-    throw ConfigError(fmt::format("{}={} is set but {} is not: set both (a launcher sets both), or neither",
-                                  set, rank != nullptr ? rank : size, unset));
+    throw ConfigError(fmt::format("{}={} is set but {} is not: set both (a launcher sets both), or neither", set,
+                                  rank != nullptr ? rank : size, unset));
   }
   Found env;
   env.launcher = launcher;
@@ -144,10 +145,11 @@ Found choose_under_torchrun_agent(const std::vector<Found>& found) {
   const Found& env = found.front();
   for (std::size_t i = 1; i < found.size(); ++i) {
     if (found[i].world_size > env.world_size) {
-      throw ConfigError(fmt::format("the launch variables disagree: {}, but {}: more processes outside torchrun than "
-                                    "in it. Give torchrun --nnodes/--nproc-per-node for the whole job (or unset the "
-                                    "stale variables)",
-                                    describe(env), describe(found[i])));
+      throw ConfigError(
+          fmt::format("the launch variables disagree: {}, but {}: more processes outside torchrun than "
+                      "in it. Give torchrun --nnodes/--nproc-per-node for the whole job (or unset the "
+                      "stale variables)",
+                      describe(env), describe(found[i])));
     }
   }
   return env;
@@ -184,9 +186,10 @@ Found choose_launcher(const std::vector<Found>& found) {
     // mpirun's daemons started by srun (once per node): the step is an
     // outer launch of fewer tasks.
     if (mpi && other.launcher == "slurm" && other.world_size < env.world_size) continue;
-    throw ConfigError(fmt::format("the launch variables disagree: {}, but {}. Unset the stale ones (or launch with "
-                                  "one launcher)",
-                                  describe(env), describe(other)));
+    throw ConfigError(
+        fmt::format("the launch variables disagree: {}, but {}. Unset the stale ones (or launch with "
+                    "one launcher)",
+                    describe(env), describe(other)));
   }
   return env;
 }
@@ -194,7 +197,8 @@ Found choose_launcher(const std::vector<Found>& found) {
 /// An initialized process group (torch.distributed) decides the rank and
 /// size: it must agree with the launch, or be the inner launch of an outer
 /// one (one process per node started by MPI or Slurm).
-void apply_process_group(Found& env, const ProcessGroupView& group, const std::function<const char*(const char*)>& getenv) {
+void apply_process_group(Found& env, const ProcessGroupView& group,
+                         const std::function<const char*(const char*)>& getenv) {
   if (group.world_size < 1 || group.rank < 0 || group.rank >= group.world_size) {
     throw ConfigError(fmt::format("{} says rank {} of {}", group.name, group.rank, group.world_size));
   }
@@ -222,15 +226,17 @@ void apply_process_group(Found& env, const ProcessGroupView& group, const std::f
       env.local_rank = parse_int("LOCAL_RANK", lr);
       env.local_size = parse_int("LOCAL_WORLD_SIZE", ls);
       if (env.local_size < 1 || env.local_rank >= env.local_size) {
-        throw ConfigError(fmt::format("LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", env.local_rank, env.local_size));
+        throw ConfigError(
+            fmt::format("LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", env.local_rank, env.local_size));
       }
     } else if (group.world_size % env.world_size == 0) {
       env.local_size = group.world_size / env.world_size;
       env.local_rank = group.rank % env.local_size;
     } else {
-      throw ConfigError(fmt::format("{} has {} processes, {}: cannot tell how many of them share this node. Set "
-                                    "LOCAL_RANK and LOCAL_WORLD_SIZE",
-                                    group.name, group.world_size, describe(env)));
+      throw ConfigError(
+          fmt::format("{} has {} processes, {}: cannot tell how many of them share this node. Set "
+                      "LOCAL_RANK and LOCAL_WORLD_SIZE",
+                      group.name, group.world_size, describe(env)));
     }
     env.source.clear();
   }

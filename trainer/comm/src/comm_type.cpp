@@ -20,10 +20,8 @@ const CommType& comm_type(BackendKind kind) {
   // No default: a new BackendKind is a -Wswitch error here until it names
   // its communicators, never the CPU ones by omission.
   switch (kind) {
-    case BackendKind::cpu:
-      return cpu;
-    case BackendKind::cuda:
-      return cuda;
+    case BackendKind::cpu: return cpu;
+    case BackendKind::cuda: return cuda;
   }
   throw ConfigError("comm_type: unknown backend kind");
 }

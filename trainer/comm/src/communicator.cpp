@@ -8,16 +8,14 @@
 #include <utility>
 
 #include "pinfeed/env.hpp"
-#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 
 namespace pinfeed::trainer {
 
 namespace {
 
-bool store_named() {
-  return pinfeed::env::get("MASTER_ADDR") && pinfeed::env::get("MASTER_PORT");
-}
+bool store_named() { return pinfeed::env::get("MASTER_ADDR") && pinfeed::env::get("MASTER_PORT"); }
 
 /// mpirun and srun launches, except on a build without MPI (the wheel) when
 /// MASTER_ADDR and MASTER_PORT name a store to use instead (srun with them

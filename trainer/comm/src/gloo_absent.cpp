@@ -7,10 +7,12 @@ namespace pinfeed::trainer {
 
 bool gloo_compiled() noexcept { return false; }
 
-std::unique_ptr<Communicator> make_gloo_communicator(DeviceBackend& /*backend*/, const LaunchEnv& env, CommConfig /*config*/) {
-  throw ConfigError(fmt::format("{} launched {} processes, but this pinfeed was built without Gloo, which CPU ranks "
-                                "need outside mpirun (install libgloo-dev and rebuild, or launch with mpirun)",
-                                env.launcher, env.world_size));
+std::unique_ptr<Communicator> make_gloo_communicator(DeviceBackend& /*backend*/, const LaunchEnv& env,
+                                                     CommConfig /*config*/) {
+  throw ConfigError(
+      fmt::format("{} launched {} processes, but this pinfeed was built without Gloo, which CPU ranks "
+                  "need outside mpirun (install libgloo-dev and rebuild, or launch with mpirun)",
+                  env.launcher, env.world_size));
 }
 
 }  // namespace pinfeed::trainer

@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/communicator.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 
 namespace pinfeed::trainer {
 
@@ -12,9 +12,10 @@ std::unique_ptr<Communicator> make_mpi_communicator(DeviceBackend& /*backend*/, 
 }
 
 std::unique_ptr<LaunchChannel> open_mpi_channel(const LaunchEnv& env, std::chrono::milliseconds /*timeout*/) {
-  throw ConfigError(fmt::format("{} launched {} processes, but this pinfeed was built without MPI (launch with "
-                                "torchrun, or rebuild with libopenmpi-dev)",
-                                env.launcher, env.world_size));
+  throw ConfigError(
+      fmt::format("{} launched {} processes, but this pinfeed was built without MPI (launch with "
+                  "torchrun, or rebuild with libopenmpi-dev)",
+                  env.launcher, env.world_size));
 }
 
 }  // namespace pinfeed::trainer

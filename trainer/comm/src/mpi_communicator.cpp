@@ -15,18 +15,18 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <cstdint>
-#include <limits>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <thread>
 
-#include "pinfeed/trainer/launch_channel.hpp"
 #include "mpi_init.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/communicator.hpp"
 #include "pinfeed/trainer/cpu_backend.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 
 namespace pinfeed::trainer {
 namespace {
@@ -36,7 +36,8 @@ void check(int rc, int rank, const char* op, std::size_t bytes) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw CommError(rank, op, bytes, fmt::format("MPI error {}: {}", rc, std::string(text, static_cast<std::size_t>(len))));
+  throw CommError(rank, op, bytes,
+                  fmt::format("MPI error {}: {}", rc, std::string(text, static_cast<std::size_t>(len))));
 }
 
 }  // namespace

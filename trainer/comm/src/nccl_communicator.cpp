@@ -18,10 +18,10 @@
 
 #include "cuda_backend_impl.hpp"
 #include "dynamic_library.hpp"
-#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/memory/collective_gate.hpp"
 #include "pinfeed/trainer/cuda_backend.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/trainer/nccl_communicator.hpp"
 namespace pinfeed::trainer {
 namespace {
@@ -82,8 +82,14 @@ class NcclCommunicator final : public Communicator {
   /// a group of ranks in one process.
   NcclCommunicator(ncclComm_t comm, int rank, int size, DeviceBackend& backend, CommConfig config,
                    std::unique_ptr<LaunchChannel> channel = nullptr)
-      : comm_(comm), rank_(rank), size_(size), channel_(std::move(channel)), backend_(backend), config_(config),
-        barrier_stream_(backend.create_copy_stream()), barrier_value_(backend.allocate(sizeof(float))),
+      : comm_(comm),
+        rank_(rank),
+        size_(size),
+        channel_(std::move(channel)),
+        backend_(backend),
+        config_(config),
+        barrier_stream_(backend.create_copy_stream()),
+        barrier_value_(backend.allocate(sizeof(float))),
         watchdog_([this](const std::stop_token& st) { watch(st); }) {
     static std::once_flag once;
     std::call_once(once, [] { std::atexit([] { g_exiting = true; }); });
@@ -268,8 +274,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<LaunchChannel> channel_;  // null in a one-process group
   DeviceBackend& backend_;
   CommConfig config_;
-  std::mutex enqueue_mutex_;  // held across an NCCL enqueue; taken before mutex_, or only tried
-  std::mutex mutex_;          // guards comm_, failure_, pending_, abort_pending_
+  std::mutex enqueue_mutex_;    // held across an NCCL enqueue; taken before mutex_, or only tried
+  std::mutex mutex_;            // guards comm_, failure_, pending_, abort_pending_
   bool abort_pending_ = false;  // an abort found an enqueue running: the enqueuer carries it out
   std::condition_variable watch_cv_;
   std::deque<Pending> pending_;
@@ -284,7 +290,8 @@ class NcclCommunicator final : public Communicator {
 
 bool nccl_available() noexcept { return Nccl::get().error.empty(); }
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<DeviceBackend*>& backends, CommConfig config) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<DeviceBackend*>& backends,
+                                                           CommConfig config) {
   const Nccl& n = nccl();
   std::vector<int> devices;
   for (DeviceBackend* b : backends) {
@@ -330,7 +337,8 @@ std::unique_ptr<Communicator> make_nccl_communicator_launched(DeviceBackend& bac
   backend.make_current();
   ncclComm_t comm = nullptr;
   const ncclResult_t r = n.init_rank(&comm, size, id, rank);
-  if (r != ncclSuccess) throw CommError(rank, "ncclCommInitRank", 0, fmt::format("{} ranks: {}", size, n.error_string(r)));
+  if (r != ncclSuccess)
+    throw CommError(rank, "ncclCommInitRank", 0, fmt::format("{} ranks: {}", size, n.error_string(r)));
   // ncclCommInitRank returns once every rank has joined, so every rank has
   // read the id; the channel stays with the communicator all the same (rank
   // 0's store server must outlive the others' last request, and abort()

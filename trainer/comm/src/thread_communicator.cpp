@@ -27,8 +27,11 @@ struct Call {
 
 class Group {
  public:
-  Group(int size, CommConfig config) : size_(size), config_(config), calls_(static_cast<std::size_t>(size)),
-                                       arrived_(static_cast<std::size_t>(size), false) {}
+  Group(int size, CommConfig config)
+      : size_(size),
+        config_(config),
+        calls_(static_cast<std::size_t>(size)),
+        arrived_(static_cast<std::size_t>(size), false) {}
 
   void all_reduce(int rank, float* data, std::size_t count, ReduceOp op) {
     const Call c{op == ReduceOp::sum ? "all_reduce(sum)" : "all_reduce(average)", count, 0, data};
@@ -77,8 +80,9 @@ class Group {
     for (int k = 0; k < size_; ++k) {
       const Call& o = calls_[static_cast<std::size_t>(k)];
       if (o.op != c.op || o.count != c.count || o.root != c.root) {
-        const std::string why = fmt::format("ranks disagree: rank {} called {} of {} floats (root {}), rank {} called {} of {} floats (root {})",
-                                            rank, c.op, c.count, c.root, k, o.op, o.count, o.root);
+        const std::string why = fmt::format(
+            "ranks disagree: rank {} called {} of {} floats (root {}), rank {} called {} of {} floats (root {})", rank,
+            c.op, c.count, c.root, k, o.op, o.count, o.root);
         abort(why);
         throw CommError(rank, c.op, c.count * sizeof(float), why);
       }
@@ -149,7 +153,8 @@ class ThreadCommunicator final : public Communicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<DeviceBackend*>& devices, CommConfig config) {
+std::vector<std::unique_ptr<Communicator>> make_thread_group(const std::vector<DeviceBackend*>& devices,
+                                                             CommConfig config) {
   if (devices.empty()) throw ConfigError("thread communicator: no ranks");
   std::vector<CpuBackend*> backends;
   for (DeviceBackend* d : devices) {

@@ -1,9 +1,9 @@
 #include "pinfeed/trainer/cpu_backend.hpp"
 
 #include <cblas.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,7 +29,6 @@ using cpu_detail::cpu;
 using cpu_detail::CpuEvent;
 using cpu_detail::CpuStream;
 using cpu_detail::post;
-
 
 namespace {
 std::atomic<std::size_t> g_backends{0};  // CpuBackends alive in this process
@@ -63,10 +62,12 @@ void check_room_for_openblas(std::size_t backends) {
     g_reserved.push_back(held);
     return;
   }
-  throw OutOfMemory("limit", fmt::format(
-      "cpu backend: no room for {} MiB of address space (OpenBLAS's 128 MiB buffer for each compute thread, "
-      "for {} CPU worker(s)): {}",
-      bytes >> 20U, backends, describe_failure(std::bad_alloc())));
+  throw OutOfMemory(
+      "limit",
+      fmt::format(
+          "cpu backend: no room for {} MiB of address space (OpenBLAS's 128 MiB buffer for each compute thread, "
+          "for {} CPU worker(s)): {}",
+          bytes >> 20U, backends, describe_failure(std::bad_alloc())));
 }
 }  // namespace
 
@@ -123,9 +124,10 @@ std::uint64_t CpuBackend::calls_off_current() noexcept { return g_calls_off_curr
 void CpuBackend::note_thread() const noexcept {
   if (t_current == this) return;
   if (g_calls_off_current.fetch_add(1) == 0) {
-    pinfeed::detail::log().warn("{}: used from a thread that did not make it current (a GPU would get a context on "
-                                "device 0 there)",
-                                name());
+    pinfeed::detail::log().warn(
+        "{}: used from a thread that did not make it current (a GPU would get a context on "
+        "device 0 there)",
+        name());
   }
 }
 
@@ -206,8 +208,9 @@ void CpuBackend::stream_wait(Stream& s, Event& e) {
   note_thread();
   auto ev = cpu(e).shared_from_this();
   const std::uint64_t target = ev->target();
-  cpu(s).push([ev, target](const std::exception_ptr&, const std::stop_token& stop) { ev->wait_from_worker(target, stop); },
-              false);
+  cpu(s).push(
+      [ev, target](const std::exception_ptr&, const std::stop_token& stop) { ev->wait_from_worker(target, stop); },
+      false);
 }
 
 void CpuBackend::synchronize(Stream& s) {

@@ -39,7 +39,8 @@ void CpuBackend::avg_pool(Stream& s, const float* nchw, float* out, int n, int c
     const float inv = 1.0F / static_cast<float>(factor * factor);
     std::size_t o = 0;
     for (int plane = 0; plane < n * c; ++plane) {
-      const float* in = nchw + static_cast<std::size_t>(plane) * static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
+      const float* in =
+          nchw + static_cast<std::size_t>(plane) * static_cast<std::size_t>(h) * static_cast<std::size_t>(w);
       for (int y = 0; y < oh; ++y) {
         for (int x = 0; x < ow; ++x) {
           float sum = 0;
@@ -193,7 +194,8 @@ void CpuBackend::normalize_u8_as(Stream& s, const std::uint8_t* nhwc, void* nchw
           for (std::size_t p = 0; p < plane; ++p) out[p] = value(p);
         } else {
           std::uint16_t* out = static_cast<std::uint16_t*>(nchw) + first;
-          for (std::size_t p = 0; p < plane; ++p) out[p] = type == FloatType::f16 ? to_f16(value(p)) : to_bf16(value(p));
+          for (std::size_t p = 0; p < plane; ++p)
+            out[p] = type == FloatType::f16 ? to_f16(value(p)) : to_bf16(value(p));
         }
       }
     }
@@ -216,8 +218,9 @@ void CpuBackend::im2col(Stream& s, const float* x, std::size_t c_stride, std::si
           const float* plane = x + static_cast<std::size_t>(ci) * c_stride + static_cast<std::size_t>(i) * n_stride;
           for (int y = 0; y < oh; ++y) {
             const int iy = y * shape.stride + ky - 1;
-            float* out = row + (static_cast<std::size_t>(i) * static_cast<std::size_t>(oh) + static_cast<std::size_t>(y)) *
-                                   static_cast<std::size_t>(ow);
+            float* out =
+                row + (static_cast<std::size_t>(i) * static_cast<std::size_t>(oh) + static_cast<std::size_t>(y)) *
+                          static_cast<std::size_t>(ow);
             for (int xo = 0; xo < ow; ++xo) {
               const int ix = xo * shape.stride + kx - 1;
               const bool inside = iy >= 0 && iy < shape.h && ix >= 0 && ix < shape.w;
@@ -246,10 +249,11 @@ void CpuBackend::col2im(Stream& s, const float* col, const ConvShape& shape, flo
             for (int k = 0; k < 9; ++k) {
               const int ty = iy + 1 - k / 3, tx = ix + 1 - k % 3;  // y * stride, x * stride
               if (ty < 0 || tx < 0 || ty % st != 0 || tx % st != 0 || ty / st >= oh || tx / st >= ow) continue;
-              sum += col[(static_cast<std::size_t>(ci) * 9 + static_cast<std::size_t>(k)) * cols +
-                         (static_cast<std::size_t>(i) * static_cast<std::size_t>(oh) + static_cast<std::size_t>(ty / st)) *
-                             static_cast<std::size_t>(ow) +
-                         static_cast<std::size_t>(tx / st)];
+              sum +=
+                  col[(static_cast<std::size_t>(ci) * 9 + static_cast<std::size_t>(k)) * cols +
+                      (static_cast<std::size_t>(i) * static_cast<std::size_t>(oh) + static_cast<std::size_t>(ty / st)) *
+                          static_cast<std::size_t>(ow) +
+                      static_cast<std::size_t>(tx / st)];
             }
             dx[o++] = sum;
           }
@@ -275,7 +279,8 @@ void CpuBackend::bn_stats(Stream& s, const float* x, int c, std::size_t m, float
   });
 }
 
-void CpuBackend::bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat, float* y) {
+void CpuBackend::bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat,
+                            float* y) {
   note_thread();
   post(s, [=] {
     for (int r = 0; r < a.c; ++r) {
@@ -333,7 +338,8 @@ void CpuBackend::channel_mean(Stream& s, const float* x, int c, int n, std::size
   post(s, [=] {
     for (int r = 0; r < c; ++r) {
       for (int i = 0; i < n; ++i) {
-        const float* p = x + (static_cast<std::size_t>(r) * static_cast<std::size_t>(n) + static_cast<std::size_t>(i)) * hw;
+        const float* p =
+            x + (static_cast<std::size_t>(r) * static_cast<std::size_t>(n) + static_cast<std::size_t>(i)) * hw;
         double sum = 0;
         for (std::size_t j = 0; j < hw; ++j) sum += p[j];
         out[static_cast<std::size_t>(i) * static_cast<std::size_t>(c) + static_cast<std::size_t>(r)] =
@@ -349,7 +355,8 @@ void CpuBackend::channel_mean_backward(Stream& s, const float* dout, int c, int 
     const float inv = 1.0F / static_cast<float>(hw);
     for (int r = 0; r < c; ++r) {
       for (int i = 0; i < n; ++i) {
-        const float g = dout[static_cast<std::size_t>(i) * static_cast<std::size_t>(c) + static_cast<std::size_t>(r)] * inv;
+        const float g =
+            dout[static_cast<std::size_t>(i) * static_cast<std::size_t>(c) + static_cast<std::size_t>(r)] * inv;
         float* p = dx + (static_cast<std::size_t>(r) * static_cast<std::size_t>(n) + static_cast<std::size_t>(i)) * hw;
         std::fill(p, p + hw, g);
       }

@@ -87,7 +87,8 @@ class CpuStream final : public Stream {
   using Task = std::function<void(const std::exception_ptr& stream_error, const std::stop_token&)>;
 
   CpuStream(std::size_t max_queued, std::shared_ptr<StreamSet> set)
-      : registration_(this, std::move(set)), max_queued_(max_queued),
+      : registration_(this, std::move(set)),
+        max_queued_(max_queued),
         worker_([this](const std::stop_token& st) { run(st); }) {}
 
   /// Whether work is queued or running.

@@ -8,7 +8,8 @@ namespace pinfeed::trainer {
 int cuda_device_count() noexcept { return 0; }
 
 std::unique_ptr<DeviceBackend> make_cuda_backend(int device, bool /*keep_caller_device*/) {
-  throw CudaError(fmt::format("cuda:{}: this pinfeed was built without CUDA (rebuild with the toolkit installed)", device));
+  throw CudaError(
+      fmt::format("cuda:{}: this pinfeed was built without CUDA (rebuild with the toolkit installed)", device));
 }
 
 }  // namespace pinfeed::trainer

@@ -32,8 +32,8 @@ std::unique_ptr<CudaStream> CudaStream::create(int device, std::size_t workspace
     const cudaError_t e = cudaMalloc(&work, workspace_bytes);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      throw OutOfMemory("device", fmt::format("cuda:{}: cannot allocate a stream's {} byte workspace", device,
-                                              workspace_bytes));
+      throw OutOfMemory("device",
+                        fmt::format("cuda:{}: cannot allocate a stream's {} byte workspace", device, workspace_bytes));
     }
     PINFEED_CUDA_TRY(e, device);
   }
@@ -299,7 +299,8 @@ class CudaBackend final : public DeviceBackend {
   void softmax_cross_entropy(Stream& s, const float* logits, const std::int32_t* labels, int n, int k, float scale,
                              float* dlogits, float* stats) override {
     select();
-    PINFEED_CUDA_TRY(kernels::softmax_cross_entropy(cuda(s).get(), logits, labels, n, k, scale, dlogits, stats), device_);
+    PINFEED_CUDA_TRY(kernels::softmax_cross_entropy(cuda(s).get(), logits, labels, n, k, scale, dlogits, stats),
+                     device_);
   }
   void im2col(Stream& s, const float* x, std::size_t c_stride, std::size_t n_stride, const ConvShape& shape,
               float* col) override {
@@ -314,15 +315,16 @@ class CudaBackend final : public DeviceBackend {
     select();
     PINFEED_CUDA_TRY(kernels::bn_stats(cuda(s).get(), x, c, m, sums, workspace(s)), device_);
   }
-  void bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat, float* y) override {
+  void bn_forward(Stream& s, const float* x, const float* sums, const BatchNormArgs& a, float* xhat,
+                  float* y) override {
     select();
     PINFEED_CUDA_TRY(kernels::bn_forward(cuda(s).get(), x, sums, bn(a), xhat, y, workspace(s)), device_);
   }
   void bn_backward_reduce(Stream& s, float* dy, const float* y, const float* xhat, const BatchNormArgs& a, float* red,
                           float* dgamma, float* dbeta) override {
     select();
-    PINFEED_CUDA_TRY(kernels::bn_backward_reduce(cuda(s).get(), dy, y, xhat, bn(a), red, dgamma, dbeta,
-                                                         workspace(s)), device_);
+    PINFEED_CUDA_TRY(kernels::bn_backward_reduce(cuda(s).get(), dy, y, xhat, bn(a), red, dgamma, dbeta, workspace(s)),
+                     device_);
   }
   void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red, const BatchNormArgs& a,
                          float* dx) override {
@@ -362,7 +364,8 @@ class CudaBackend final : public DeviceBackend {
       sc[c] = 1.0F / (255.0F * norm.std[c]);
       bi[c] = -norm.mean[c] / norm.std[c];
     }
-    PINFEED_CUDA_TRY(kernels::normalize_u8_as(cuda(s).get(), nhwc, nchw, static_cast<int>(type), n, h, w, sc, bi), device_);
+    PINFEED_CUDA_TRY(kernels::normalize_u8_as(cuda(s).get(), nhwc, nchw, static_cast<int>(type), n, h, w, sc, bi),
+                     device_);
   }
   void widen_labels(Stream& s, const std::int32_t* in, std::int64_t* out, std::size_t n) override {
     select();
@@ -373,7 +376,7 @@ class CudaBackend final : public DeviceBackend {
   void free(void* ptr, std::size_t /*bytes*/) noexcept override {
     if (ptr == nullptr) return;
     const memory::cuda::DeviceGuard guard(device_);  // a thread of another library keeps its device
-    (void)cudaFree(ptr);  // at process exit the driver may already be gone: ignored
+    (void)cudaFree(ptr);                             // at process exit the driver may already be gone: ignored
     (void)cudaGetLastError();
   }
 
@@ -383,7 +386,8 @@ class CudaBackend final : public DeviceBackend {
   double* workspace(Stream& s) const {
     double* w = cuda(s).workspace();
     if (w == nullptr) {
-      throw CudaError(fmt::format("{}: a BatchNorm kernel on a copy stream (create_copy_stream has no workspace)", name_));
+      throw CudaError(
+          fmt::format("{}: a BatchNorm kernel on a copy stream (create_copy_stream has no workspace)", name_));
     }
     return w;
   }
@@ -411,7 +415,8 @@ int cuda_device_count() noexcept {
 std::unique_ptr<DeviceBackend> make_cuda_backend(int device, bool keep_caller_device) {
   const int n = cuda_device_count();
   if (device < 0 || device >= n) {
-    throw CudaError(fmt::format("cuda:{}: no such device ({} visible{})", device, n, n == 0 ? ": no driver or no GPU" : ""));
+    throw CudaError(
+        fmt::format("cuda:{}: no such device ({} visible{})", device, n, n == 0 ? ": no driver or no GPU" : ""));
   }
   return std::make_unique<CudaBackend>(device, keep_caller_device);
 }

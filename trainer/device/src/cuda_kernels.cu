@@ -6,9 +6,9 @@
 
 #include "batch_norm_stats.hpp"
 
-#include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <algorithm>
 
 namespace pinfeed::trainer::kernels {
 namespace {
@@ -29,16 +29,23 @@ struct Channels {
 template <class T>
 __device__ T from_float(float x);
 template <>
-__device__ float from_float<float>(float x) { return x; }
+__device__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 template <class T>
 __global__ void normalize_u8_kernel(const std::uint8_t* in, T* out, int n, int plane, Channels ch) {
   const std::size_t total = static_cast<std::size_t>(n) * plane * 3;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     // i indexes the output: ((sample * 3 + c) * plane + p)
     const std::size_t p = i % plane;
     const std::size_t c = (i / plane) % 3;
@@ -55,7 +62,8 @@ __global__ void avg_pool_kernel(const float* in, float* out, int planes, int h, 
   const int oh = h / f, ow = w / f;
   const std::size_t total = static_cast<std::size_t>(planes) * oh * ow;
   const float inv = 1.0f / static_cast<float>(f * f);
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const int x = static_cast<int>(i % ow);
     const int y = static_cast<int>((i / ow) % oh);
     const std::size_t plane = i / (static_cast<std::size_t>(oh) * ow);
@@ -70,7 +78,8 @@ __global__ void avg_pool_kernel(const float* in, float* out, int planes, int h, 
 
 __global__ void bias_activation_kernel(float* z, const float* bias, float* a, int n, int d, bool relu) {
   const std::size_t total = static_cast<std::size_t>(n) * d;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const float v = z[i] + bias[i % d];
     z[i] = v;
     a[i] = relu ? fmaxf(v, 0.0f) : v;
@@ -78,7 +87,8 @@ __global__ void bias_activation_kernel(float* z, const float* bias, float* a, in
 }
 
 __global__ void relu_backward_kernel(float* g, const float* z, std::size_t count) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     if (!(z[i] > 0)) g[i] = 0;
   }
 }
@@ -116,7 +126,8 @@ __global__ void softmax_xent_kernel(const float* logits, const std::int32_t* lab
 }
 
 __global__ void sgd_kernel(float* w, const float* grad, float* m, std::size_t count, float lr, float mom, float wd) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const float g = grad[i] + wd * w[i];
     m[i] = mom * m[i] + g;
     w[i] -= lr * m[i];
@@ -124,17 +135,22 @@ __global__ void sgd_kernel(float* w, const float* grad, float* m, std::size_t co
 }
 
 __global__ void scale_kernel(float* x, std::size_t count, float f) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) x[i] *= f;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x)
+    x[i] *= f;
 }
 
 __global__ void fill_kernel(float* x, std::size_t count, float v) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) x[i] = v;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x)
+    x[i] = v;
 }
 
 __global__ void widen_labels_kernel(const std::int32_t* in, std::int64_t* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) out[i] = in[i];
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x)
+    out[i] = in[i];
 }
-
 
 // ---- the CNN's layers ------------------------------------------------------
 // One thread per output element (im2col, col2im in gather form, the
@@ -144,7 +160,8 @@ __global__ void widen_labels_kernel(const std::int32_t* in, std::int64_t* out, s
 __global__ void im2col_kernel(const float* x, std::size_t cs, std::size_t ns, Conv sh, float* col) {
   const std::size_t cols = static_cast<std::size_t>(sh.n) * sh.oh * sh.ow;
   const std::size_t total = static_cast<std::size_t>(sh.c) * 9 * cols;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const std::size_t row = i / cols, j = i % cols;
     const int ci = static_cast<int>(row / 9), k = static_cast<int>(row % 9);
     const int sample = static_cast<int>(j / (static_cast<std::size_t>(sh.oh) * sh.ow));
@@ -158,7 +175,8 @@ __global__ void im2col_kernel(const float* x, std::size_t cs, std::size_t ns, Co
 __global__ void col2im_kernel(const float* col, Conv sh, float* dx) {
   const std::size_t cols = static_cast<std::size_t>(sh.n) * sh.oh * sh.ow;
   const std::size_t total = static_cast<std::size_t>(sh.c) * sh.n * sh.h * sh.w;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const int ix = static_cast<int>(i % sh.w);
     const int iy = static_cast<int>((i / sh.w) % sh.h);
     const int sample = static_cast<int>((i / (static_cast<std::size_t>(sh.w) * sh.h)) % sh.n);
@@ -166,8 +184,11 @@ __global__ void col2im_kernel(const float* col, Conv sh, float* dx) {
     float sum = 0;
     for (int k = 0; k < 9; ++k) {
       const int ty = iy + 1 - k / 3, tx = ix + 1 - k % 3;
-      if (ty < 0 || tx < 0 || ty % sh.stride != 0 || tx % sh.stride != 0 || ty / sh.stride >= sh.oh || tx / sh.stride >= sh.ow) continue;
-      sum += col[(static_cast<std::size_t>(ci) * 9 + k) * cols + (static_cast<std::size_t>(sample) * sh.oh + ty / sh.stride) * sh.ow + tx / sh.stride];
+      if (ty < 0 || tx < 0 || ty % sh.stride != 0 || tx % sh.stride != 0 || ty / sh.stride >= sh.oh ||
+          tx / sh.stride >= sh.ow)
+        continue;
+      sum += col[(static_cast<std::size_t>(ci) * 9 + k) * cols +
+                 (static_cast<std::size_t>(sample) * sh.oh + ty / sh.stride) * sh.ow + tx / sh.stride];
     }
     dx[i] = sum;
   }
@@ -257,7 +278,8 @@ __global__ void bn_finalize_kernel(const float* sums, BatchNorm a, float* mean_o
 /// Element-wise: y = gamma * (x - mean) * invstd + beta (then ReLU).
 __global__ void bn_apply_kernel(const float* x, const float* mean, BatchNorm a, float* xhat, float* y) {
   const std::size_t total = static_cast<std::size_t>(a.c) * a.m;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const int r = static_cast<int>(i / a.m);
     const float h = (x[i] - mean[r]) * a.invstd[r];
     if (xhat != nullptr) xhat[i] = h;
@@ -302,7 +324,8 @@ __global__ void bn_backward_finish_kernel(const double* part, int c, int chunks,
 
 __global__ void bn_backward_input_kernel(const float* dy, const float* xhat, const float* red, BatchNorm a, float* dx) {
   const std::size_t total = static_cast<std::size_t>(a.c) * a.m;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const int r = static_cast<int>(i / a.m);
     const float k = a.gamma[r] * a.invstd[r];
     dx[i] = k * (dy[i] - red[r] / a.count - xhat[i] * (red[a.c + r] / a.count));
@@ -311,7 +334,8 @@ __global__ void bn_backward_input_kernel(const float* dy, const float* xhat, con
 
 __global__ void channel_mean_kernel(const float* x, int c, int n, std::size_t hw, float* out) {
   const std::size_t total = static_cast<std::size_t>(c) * n;
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const std::size_t sample = i / c, r = i % c;  // out is n x c
     const float* p = x + (r * n + sample) * hw;
     double sum = 0;
@@ -323,7 +347,8 @@ __global__ void channel_mean_kernel(const float* x, int c, int n, std::size_t hw
 __global__ void channel_mean_backward_kernel(const float* dout, int c, int n, std::size_t hw, float* dx) {
   const std::size_t total = static_cast<std::size_t>(c) * n * hw;
   const float inv = 1.0f / static_cast<float>(hw);
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(blockDim.x) * gridDim.x) {
     const std::size_t plane = i / hw;  // r * n + sample
     const std::size_t r = plane / n, sample = plane % n;
     dx[i] = dout[sample * c + r] * inv;
@@ -370,11 +395,13 @@ cudaError_t bias_grad(cudaStream_t s, const float* dz, float* db, int n, int d) 
 
 cudaError_t softmax_cross_entropy(cudaStream_t s, const float* logits, const std::int32_t* labels, int n, int k,
                                   float scale, float* dlogits, float* stats) {
-  softmax_xent_kernel<<<blocks_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(logits, labels, n, k, scale, dlogits, stats);
+  softmax_xent_kernel<<<blocks_for(static_cast<std::size_t>(n)), kThreads, 0, s>>>(logits, labels, n, k, scale, dlogits,
+                                                                                   stats);
   return cudaGetLastError();
 }
 
-cudaError_t sgd(cudaStream_t s, float* w, float* grad, float* momentum, std::size_t count, float lr, float mom, float wd) {
+cudaError_t sgd(cudaStream_t s, float* w, float* grad, float* momentum, std::size_t count, float lr, float mom,
+                float wd) {
   sgd_kernel<<<blocks_for(count), kThreads, 0, s>>>(w, grad, momentum, count, lr, mom, wd);
   return cudaGetLastError();
 }
@@ -443,7 +470,8 @@ cudaError_t bn_backward_reduce(cudaStream_t s, float* dy, const float* y, const 
   return cudaGetLastError();
 }
 
-cudaError_t bn_backward_input(cudaStream_t s, const float* dy, const float* xhat, const float* red, BatchNorm a, float* dx) {
+cudaError_t bn_backward_input(cudaStream_t s, const float* dy, const float* xhat, const float* red, BatchNorm a,
+                              float* dx) {
   bn_backward_input_kernel<<<blocks_for(static_cast<std::size_t>(a.c) * a.m), kThreads, 0, s>>>(dy, xhat, red, a, dx);
   return cudaGetLastError();
 }
@@ -454,7 +482,8 @@ cudaError_t channel_mean(cudaStream_t s, const float* x, int c, int n, std::size
 }
 
 cudaError_t channel_mean_backward(cudaStream_t s, const float* dout, int c, int n, std::size_t hw, float* dx) {
-  channel_mean_backward_kernel<<<blocks_for(static_cast<std::size_t>(c) * n * hw), kThreads, 0, s>>>(dout, c, n, hw, dx);
+  channel_mean_backward_kernel<<<blocks_for(static_cast<std::size_t>(c) * n * hw), kThreads, 0, s>>>(dout, c, n, hw,
+                                                                                                     dx);
   return cudaGetLastError();
 }
 

@@ -14,7 +14,8 @@ cudaError_t relu_backward(cudaStream_t s, float* grad, const float* z, std::size
 cudaError_t bias_grad(cudaStream_t s, const float* dz, float* db, int n, int d);
 cudaError_t softmax_cross_entropy(cudaStream_t s, const float* logits, const std::int32_t* labels, int n, int k,
                                   float scale, float* dlogits, float* stats);
-cudaError_t sgd(cudaStream_t s, float* w, float* grad, float* momentum, std::size_t count, float lr, float mom, float wd);
+cudaError_t sgd(cudaStream_t s, float* w, float* grad, float* momentum, std::size_t count, float lr, float mom,
+                float wd);
 cudaError_t scale(cudaStream_t s, float* x, std::size_t count, float factor);
 cudaError_t fill(cudaStream_t s, float* x, std::size_t count, float value);
 /// `type`: 0 float32, 1 float16, 2 bfloat16 (FloatType's values).
@@ -48,7 +49,8 @@ cudaError_t bn_forward(cudaStream_t s, const float* x, const float* sums, BatchN
                        double* work);
 cudaError_t bn_backward_reduce(cudaStream_t s, float* dy, const float* y, const float* xhat, BatchNorm a, float* red,
                                float* dgamma, float* dbeta, double* work);
-cudaError_t bn_backward_input(cudaStream_t s, const float* dy, const float* xhat, const float* red, BatchNorm a, float* dx);
+cudaError_t bn_backward_input(cudaStream_t s, const float* dy, const float* xhat, const float* red, BatchNorm a,
+                              float* dx);
 cudaError_t channel_mean(cudaStream_t s, const float* x, int c, int n, std::size_t hw, float* out);
 cudaError_t channel_mean_backward(cudaStream_t s, const float* dout, int c, int n, std::size_t hw, float* dx);
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <functional>
 #include <exception>
+#include <functional>
 #include <utility>
 
 #include "pinfeed/log.hpp"
@@ -33,7 +33,8 @@ class AllFences final : public memory::Fence {
   bool wait_for(std::chrono::microseconds timeout) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (const auto& f : fences_) {
-      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
       if (!f->wait_for(std::max(left, std::chrono::microseconds(0)))) return false;
     }
     return true;
@@ -62,16 +63,18 @@ void release_after_consumers(memory::SlotLease& lease, const std::vector<Consume
       c.backend->consumer_record(c.stream, *done);
       fences.push_back(std::move(done));
     }
-    lease.release_after(fences.size() == 1 ? std::move(fences.front()) : std::make_shared<AllFences>(std::move(fences)));
+    lease.release_after(fences.size() == 1 ? std::move(fences.front())
+                                           : std::make_shared<AllFences>(std::move(fences)));
   } catch (const std::exception& e) {
-    pinfeed::detail::log().error("a batch's slot could not be fenced on its consumer's stream; returned now: {}", e.what());
+    pinfeed::detail::log().error("a batch's slot could not be fenced on its consumer's stream; returned now: {}",
+                                 e.what());
     lease.release();
   }
 }
 
 /// One batch's device memory, reused through the feed's ring.
 struct DeviceFeed::Buffers {
-  DeviceBuffer raw;     ///< the slot's samples as copied
+  DeviceBuffer raw;            ///< the slot's samples as copied
   DeviceBuffer output_buffer;  ///< float NCHW (of `output`'s type), when normalizing
   DeviceBuffer labels32, labels64;
   std::size_t capacity = 0, sample_bytes = 0;
@@ -181,7 +184,8 @@ std::shared_ptr<DeviceBatch> DeviceFeed::submit(loader::Batch batch) {
   if (normalize) {
     const auto shape = batch.shape();  // N, H, W, C
     b.normalize_u8_as(*copy_, buf->raw.as<std::uint8_t>(), buf->output_buffer.get(), state_->options.output,
-                      static_cast<int>(n), static_cast<int>(shape[1]), static_cast<int>(shape[2]), state_->options.norm);
+                      static_cast<int>(n), static_cast<int>(shape[1]), static_cast<int>(shape[2]),
+                      state_->options.norm);
   }
   b.widen_labels(*copy_, buf->labels32.as<std::int32_t>(), buf->labels64.as<std::int64_t>(), n);
   b.record(*buf->ready, *copy_);
@@ -200,10 +204,10 @@ DeviceBatch::DeviceBatch(std::shared_ptr<DeviceFeed::State> state, std::unique_p
   const auto n = static_cast<std::int64_t>(batch.size());
   if (batch.layout() == loader::Layout::nhwc_u8) {
     floats_ = normalized;
-    shape_ = normalized ? std::array<std::int64_t, 4>{n, static_cast<std::int64_t>(s[3]), static_cast<std::int64_t>(s[1]),
-                                                      static_cast<std::int64_t>(s[2])}
-                        : std::array<std::int64_t, 4>{n, static_cast<std::int64_t>(s[1]), static_cast<std::int64_t>(s[2]),
-                                                      static_cast<std::int64_t>(s[3])};
+    shape_ = normalized ? std::array<std::int64_t, 4>{n, static_cast<std::int64_t>(s[3]),
+                                                      static_cast<std::int64_t>(s[1]), static_cast<std::int64_t>(s[2])}
+                        : std::array<std::int64_t, 4>{n, static_cast<std::int64_t>(s[1]),
+                                                      static_cast<std::int64_t>(s[2]), static_cast<std::int64_t>(s[3])};
   } else {
     floats_ = true;
     shape_ = {n, static_cast<std::int64_t>(s[1]), static_cast<std::int64_t>(s[2]), static_cast<std::int64_t>(s[3])};

@@ -31,7 +31,8 @@ class DynamicLibrary {
       if (first.empty()) first = reason;
       if (missing_dependency.empty() && reason.rfind(std::string(name) + ":", 0) != 0) missing_dependency = reason;
     }
-    error_ = fmt::format("cannot load {} ({}): {}", what, tried, missing_dependency.empty() ? first : missing_dependency);
+    error_ =
+        fmt::format("cannot load {} ({}): {}", what, tried, missing_dependency.empty() ? first : missing_dependency);
   }
 
   /// Binds `f` to `symbol`; a missing one becomes the error (the first kept).

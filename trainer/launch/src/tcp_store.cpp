@@ -58,9 +58,9 @@
 
 #include "pinfeed/env.hpp"
 #include "pinfeed/error.hpp"
-#include "pinfeed/trainer/launch_channel.hpp"
 #include "pinfeed/log.hpp"
 #include "pinfeed/trainer/comm_error.hpp"
+#include "pinfeed/trainer/launch_channel.hpp"
 #include "tcp_store_protocol.hpp"
 
 namespace pinfeed::trainer::detail {
@@ -199,13 +199,15 @@ int connect_to(const TcpStore::Options& o, const std::string& host) {
     if (rc == EAI_AGAIN) {
       last = fmt::format("the name lookup of '{}' did not answer: {}", host, ::gai_strerror(rc));
     } else if (rc != 0) {
-      throw ConfigError(fmt::format("rendezvous store: MASTER_ADDR '{}' does not resolve: {}", host, ::gai_strerror(rc)));
+      throw ConfigError(
+          fmt::format("rendezvous store: MASTER_ADDR '{}' does not resolve: {}", host, ::gai_strerror(rc)));
     }
     for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
       FdGuard fd{::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol)};
       if (fd.fd < 0) continue;
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      const int e = connect_within(fd.fd, a->ai_addr, a->ai_addrlen, std::clamp(left, milliseconds(1), milliseconds(10000)));
+      const int e =
+          connect_within(fd.fd, a->ai_addr, a->ai_addrlen, std::clamp(left, milliseconds(1), milliseconds(10000)));
       if (e == 0 && connected_to_itself(fd.fd)) {
         // MASTER_PORT in the ephemeral range, nobody listening yet: the
         // kernel may pick the port itself and "connect" the socket to itself.
@@ -227,16 +229,18 @@ int connect_to(const TcpStore::Options& o, const std::string& host) {
     }
     if (found != nullptr) ::freeaddrinfo(found);
     if (Clock::now() >= deadline) {
-      throw CommError(o.rank, "rendezvous connect", 0,
-                      fmt::format("cannot reach the rendezvous store at {}:{} (MASTER_ADDR:MASTER_PORT) within {} s: {}. "
-                                  "Rank 0 (or torchrun's agent) serves it: did it start, and do MASTER_ADDR and "
-                                  "MASTER_PORT name its host and port?",
-                                  host, o.port, o.timeout.count() / 1000, last));
+      throw CommError(
+          o.rank, "rendezvous connect", 0,
+          fmt::format("cannot reach the rendezvous store at {}:{} (MASTER_ADDR:MASTER_PORT) within {} s: {}. "
+                      "Rank 0 (or torchrun's agent) serves it: did it start, and do MASTER_ADDR and "
+                      "MASTER_PORT name its host and port?",
+                      host, o.port, o.timeout.count() / 1000, last));
     }
     if (progress.due()) {
-      pinfeed::detail::log().warn("rendezvous: {} cannot reach the store at {}:{} yet ({}), {} s of {} s; rank 0 (or "
-                                  "torchrun's agent) serves it",
-                                  who(o.rank), host, o.port, last, progress.elapsed_s(), o.timeout.count() / 1000);
+      pinfeed::detail::log().warn(
+          "rendezvous: {} cannot reach the store at {}:{} yet ({}), {} s of {} s; rank 0 (or "
+          "torchrun's agent) serves it",
+          who(o.rank), host, o.port, last, progress.elapsed_s(), o.timeout.count() / 1000);
     }
     std::this_thread::sleep_for(milliseconds(50));
   }
@@ -257,8 +261,8 @@ TcpStore::TcpStore(Options options) : options_(std::move(options)) {
     throw ConfigError(fmt::format("rendezvous store: port {} is not a port (1..65535)", options_.port));
   }
   if (options_.serve) {
-    const std::string where = pinfeed::env::get("PINFEED_STORE_BIND").value_or(options_.bind.empty() ? options_.host
-                                                                                              : options_.bind);
+    const std::string where =
+        pinfeed::env::get("PINFEED_STORE_BIND").value_or(options_.bind.empty() ? options_.host : options_.bind);
     server_ = std::make_unique<TcpStoreServer>(where, options_.port, options_.limits);
   }
   dialect_ = options_.dialect;
@@ -272,7 +276,8 @@ TcpStore::TcpStore(Options options) : options_(std::move(options)) {
       } else if (f == "v2") {
         dialect_ = Dialect::v2;
       } else if (f != "auto") {
-        throw ConfigError(fmt::format("PINFEED_STORE_DIALECT='{}': expected v1 (torch < 2.1), v2 (torch >= 2.1) or auto", f));
+        throw ConfigError(
+            fmt::format("PINFEED_STORE_DIALECT='{}': expected v1 (torch < 2.1), v2 (torch >= 2.1) or auto", f));
       }
     }
   }
@@ -316,14 +321,15 @@ void TcpStore::probe_dialect() {
   }
   if (e == 0) {
     throw CommError(options_.rank, "rendezvous connect", 0,
-                    fmt::format("{} answered, but it is not a TCPStore: {} (is another service on MASTER_PORT?)", where(),
-                                not_a_store(&deleted, sizeof deleted)));
+                    fmt::format("{} answered, but it is not a TCPStore: {} (is another service on MASTER_PORT?)",
+                                where(), not_a_store(&deleted, sizeof deleted)));
   }
   if (dialect_ == Dialect::v1) recv_error("probe", e);
   const bool silent = e == EAGAIN || e == EWOULDBLOCK;
-  pinfeed::detail::log().info("rendezvous: the store at {} {} a torch < 2.1 request; speaking torch 2.1's "
-                              "protocol (PINFEED_STORE_DIALECT=v2 skips this probe)",
-                              where(), silent ? "did not answer (2 s) to" : "closed the connection on");
+  pinfeed::detail::log().info(
+      "rendezvous: the store at {} {} a torch < 2.1 request; speaking torch 2.1's "
+      "protocol (PINFEED_STORE_DIALECT=v2 skips this probe)",
+      where(), silent ? "did not answer (2 s) to" : "closed the connection on");
   ::close(fd_);
   fd_ = -1;
   fd_ = connect_to(options_, server_ ? server_->local_address() : options_.host);
@@ -359,8 +365,8 @@ void TcpStore::handshake() {
   if (e != 0) recv_error("connect", e);
   if (count < 1 || count > (std::int64_t{1} << 40)) {
     throw CommError(options_.rank, "rendezvous connect", 0,
-                    fmt::format("{} answered, but it is not a TCPStore: {} (is another service on MASTER_PORT?)", where(),
-                                not_a_store(&count, sizeof count)));
+                    fmt::format("{} answered, but it is not a TCPStore: {} (is another service on MASTER_PORT?)",
+                                where(), not_a_store(&count, sizeof count)));
   }
   set_receive_timeout(fd_, options_.timeout);
 }
@@ -369,11 +375,14 @@ TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string TcpStore::where() const { return fmt::format("{}:{} (MASTER_ADDR:MASTER_PORT)", options_.host, options_.port); }
+std::string TcpStore::where() const {
+  return fmt::format("{}:{} (MASTER_ADDR:MASTER_PORT)", options_.host, options_.port);
+}
 
 void TcpStore::send_bytes(const void* data, std::size_t n) {
   if (!write_all(fd_, data, n)) {
-    throw CommError(options_.rank, "rendezvous store", n, fmt::format("the store at {} closed the connection", where()));
+    throw CommError(options_.rank, "rendezvous store", n,
+                    fmt::format("the store at {} closed the connection", where()));
   }
 }
 void TcpStore::send_string(const std::string& s) {
@@ -387,18 +396,20 @@ void TcpStore::recv_bytes(void* data, std::size_t n, const char* op) {
 }
 void TcpStore::recv_error(const char* op, int e) const {
   if (e == EAGAIN || e == EWOULDBLOCK) {
-    throw CommError(options_.rank, fmt::format("rendezvous {}", op), 0,
-                    fmt::format("the store at {} did not answer within {} s", where(), options_.timeout.count() / 1000));
+    throw CommError(
+        options_.rank, fmt::format("rendezvous {}", op), 0,
+        fmt::format("the store at {} did not answer within {} s", where(), options_.timeout.count() / 1000));
   }
-  throw CommError(options_.rank, fmt::format("rendezvous {}", op), 0, fmt::format("the store at {}: {}", where(), errno_text(e)));
+  throw CommError(options_.rank, fmt::format("rendezvous {}", op), 0,
+                  fmt::format("the store at {}: {}", where(), errno_text(e)));
 }
 std::vector<char> TcpStore::recv_vector(const char* op) {
   std::uint64_t n = 0;
   recv_bytes(&n, sizeof n, op);
   if (n > kMaxValue) {
-    throw CommError(options_.rank, fmt::format("rendezvous {}", op), 0,
-                    fmt::format("the store at {} sent a value of {} bytes (more than {}): not a TCPStore", where(), n,
-                                kMaxValue));
+    throw CommError(
+        options_.rank, fmt::format("rendezvous {}", op), 0,
+        fmt::format("the store at {} sent a value of {} bytes (more than {}): not a TCPStore", where(), n, kMaxValue));
   }
   std::vector<char> v(n);
   if (n > 0) recv_bytes(v.data(), n, op);
@@ -458,9 +469,10 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
                                   where(), timeout.count() / 1000));
     }
     if (progress.due()) {
-      pinfeed::detail::log().warn("rendezvous: {} has waited {} s of {} s for key '{}' in the store at {} (written by "
-                                  "a rank that has not got there yet)",
-                                  who(options_.rank), progress.elapsed_s(), timeout.count() / 1000, first, where());
+      pinfeed::detail::log().warn(
+          "rendezvous: {} has waited {} s of {} s for key '{}' in the store at {} (written by "
+          "a rank that has not got there yet)",
+          who(options_.rank), progress.elapsed_s(), timeout.count() / 1000, first, where());
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, milliseconds(100));
@@ -478,9 +490,10 @@ void TcpStore::barrier(const std::string& name, int world) {
   milliseconds pause{1};
   while (!check({name + "/done"})) {
     if (Clock::now() >= deadline) {
-      throw CommError(options_.rank, "rendezvous barrier", 0,
-                      fmt::format("only {} of {} ranks reached '{}' in the store at {} within {} s", add(name + "/count", 0),
-                                  world, options_.prefix + name, where(), options_.timeout.count() / 1000));
+      throw CommError(
+          options_.rank, "rendezvous barrier", 0,
+          fmt::format("only {} of {} ranks reached '{}' in the store at {} within {} s", add(name + "/count", 0), world,
+                      options_.prefix + name, where(), options_.timeout.count() / 1000));
     }
     if (progress.due()) {
       pinfeed::detail::log().warn("rendezvous: {} has waited {} s of {} s at '{}': {} of {} ranks arrived",
@@ -520,9 +533,10 @@ std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono
   const std::optional<std::string> addr = pinfeed::env::get("MASTER_ADDR");
   const std::optional<std::string> port_text = pinfeed::env::get("MASTER_PORT");
   if (!addr || !port_text) {
-    throw ConfigError(fmt::format("{} launched {} processes, but MASTER_ADDR and MASTER_PORT (the rendezvous store) are "
-                                  "not set: launch with torchrun, or with mpirun on a build with MPI",
-                                  env.launcher, env.world_size));
+    throw ConfigError(
+        fmt::format("{} launched {} processes, but MASTER_ADDR and MASTER_PORT (the rendezvous store) are "
+                    "not set: launch with torchrun, or with mpirun on a build with MPI",
+                    env.launcher, env.world_size));
   }
   int port = 0;
   const std::string_view pt(*port_text);
@@ -543,10 +557,11 @@ std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono
   // here (Debian maps the host's own name to 127.0.1.1) would listen where
   // no other host can reach: then every interface, as torch's store does.
   if (o.serve && env.world_size > std::max(env.local_size, 1) && resolves_to_loopback_only(o.host)) {
-    pinfeed::detail::log().warn("rendezvous: MASTER_ADDR '{}' resolves to loopback on rank 0's host, but the launch spans "
-                                "{} ranks of which {} are here: the store listens on every interface (set MASTER_ADDR "
-                                "to this host's address, or PINFEED_STORE_BIND)",
-                                o.host, env.world_size, env.local_size);
+    pinfeed::detail::log().warn(
+        "rendezvous: MASTER_ADDR '{}' resolves to loopback on rank 0's host, but the launch spans "
+        "{} ranks of which {} are here: the store listens on every interface (set MASTER_ADDR "
+        "to this host's address, or PINFEED_STORE_BIND)",
+        o.host, env.world_size, env.local_size);
     o.bind = "::";
   }
   // A few connections per rank (pinfeed's own, and torch's when a script
@@ -557,7 +572,8 @@ std::unique_ptr<TcpStore> connect_launch_store(const LaunchEnv& env, std::chrono
     int s = 0;
     const auto [last, bad] = std::from_chars(e.data(), e.data() + e.size(), s);
     if (bad != std::errc() || last != e.data() + e.size() || s < 1 || s > 3600) {
-      throw ConfigError(fmt::format("environment variable PINFEED_WAIT_LOG_S='{}' is not a number of seconds (1..3600)", e));
+      throw ConfigError(
+          fmt::format("environment variable PINFEED_WAIT_LOG_S='{}' is not a number of seconds (1..3600)", e));
     }
     o.progress = std::chrono::seconds(s);
   }

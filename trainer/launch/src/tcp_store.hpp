@@ -33,9 +33,9 @@ class TcpStore {
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< connect and wait limit
     /// A line in the log this often while connecting or waiting.
     std::chrono::milliseconds progress{std::chrono::seconds(15)};
-    std::string prefix;  ///< put before every key (torch's "/" included)
+    std::string prefix;                    ///< put before every key (torch's "/" included)
     Dialect dialect = Dialect::automatic;  ///< as a client; the server speaks both
-    int rank = -1;  ///< this process's rank, for messages
+    int rank = -1;                         ///< this process's rank, for messages
   };
   explicit TcpStore(Options options);
   ~TcpStore();

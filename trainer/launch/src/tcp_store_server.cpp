@@ -15,9 +15,9 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <limits>
 #include <list>
 #include <map>
-#include <limits>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -85,8 +85,8 @@ class Cursor {
   std::size_t at_ = 0;
 };
 
-#define PINFEED_PARSE(expr)                    \
-  do {                                         \
+#define PINFEED_PARSE(expr)                                  \
+  do {                                                       \
     if (const Parse p_ = (expr); p_ != Parse::ok) return p_; \
   } while (false)
 
@@ -94,19 +94,14 @@ class Cursor {
 Parse parse_body(Cursor& c, std::uint8_t code, Request& r) {
   r.code = code;
   switch (code) {
-    case kSet:
-      PINFEED_PARSE(c.string(r.key, kMaxKey));
-      return c.string(r.value, kMaxValue);
+    case kSet: PINFEED_PARSE(c.string(r.key, kMaxKey)); return c.string(r.value, kMaxValue);
     case kCompareSet:
       PINFEED_PARSE(c.string(r.key, kMaxKey));
       PINFEED_PARSE(c.string(r.expected, kMaxValue));
       return c.string(r.value, kMaxValue);
     case kGet:
-    case kDelete:
-      return c.string(r.key, kMaxKey);
-    case kAdd:
-      PINFEED_PARSE(c.string(r.key, kMaxKey));
-      return c.raw(r.delta);
+    case kDelete: return c.string(r.key, kMaxKey);
+    case kAdd: PINFEED_PARSE(c.string(r.key, kMaxKey)); return c.raw(r.delta);
     case kCheck:
     case kWait: {
       std::uint64_t n = 0;
@@ -117,10 +112,8 @@ Parse parse_body(Cursor& c, std::uint8_t code, Request& r) {
       for (auto& k : r.keys) PINFEED_PARSE(c.string(k, kMaxKey, &budget));
       return Parse::ok;
     }
-    case kNumKeys:
-      return Parse::ok;
-    default:
-      return Parse::bad;
+    case kNumKeys: return Parse::ok;
+    default: return Parse::bad;
   }
 }
 #undef PINFEED_PARSE
@@ -139,14 +132,14 @@ struct Connection {
   std::string peer;
   std::string in;
   std::string out;
-  std::size_t sent = 0;               ///< of `out`
+  std::size_t sent = 0;  ///< of `out`
   bool v2 = false;
-  bool spoke = false;                 ///< a complete request came
-  bool first = true;                  ///< no request yet (v2's VALIDATE comes first)
-  bool closing = false;               ///< the peer closed its side
+  bool spoke = false;    ///< a complete request came
+  bool first = true;     ///< no request yet (v2's VALIDATE comes first)
+  bool closing = false;  ///< the peer closed its side
   Clock::time_point accepted;
-  Clock::time_point progress;         ///< accepted, or the last byte moved
-  std::vector<std::string> waiting;   ///< WAIT's keys, until all exist
+  Clock::time_point progress;        ///< accepted, or the last byte moved
+  std::vector<std::string> waiting;  ///< WAIT's keys, until all exist
   std::size_t waiting_bytes = 0;
 
   [[nodiscard]] std::size_t unsent() const noexcept { return out.size() - sent; }
@@ -218,7 +211,8 @@ class TcpStoreServer::Loop {
     addrinfo* found = nullptr;
     const std::string service = std::to_string(port);
     if (const int rc = ::getaddrinfo(any ? nullptr : host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-      throw ConfigError(fmt::format("rendezvous store: cannot resolve '{}' to listen on: {}", host, ::gai_strerror(rc)));
+      throw ConfigError(
+          fmt::format("rendezvous store: cannot resolve '{}' to listen on: {}", host, ::gai_strerror(rc)));
     }
     std::vector<std::string> failures;
     for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -523,7 +517,8 @@ class TcpStoreServer::Loop {
       }
     }
     // Wraps like torch's (no undefined behaviour on overflow).
-    const auto sum = static_cast<std::int64_t>(static_cast<std::uint64_t>(current) + static_cast<std::uint64_t>(r.delta));
+    const auto sum =
+        static_cast<std::int64_t>(static_cast<std::uint64_t>(current) + static_cast<std::uint64_t>(r.delta));
     if (!store(c, r.key, std::to_string(sum))) return;
     answer(c, sum);
   }

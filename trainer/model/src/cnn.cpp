@@ -41,7 +41,8 @@ void validate_cnn(const ModelConfig& c) {
     throw ConfigError(fmt::format("model {}: a cnn has 1..8 blocks, not {}", c.spec(), c.channels.size()));
   }
   for (const int w : c.channels) {
-    if (w < 1 || w > 4096) throw ConfigError(fmt::format("model {}: a block width must be 1..4096, not {}", c.spec(), w));
+    if (w < 1 || w > 4096)
+      throw ConfigError(fmt::format("model {}: a block width must be 1..4096, not {}", c.spec(), w));
   }
 }
 
@@ -52,8 +53,9 @@ std::unique_ptr<Model> make_cnn(DeviceBackend& backend, const ModelConfig& confi
 }  // namespace
 
 const ModelType& cnn_model_type() {
-  static const ModelType t{ModelKind::cnn, "cnn", "C,C...", &ModelConfig::channels, /*uses_pool=*/false,
-                           /*uses_batch_norm=*/true, {}, validate_cnn, make_cnn};
+  static const ModelType t{ModelKind::cnn,           "cnn", "C,C...",     &ModelConfig::channels,
+                           /*uses_pool=*/false,
+                           /*uses_batch_norm=*/true, {},    validate_cnn, make_cnn};
   return t;
 }
 
@@ -67,11 +69,13 @@ Cnn::Cnn(DeviceBackend& backend, ModelConfig config, int max_batch) : Model(back
     // The GEMMs take int dimensions: n * oh * ow and in * 9 must fit.
     if (b.shape.columns() > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
         static_cast<long long>(in) * 9 > std::numeric_limits<int>::max()) {
-      throw ConfigError(fmt::format("model {}: block {} of a batch of {} at {} px is too large for one GEMM; lower "
-                                    "the batch or the image size",
-                                    config_.spec(), k + 1, max_batch, side));
+      throw ConfigError(
+          fmt::format("model {}: block {} of a batch of {} at {} px is too large for one GEMM; lower "
+                      "the batch or the image size",
+                      config_.spec(), k + 1, max_batch, side));
     }
-    b.conv = add_param(fmt::format("conv{}.weight", k + 1), static_cast<std::size_t>(b.out) * static_cast<std::size_t>(in) * 9);
+    b.conv = add_param(fmt::format("conv{}.weight", k + 1),
+                       static_cast<std::size_t>(b.out) * static_cast<std::size_t>(in) * 9);
     b.gamma = add_param(fmt::format("bn{}.weight", k + 1), static_cast<std::size_t>(b.out));
     b.beta = add_param(fmt::format("bn{}.bias", k + 1), static_cast<std::size_t>(b.out));
     blocks_.push_back(std::move(b));
@@ -128,7 +132,7 @@ std::vector<float> Cnn::initial_buffers() const {
   for (const Block& b : blocks_) {
     const auto out = static_cast<std::ptrdiff_t>(b.out);
     const auto mean = v.begin() + static_cast<std::ptrdiff_t>(b.running);
-    std::fill(mean, mean + out, 0.0F);       // running_mean
+    std::fill(mean, mean + out, 0.0F);            // running_mean
     std::fill(mean + out, mean + 2 * out, 1.0F);  // running_var
   }
   return v;
@@ -263,7 +267,8 @@ void Cnn::backward_block(Stream& s, std::size_t idx, int n, const GradReady& rea
   const BatchNormArgs a = bn_args(b, n, true);
   float* dgamma = grads() + params_[b.gamma].offset;
   float* dbeta = grads() + params_[b.beta].offset;
-  backend_.bn_backward_reduce(s, g_.as<float>(), b.y.as<float>(), b.xhat.as<float>(), a, b.red.as<float>(), dgamma, dbeta);
+  backend_.bn_backward_reduce(s, g_.as<float>(), b.y.as<float>(), b.xhat.as<float>(), a, b.red.as<float>(), dgamma,
+                              dbeta);
   if (sum_) sum_(s, b.red.as<float>(), 2 * static_cast<std::size_t>(b.out));
   backend_.bn_backward_input(s, g_.as<float>(), b.xhat.as<float>(), b.red.as<float>(), a, dz_.as<float>());
   if (ready) {
@@ -285,7 +290,7 @@ void Cnn::backward_block(Stream& s, std::size_t idx, int n, const GradReady& rea
   backend_.gemm(s, g);
   if (ready) ready(b.conv);
   if (idx == 0) return;  // no gradient for the images
-  Gemm gc;  // dcol = W^T . dz, into col (read by the dW above already)
+  Gemm gc;               // dcol = W^T . dz, into col (read by the dW above already)
   gc.trans_a = true;
   gc.m = sh.c * 9;
   gc.n = static_cast<int>(m);

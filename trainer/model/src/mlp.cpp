@@ -31,8 +31,15 @@ std::unique_ptr<Model> make_mlp(DeviceBackend& backend, const ModelConfig& confi
 }  // namespace
 
 const ModelType& mlp_model_type() {
-  static const ModelType t{ModelKind::mlp, "mlp", "W,W...", &ModelConfig::hidden, /*uses_pool=*/true,
-                           /*uses_batch_norm=*/false, {"--hidden", "--pool"}, validate_mlp, make_mlp};
+  static const ModelType t{ModelKind::mlp,
+                           "mlp",
+                           "W,W...",
+                           &ModelConfig::hidden,
+                           /*uses_pool=*/true,
+                           /*uses_batch_norm=*/false,
+                           {"--hidden", "--pool"},
+                           validate_mlp,
+                           make_mlp};
   return t;
 }
 

@@ -37,7 +37,8 @@ const ModelType& model_type(std::string_view word, std::string_view what) {
 }
 
 void ModelConfig::validate() const {
-  if (image_size < 1 || image_size > 4096) throw ConfigError(fmt::format("model image_size must be 1..4096, got {}", image_size));
+  if (image_size < 1 || image_size > 4096)
+    throw ConfigError(fmt::format("model image_size must be 1..4096, got {}", image_size));
   if (classes < 2) throw ConfigError(fmt::format("model classes must be >= 2, got {}", classes));
   model_type(kind).validate(*this);
 }

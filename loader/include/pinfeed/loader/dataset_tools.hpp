@@ -19,16 +19,16 @@ namespace pinfeed::loader {
 using Progress = std::function<void(std::size_t done, std::size_t total)>;
 
 struct SyntheticDatasetConfig {
-  std::filesystem::path out;     ///< created; train/ and (if val_fraction > 0) val/ inside
-  int classes = 10;              ///< 1..1000
-  int per_class = 100;           ///< images per class, before the split
-  double val_fraction = 0.0;     ///< share of each class written to val/, [0, 0.9]
+  std::filesystem::path out;  ///< created; train/ and (if val_fraction > 0) val/ inside
+  int classes = 10;           ///< 1..1000
+  int per_class = 100;        ///< images per class, before the split
+  double val_fraction = 0.0;  ///< share of each class written to val/, [0, 0.9]
   std::uint64_t seed = 0;
-  int quality = 90;              ///< JPEG (and lossy WebP) quality 1..100
-  std::string format = "jpeg";   ///< jpeg (.jpg), png (.png) or webp (.webp)
-  std::string style = "photo";   ///< photo or texture (synthetic.hpp's ImageStyle)
-  unsigned threads = 0;          ///< 0: every core
-  void validate() const;         ///< ConfigError naming the field
+  int quality = 90;             ///< JPEG (and lossy WebP) quality 1..100
+  std::string format = "jpeg";  ///< jpeg (.jpg), png (.png) or webp (.webp)
+  std::string style = "photo";  ///< photo or texture (synthetic.hpp's ImageStyle)
+  unsigned threads = 0;         ///< 0: every core
+  void validate() const;        ///< ConfigError naming the field
 };
 
 struct SyntheticDatasetSummary {
@@ -49,14 +49,14 @@ struct PackConfig {
   /// checks them). FFCV's max_resolution:
   /// training then decodes fewer pixels. kMinImageSize..kMaxPackSide.
   int max_side = 0;
-  int quality = 90;   ///< 1..100, for re-encoded images
-  unsigned threads = 0;  ///< re-encoding threads (0: every core); 8 images per thread are held at a time
+  int quality = 90;       ///< 1..100, for re-encoded images
+  unsigned threads = 0;   ///< re-encoding threads (0: every core); 8 images per thread are held at a time
   void validate() const;  ///< ConfigError naming the field
 };
 inline constexpr int kMaxPackSide = 16384;
 
 struct PackSummary {
-  std::string pattern;        ///< brace pattern naming the shards
+  std::string pattern;  ///< brace pattern naming the shards
   std::size_t samples = 0, resized = 0;
   std::uint64_t bytes_in = 0, bytes_out = 0;  ///< image bytes read and written
 };
@@ -76,7 +76,7 @@ bool shrink_image(ImageDecoder& decoder, std::span<const std::byte> data, int ma
 
 struct BadSample {
   std::size_t index = 0;
-  std::string where;   ///< path or shard:member
+  std::string where;  ///< path or shard:member
   std::string reason;
 };
 

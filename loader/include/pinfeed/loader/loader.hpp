@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "pinfeed/enum_words.hpp"
 #include "pinfeed/loader/dataset.hpp"
 #include "pinfeed/loader/remote.hpp"
 #include "pinfeed/loader/sampler.hpp"
@@ -37,7 +38,6 @@
 #include "pinfeed/memory/pageable_resource.hpp"
 #include "pinfeed/memory/pinned_resource.hpp"
 #include "pinfeed/memory/pressure_monitor.hpp"
-#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::loader {
 
@@ -63,29 +63,31 @@ BadSamplePolicy parse_bad_sample_policy(std::string_view text);  ///< "replace",
 std::string_view to_string(BadSamplePolicy p) noexcept;
 
 struct LoaderConfig {
-  std::string dataset;                       ///< folder, file list, or tar shard(s) (see open_dataset)
-  std::filesystem::path list_root;           ///< root of a file list's relative paths (default: the list's folder)
-  std::size_t batch_size = 64;               ///< samples per batch
-  unsigned threads = 0;                      ///< worker threads; 0: the cores over the ranks on this host (default_threads)
-  std::size_t prefetch = 4;                  ///< batches in flight = pool slots (>= 2 to overlap)
-  unsigned rank = 0, world_size = 1;         ///< this process's shard
-  bool shuffle = true;                       ///< permute every epoch
-  bool drop_last = false;                    ///< sampler: trim to equal shards instead of padding
-  bool drop_last_batch = false;              ///< drop a final partial batch (otherwise delivered, marked by size())
-  std::uint64_t seed = 0;                    ///< shuffling and augmentation seed
-  TransformConfig transform;                 ///< crop, size, flip, layout, normalization
+  std::string dataset;                ///< folder, file list, or tar shard(s) (see open_dataset)
+  std::filesystem::path list_root;    ///< root of a file list's relative paths (default: the list's folder)
+  std::size_t batch_size = 64;        ///< samples per batch
+  unsigned threads = 0;               ///< worker threads; 0: the cores over the ranks on this host (default_threads)
+  std::size_t prefetch = 4;           ///< batches in flight = pool slots (>= 2 to overlap)
+  unsigned rank = 0, world_size = 1;  ///< this process's shard
+  bool shuffle = true;                ///< permute every epoch
+  bool drop_last = false;             ///< sampler: trim to equal shards instead of padding
+  bool drop_last_batch = false;       ///< drop a final partial batch (otherwise delivered, marked by size())
+  std::uint64_t seed = 0;             ///< shuffling and augmentation seed
+  TransformConfig transform;          ///< crop, size, flip, layout, normalization
   BadSamplePolicy on_bad_sample = BadSamplePolicy::replace;  ///< replace with a substitute, or fail the epoch
-  unsigned max_replacements = 16;            ///< substitutes tried for one bad sample before failing
-  double max_replaced_share = 0.01;          ///< the epoch fails once more than this share of its samples (at least 1 unless 0) was replaced, [0, 1]
+  unsigned max_replacements = 16;                            ///< substitutes tried for one bad sample before failing
+  double max_replaced_share =
+      0.01;  ///< the epoch fails once more than this share of its samples (at least 1 unless 0) was replaced, [0, 1]
   std::size_t max_classes = kDefaultMaxClasses;  ///< a label at or over it refuses the dataset (it sizes the model)
   std::uint64_t max_image_pixels = kDefaultMaxPixels;  ///< larger images are bad samples
-  bool pin = true;                           ///< pin pool slots (within the budget)
-  bool require_pinned = false;               ///< ConfigError when fewer slots than asked can be pinned
+  bool pin = true;                                     ///< pin pool slots (within the budget)
+  bool require_pinned = false;                         ///< ConfigError when fewer slots than asked can be pinned
   memory::PinMethod pin_method = memory::PinMethod::automatic;  ///< cuda with a device, else mlock
-  int cuda_device = -1;                      ///< the GPU the batches go to: current when slots are registered, pages on its NUMA node; -1: none
-  double pinned_fraction = 0.5;              ///< share of really available memory the pool may pin
-  unsigned local_ranks = 0;                  ///< processes on this host sharing its memory; 0: from the launcher's variables
-  bool watch_pressure = true;                ///< run a PressureMonitor the pool follows
+  int cuda_device =
+      -1;  ///< the GPU the batches go to: current when slots are registered, pages on its NUMA node; -1: none
+  double pinned_fraction = 0.5;  ///< share of really available memory the pool may pin
+  unsigned local_ranks = 0;      ///< processes on this host sharing its memory; 0: from the launcher's variables
+  bool watch_pressure = true;    ///< run a PressureMonitor the pool follows
   /// Pool slots kept under critical pressure (the rest give their memory
   /// back): at least the batches the consumer holds at once plus one being
   /// filled, or the loader waits on a slot the consumer never returns.
@@ -112,10 +114,10 @@ struct LoaderConfig {
 struct PinReport {
   std::size_t slots = 0, pinned_slots = 0;
   std::uint64_t slot_bytes = 0;
-  std::uint64_t budget_bytes = 0;   ///< pinned budget of this process
-  std::string limiting;             ///< the budget term that decides ("MemAvailable", "memlock limit", ...)
-  unsigned local_ranks = 1;         ///< processes sharing the host's memory
-  std::string reason;               ///< in words, when pinned_slots < slots (or pinning is off)
+  std::uint64_t budget_bytes = 0;  ///< pinned budget of this process
+  std::string limiting;            ///< the budget term that decides ("MemAvailable", "memlock limit", ...)
+  unsigned local_ranks = 1;        ///< processes sharing the host's memory
+  std::string reason;              ///< in words, when pinned_slots < slots (or pinning is off)
   /// What "pinned" means on this host, when it means less than page-locked:
   /// a GPU that reads host page tables (Grace) need not lock registered pages.
   std::string note;
@@ -131,20 +133,20 @@ struct LoaderState {
 };
 
 struct LoaderStats {
-  std::uint64_t batches = 0, samples = 0;     ///< delivered this epoch
+  std::uint64_t batches = 0, samples = 0;  ///< delivered this epoch
   std::uint64_t output_bytes = 0, input_bytes = 0;
-  double seconds = 0;                         ///< since begin_epoch
+  double seconds = 0;  ///< since begin_epoch
   double images_per_second = 0, output_bytes_per_second = 0;
   double read_seconds = 0, decode_seconds = 0, transform_seconds = 0;  ///< summed over threads
-  std::uint64_t replaced = 0;                 ///< bad samples replaced this epoch
-  std::size_t ready_batches = 0;              ///< assembled, waiting for next()
-  std::size_t in_flight = 0;                  ///< being assembled
+  std::uint64_t replaced = 0;                                          ///< bad samples replaced this epoch
+  std::size_t ready_batches = 0;                                       ///< assembled, waiting for next()
+  std::size_t in_flight = 0;                                           ///< being assembled
   /// Batches the run lets be in flight or ready at once: prefetch, lowered
   /// to the pool's serving slots while it is shrunk (Note [Tokens follow the pool]).
   std::size_t allowed_in_flight = 0;
   std::uint64_t pinned_batches = 0, pageable_batches = 0;
   memory::PoolStats pool;
-  std::optional<StreamStats> remote;          ///< a streamed remote dataset's transfers
+  std::optional<StreamStats> remote;  ///< a streamed remote dataset's transfers
 };
 
 /// The stats as a JSON object (for the C ABI, Python and tools).
@@ -185,7 +187,7 @@ class Batch {
   [[nodiscard]] std::size_t replaced() const noexcept { return p_.replaced; }
   [[nodiscard]] bool pinned() const noexcept { return lease_.pinned(); }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return p_.epoch; }
-  [[nodiscard]] std::size_t index() const noexcept { return p_.index; }        ///< batch number in this run of the epoch
+  [[nodiscard]] std::size_t index() const noexcept { return p_.index; }  ///< batch number in this run of the epoch
   [[nodiscard]] std::size_t position() const noexcept { return p_.position; }  ///< epoch position of the first sample
   /// The slot, for the trainer: release_after(fence) once a copy reads it.
   [[nodiscard]] memory::SlotLease& lease() noexcept { return lease_; }
@@ -294,7 +296,7 @@ class Loader {
   memory::PageableResource pageable_;
   std::shared_ptr<memory::PressureMonitor> monitor_;  // the process's, for this config (PressureMonitor::shared)
   std::unique_ptr<memory::BufferPool> pool_;
-  struct Engine;                      // TBB arena and per-thread scratch
+  struct Engine;  // TBB arena and per-thread scratch
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<detail::EpochRun> run_;
   PinReport pin_report_;

@@ -27,8 +27,8 @@ struct LoaderOption {
   std::string_view name;  ///< Python keyword, C field; the CLI flag is --name with '-' for '_'
   OptionType type = OptionType::integer;
   std::string_view help;
-  double min = 0, max = 0;     ///< integer and real: the valid range, inclusive...
-  bool min_exclusive = false;  ///< ...except the lower bound when this is set (reals: > 0)
+  double min = 0, max = 0;                ///< integer and real: the valid range, inclusive...
+  bool min_exclusive = false;             ///< ...except the lower bound when this is set (reals: > 0)
   std::vector<std::string_view> choices;  ///< choice: the accepted words
   /// What evaluation uses instead (a validation loader, pinfeed-train's
   /// --val): "center" for the crop, "false" for the flip and the shuffle.

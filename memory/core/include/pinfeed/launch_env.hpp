@@ -20,7 +20,9 @@ struct LaunchEnv {
   std::string source;
   /// True when launched by mpirun, mpiexec or srun, so MPI_Init can find its
   /// peers (the MPI communicator); false for torchrun (its rendezvous store).
-  [[nodiscard]] bool mpi_launch() const noexcept { return launcher == "mpi" || launcher == "pmi" || launcher == "slurm"; }
+  [[nodiscard]] bool mpi_launch() const noexcept {
+    return launcher == "mpi" || launcher == "pmi" || launcher == "slurm";
+  }
 };
 
 /// A process group that is already up (Python's torch.distributed): it

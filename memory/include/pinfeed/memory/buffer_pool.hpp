@@ -36,11 +36,11 @@
 // or freed until the lease is dropped and, if release_after() was used, its
 // fence is ready. A slab's memory changes only while every one of its slots
 // is back and parked, so no lease can see the change.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -115,13 +115,13 @@ struct PoolTransition {
   std::size_t slab = 0;
   std::size_t slots = 0;
   SlabMemory memory = SlabMemory::pageable;  ///< the slab's memory after this event
-  bool ok = true;          ///< false: an attempt that fell short (a refused pin); `memory` is what it got
-  std::string reason;      ///< "initial: memlock limit", "pressure critical", "pressure normal failed: ...", ...
+  bool ok = true;      ///< false: an attempt that fell short (a refused pin); `memory` is what it got
+  std::string reason;  ///< "initial: memlock limit", "pressure critical", "pressure normal failed: ...", ...
 };
 
 struct PoolStats {
   std::size_t slots = 0;
-  std::size_t slot_bytes = 0;       ///< page-rounded
+  std::size_t slot_bytes = 0;  ///< page-rounded
   std::size_t slabs = 0;
   std::size_t pinned_slots = 0, pageable_slots = 0;
   std::uint64_t pinned_bytes = 0, pageable_bytes = 0;
@@ -129,22 +129,22 @@ struct PoolStats {
   /// their bytes; live_slots = slots - released_slots.
   std::size_t released_slots = 0, live_slots = 0;
   std::uint64_t released_bytes = 0;
-  std::size_t min_live_slots = 0;           ///< the floor critical pressure never goes below
+  std::size_t min_live_slots = 0;  ///< the floor critical pressure never goes below
   std::size_t free_slots = 0, leased_slots = 0, fenced_slots = 0;
-  std::size_t draining_slots = 0;           ///< slots of slabs waiting to go idle to be released
+  std::size_t draining_slots = 0;  ///< slots of slabs waiting to go idle to be released
   std::uint64_t acquires = 0;
-  std::uint64_t acquire_waits = 0;          ///< acquires that found no free slot (counted when they return)
-  std::size_t waiting_acquires = 0;         ///< acquires blocked for a slot right now
-  double acquire_wait_seconds = 0;          ///< total time spent waiting
+  std::uint64_t acquire_waits = 0;   ///< acquires that found no free slot (counted when they return)
+  std::size_t waiting_acquires = 0;  ///< acquires blocked for a slot right now
+  double acquire_wait_seconds = 0;   ///< total time spent waiting
   /// Moves after construction, in slabs: into pinned, into pageable memory
   /// (a regrowth past the budget, a refused pin), released to the kernel.
   std::uint64_t to_pageable = 0, to_pinned = 0, releases = 0;
-  std::uint64_t given_back_bytes = 0;       ///< bytes released to the kernel, all episodes added up
-  std::uint64_t cold_hints = 0;             ///< slabs hinted cold (MADV_COLD) under pressure
+  std::uint64_t given_back_bytes = 0;  ///< bytes released to the kernel, all episodes added up
+  std::uint64_t cold_hints = 0;        ///< slabs hinted cold (MADV_COLD) under pressure
   /// The last shrink: seconds from "critical" to the last slab released
   /// (negative: none yet); the last regrowth: from "normal" to every slab live.
   double last_release_seconds = -1, last_regrow_seconds = -1;
-  std::uint64_t failed_pins = 0;            ///< pin attempts the pinned resource refused
+  std::uint64_t failed_pins = 0;  ///< pin attempts the pinned resource refused
   /// Note [Lent slots]: slots held by the program that the pool lent out
   /// (their memory is the program's until its last reference dies) and
   /// replaced; lends counts every one so far.
@@ -162,39 +162,38 @@ struct PoolStats {
 template <class Json>
 void to_json(Json& j, const PoolStats& s) {
   j = Json{{"slots", s.slots},
-                     {"slot_bytes", s.slot_bytes},
-                     {"slabs", s.slabs},
-                     {"pinned_slots", s.pinned_slots},
-                     {"pageable_slots", s.pageable_slots},
-                     {"pinned_bytes", s.pinned_bytes},
-                     {"pageable_bytes", s.pageable_bytes},
-                     {"live_slots", s.live_slots},
-                     {"released_slots", s.released_slots},
-                     {"released_bytes", s.released_bytes},
-                     {"min_live_slots", s.min_live_slots},
-                     {"free_slots", s.free_slots},
-                     {"leased_slots", s.leased_slots},
-                     {"fenced_slots", s.fenced_slots},
-                     {"draining_slots", s.draining_slots},
-                     {"acquires", s.acquires},
-                     {"acquire_waits", s.acquire_waits},
-                     {"waiting_acquires", s.waiting_acquires},
-                     {"acquire_wait_seconds", s.acquire_wait_seconds},
-                     {"to_pageable", s.to_pageable},
-                     {"to_pinned", s.to_pinned},
-                     {"releases", s.releases},
-                     {"given_back_bytes", s.given_back_bytes},
-                     {"cold_hints", s.cold_hints},
-                     {"last_release_seconds", s.last_release_seconds},
-                     {"last_regrow_seconds", s.last_regrow_seconds},
-                     {"failed_pins", s.failed_pins},
-                     {"lent_slots", s.lent_slots},
-                     {"lent_bytes", s.lent_bytes},
-                     {"lends", s.lends},
-                     {"maintenance_rounds", s.maintenance_rounds},
-                     {"pressure", std::string(to_string(s.level))}};
+           {"slot_bytes", s.slot_bytes},
+           {"slabs", s.slabs},
+           {"pinned_slots", s.pinned_slots},
+           {"pageable_slots", s.pageable_slots},
+           {"pinned_bytes", s.pinned_bytes},
+           {"pageable_bytes", s.pageable_bytes},
+           {"live_slots", s.live_slots},
+           {"released_slots", s.released_slots},
+           {"released_bytes", s.released_bytes},
+           {"min_live_slots", s.min_live_slots},
+           {"free_slots", s.free_slots},
+           {"leased_slots", s.leased_slots},
+           {"fenced_slots", s.fenced_slots},
+           {"draining_slots", s.draining_slots},
+           {"acquires", s.acquires},
+           {"acquire_waits", s.acquire_waits},
+           {"waiting_acquires", s.waiting_acquires},
+           {"acquire_wait_seconds", s.acquire_wait_seconds},
+           {"to_pageable", s.to_pageable},
+           {"to_pinned", s.to_pinned},
+           {"releases", s.releases},
+           {"given_back_bytes", s.given_back_bytes},
+           {"cold_hints", s.cold_hints},
+           {"last_release_seconds", s.last_release_seconds},
+           {"last_regrow_seconds", s.last_regrow_seconds},
+           {"failed_pins", s.failed_pins},
+           {"lent_slots", s.lent_slots},
+           {"lent_bytes", s.lent_bytes},
+           {"lends", s.lends},
+           {"maintenance_rounds", s.maintenance_rounds},
+           {"pressure", std::string(to_string(s.level))}};
 }
-
 
 /// Every live BufferPool of this process added up: what the process holds
 /// pinned and pageable for batches (every loader, training and validation,
@@ -209,9 +208,9 @@ ProcessPoolStats process_pool_stats();
 class BufferPool {
  public:
   struct Config {
-    std::size_t slot_bytes = 0;              ///< bytes one slot holds (a batch); > 0
-    std::size_t slots = 4;                   ///< number of slots; > 0
-    std::size_t slab_bytes = 256_MiB;        ///< target size of one slab (>= one slot); capped at kMaxRegistrationBytes
+    std::size_t slot_bytes = 0;        ///< bytes one slot holds (a batch); > 0
+    std::size_t slots = 4;             ///< number of slots; > 0
+    std::size_t slab_bytes = 256_MiB;  ///< target size of one slab (>= one slot); capped at kMaxRegistrationBytes
     std::uint64_t pinned_budget_bytes = UINT64_MAX;  ///< never pin more than this (see PinnedBudget)
     /// Floor of live slots under critical pressure: at least the batches the
     /// consumer holds at once plus one being filled (fewer would stall the
@@ -219,7 +218,7 @@ class BufferPool {
     /// slots handed to the consumer (SlotLease::hand_to_consumer) plus one,
     /// so it is never below 1; clamped to `slots`.
     std::size_t min_live_slots = 2;
-    bool pin = true;                         ///< false: every slot pageable from the start
+    bool pin = true;  ///< false: every slot pageable from the start
     /// After a refused pin, wait this long before trying again; the wait
     /// doubles with each refusal (up to 64x) and resets when pressure
     /// returns to normal. Limits rarely change, so retries are rare.
@@ -235,7 +234,7 @@ class BufferPool {
     /// held_limit_bytes (0: no limit).
     std::uint64_t held_warning_bytes = 0;
     std::uint64_t held_limit_bytes = 0;
-    void validate() const;                   ///< ConfigError naming the field
+    void validate() const;  ///< ConfigError naming the field
   };
 
   /// Allocates and pre-faults every slab now (pinned first, within the
@@ -300,7 +299,7 @@ class BufferPool {
   // parked: a slot of a slab that is draining, moving or released; it is in
   // no list and cannot be leased.
   enum class SlotState : std::uint8_t { free, leased, fenced, parked };
-  struct Slab : PolicySlab {  // slot_count, bytes, memory, draining: what the policy sees
+  struct Slab : PolicySlab {    // slot_count, bytes, memory, draining: what the policy sees
     std::byte* data = nullptr;  // nullptr while released
     std::size_t first_slot = 0;
     HostResource* owner = nullptr;  // resource that allocated data
@@ -389,25 +388,25 @@ class BufferPool {
   const Config config_;
   HostResource& pinned_resource_;
   HostResource& pageable_resource_;
-  std::size_t slot_capacity_ = 0;  // slot_bytes page-rounded; immutable after construction
+  std::size_t slot_capacity_ = 0;   // slot_bytes page-rounded; immutable after construction
   std::size_t min_live_slots_ = 0;  // config_.min_live_slots clamped to slots
 
-  mutable std::mutex mutex_;  // guards everything below
-  std::condition_variable_any slot_cv_;   // a slot became free, or cancel
-  std::condition_variable_any work_cv_;   // maintenance may have work (work_generation_ moved)
-  std::condition_variable idle_cv_;        // maintenance finished a round
+  mutable std::mutex mutex_;             // guards everything below
+  std::condition_variable_any slot_cv_;  // a slot became free, or cancel
+  std::condition_variable_any work_cv_;  // maintenance may have work (work_generation_ moved)
+  std::condition_variable idle_cv_;      // maintenance finished a round
   std::vector<Slab> slabs_;
   std::vector<SlotState> state_;
   std::vector<std::size_t> slab_of_;
-  std::vector<bool> held_;                // slot handed to the consumer (SlotLease::hand_to_consumer)
-  std::size_t consumer_held_ = 0;         // count of held_
+  std::vector<bool> held_;         // slot handed to the consumer (SlotLease::hand_to_consumer)
+  std::size_t consumer_held_ = 0;  // count of held_
   std::deque<std::size_t> free_;
   std::deque<Fenced> fenced_;
   bool cancelled_ = false;
   PressureLevel level_ = PressureLevel::normal;
-  bool moving_ = false;                   // a slab's memory is being changed off the lock
-  bool cold_pending_ = false;             // hint idle pageable slabs cold on the next round
-  std::uint64_t work_generation_ = 0;     // bumped on pressure changes and slot returns
+  bool moving_ = false;                // a slab's memory is being changed off the lock
+  bool cold_pending_ = false;          // hint idle pageable slabs cold on the next round
+  std::uint64_t work_generation_ = 0;  // bumped on pressure changes and slot returns
   Clock::time_point no_pin_before_{};
   Clock::time_point no_grow_before_{};  // regrowth failed to map: wait before the next try
   unsigned pin_refusals_in_a_row_ = 0;
@@ -430,8 +429,8 @@ class BufferPool {
   mutable std::uint64_t wanted_version_ = ~std::uint64_t{0};
   mutable Clock::time_point wanted_until_{};
   double acquire_wait_seconds_ = 0;
-  std::atomic<std::size_t> serving_{0};  // serving_slots(), written under the lock
-  std::map<std::byte*, Loose> loose_;     // Note [Lent slots]: lent memory by address
+  std::atomic<std::size_t> serving_{0};                // serving_slots(), written under the lock
+  std::map<std::byte*, Loose> loose_;                  // Note [Lent slots]: lent memory by address
   std::vector<std::pair<std::byte*, Loose>> to_free_;  // released lent memory, freed by the maintenance thread
   std::size_t freeing_ = 0;  // entries taken off to_free_ whose unmap has not finished (wait_idle waits for them)
   std::uint64_t loose_bytes_ = 0, loose_pinned_bytes_ = 0, lends_ = 0;

@@ -12,7 +12,7 @@ struct RuntimeStatus {
   bool compiled = false;   ///< built with the CUDA toolkit
   bool available = false;  ///< a driver answered and at least one device is present
   int device_count = 0;
-  std::string message;     ///< why not available ("no CUDA driver", ...), or the driver version
+  std::string message;  ///< why not available ("no CUDA driver", ...), or the driver version
 };
 
 /// Probed once per process (thread-safe), then cached. Never throws.

@@ -43,9 +43,9 @@ class FallbackAdaptor final : public HostResource {
   HostResource& primary_;
   HostResource& fallback_;
   RefusalPolicy refuse_;
-  mutable std::mutex mutex_;                              // guards the two maps below
-  std::unordered_map<const void*, bool> from_primary_;    // live pointer -> served by primary
-  std::map<std::string, std::uint64_t> reasons_;          // fallback reason -> count
+  mutable std::mutex mutex_;                            // guards the two maps below
+  std::unordered_map<const void*, bool> from_primary_;  // live pointer -> served by primary
+  std::map<std::string, std::uint64_t> reasons_;        // fallback reason -> count
 };
 static_assert(HostResourceLike<FallbackAdaptor>);
 

@@ -44,9 +44,12 @@ class HostResource {
 template <typename T>
 concept HostResourceLike = std::derived_from<T, HostResource> && requires(T& r, const T& cr, void* p, std::size_t n) {
   { r.allocate(n, n) } -> std::same_as<void*>;
-  { r.deallocate(p, n, n) } noexcept;
-  { cr.is_pinned() } noexcept -> std::same_as<bool>;
-  { cr.name() } noexcept -> std::same_as<std::string_view>;
+  { r.deallocate(p, n, n) }
+  noexcept;
+  { cr.is_pinned() }
+  noexcept->std::same_as<bool>;
+  { cr.name() }
+  noexcept->std::same_as<std::string_view>;
 };
 
 }  // namespace pinfeed::memory

@@ -12,8 +12,7 @@ namespace pinfeed::memory {
 
 class LimitingAdaptor final : public HostResource {
  public:
-  LimitingAdaptor(HostResource& upstream, std::uint64_t limit_bytes)
-      : upstream_(upstream), limit_bytes_(limit_bytes) {}
+  LimitingAdaptor(HostResource& upstream, std::uint64_t limit_bytes) : upstream_(upstream), limit_bytes_(limit_bytes) {}
 
   [[nodiscard]] HostResource& upstream() const noexcept { return upstream_; }
   [[nodiscard]] bool is_pinned() const noexcept override { return upstream_.is_pinned(); }

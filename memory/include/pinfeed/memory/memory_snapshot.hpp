@@ -35,19 +35,19 @@ std::string_view to_string(CgroupVersion v) noexcept;
 
 struct CgroupMemory {
   CgroupVersion version = CgroupVersion::none;
-  std::string path;                           ///< the process's cgroup, from proc/self/cgroup
-  std::filesystem::path dir;                  ///< where the files were read
-  std::optional<std::uint64_t> limit_bytes;   ///< effective hard limit (lowest up the tree); nullopt: none
-  std::optional<std::uint64_t> high_bytes;    ///< v2 memory.high; nullopt: none
-  std::uint64_t usage_bytes = 0;              ///< v1 usage_in_bytes, v2 memory.current
-  std::uint64_t inactive_file_bytes = 0;      ///< reclaimable page cache inside the usage
-  std::optional<Psi> pressure;                ///< v2 memory.pressure
-  std::optional<std::uint64_t> oom_kills;     ///< v2 memory.events oom_kill; v1 memory.oom_control oom_kill
-  std::optional<std::uint64_t> max_events;    ///< v2 memory.events max (times the limit was hit)
-  std::optional<std::uint64_t> high_events;   ///< v2 memory.events high (times reclaim was forced over memory.high)
-  std::optional<std::uint64_t> failcnt;       ///< v1 memory.failcnt
+  std::string path;                          ///< the process's cgroup, from proc/self/cgroup
+  std::filesystem::path dir;                 ///< where the files were read
+  std::optional<std::uint64_t> limit_bytes;  ///< effective hard limit (lowest up the tree); nullopt: none
+  std::optional<std::uint64_t> high_bytes;   ///< v2 memory.high; nullopt: none
+  std::uint64_t usage_bytes = 0;             ///< v1 usage_in_bytes, v2 memory.current
+  std::uint64_t inactive_file_bytes = 0;     ///< reclaimable page cache inside the usage
+  std::optional<Psi> pressure;               ///< v2 memory.pressure
+  std::optional<std::uint64_t> oom_kills;    ///< v2 memory.events oom_kill; v1 memory.oom_control oom_kill
+  std::optional<std::uint64_t> max_events;   ///< v2 memory.events max (times the limit was hit)
+  std::optional<std::uint64_t> high_events;  ///< v2 memory.events high (times reclaim was forced over memory.high)
+  std::optional<std::uint64_t> failcnt;      ///< v1 memory.failcnt
   std::optional<std::uint64_t> memsw_limit_bytes;  ///< v1 memory.memsw.limit_in_bytes (memory + swap); nullopt: none
-  std::uint64_t memsw_usage_bytes = 0;        ///< v1 memory.memsw.usage_in_bytes
+  std::uint64_t memsw_usage_bytes = 0;             ///< v1 memory.memsw.usage_in_bytes
 
   /// Times the cgroup ran into its limit: v1 failcnt, v2 memory.events max +
   /// high; nullopt when the cgroup does not count them.
@@ -75,9 +75,9 @@ struct MemorySnapshot {
   // the process: proc/self/limits and proc/self/status
   std::optional<std::uint64_t> memlock_limit;  ///< soft RLIMIT_MEMLOCK; nullopt: unlimited or unknown
   bool memlock_limit_known = false;
-  bool cap_ipc_lock = false;        ///< CAP_IPC_LOCK in CapEff
-  std::uint64_t vm_locked = 0;      ///< VmLck: bytes this process has mlocked
-  std::uint64_t vm_pinned = 0;      ///< VmPin: bytes pinned by drivers (not always reported)
+  bool cap_ipc_lock = false;    ///< CAP_IPC_LOCK in CapEff
+  std::uint64_t vm_locked = 0;  ///< VmLck: bytes this process has mlocked
+  std::uint64_t vm_pinned = 0;  ///< VmPin: bytes pinned by drivers (not always reported)
 
   /// Reads everything under root. Throws DataError when proc/meminfo is
   /// missing or unparsable; everything else is optional.

@@ -11,11 +11,11 @@
 namespace pinfeed::memory {
 
 struct BudgetPolicy {
-  double fraction = 0.5;                      ///< share of the real room pinned memory may take, (0, 1]
-  PinMethod method = PinMethod::mlock;        ///< mlock is charged to RLIMIT_MEMLOCK, cuda is not
-  std::uint64_t reserve_bytes = 0;            ///< kept free before the fraction is applied
-  unsigned local_ranks = 1;                   ///< processes on this host sharing its memory (each gets 1/N of the room)
-  void validate() const;                      ///< ConfigError naming the field
+  double fraction = 0.5;                ///< share of the real room pinned memory may take, (0, 1]
+  PinMethod method = PinMethod::mlock;  ///< mlock is charged to RLIMIT_MEMLOCK, cuda is not
+  std::uint64_t reserve_bytes = 0;      ///< kept free before the fraction is applied
+  unsigned local_ranks = 1;             ///< processes on this host sharing its memory (each gets 1/N of the room)
+  void validate() const;                ///< ConfigError naming the field
 };
 
 struct BudgetTerm {

@@ -22,9 +22,9 @@
 #include <cstdint>
 #include <optional>
 
+#include "pinfeed/enum_words.hpp"
 #include "pinfeed/memory/host_resource.hpp"
 #include "pinfeed/units.hpp"
-#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::memory {
 

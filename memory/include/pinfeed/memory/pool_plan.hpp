@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "pinfeed/memory/pinned_budget.hpp"
 #include "pinfeed/enum_words.hpp"
+#include "pinfeed/memory/pinned_budget.hpp"
 
 namespace pinfeed::memory {
 
@@ -37,24 +37,25 @@ struct PoolFit {
   std::uint64_t allowed_bytes = 0;    ///< kPoolMaxShareOfAvailable x available / local ranks
   std::uint64_t available_bytes = 0;  ///< the snapshot's effective_available()
   unsigned local_ranks = 1;
-  std::uint64_t slots_fit = 0;        ///< whole slots of this size that fit
+  std::uint64_t slots_fit = 0;           ///< whole slots of this size that fit
   std::uint64_t largest_slot_bytes = 0;  ///< the largest slot that fits `slots` times
-  std::string limiting;               ///< "MemAvailable" or "cgroup room"
+  std::string limiting;                  ///< "MemAvailable" or "cgroup room"
   /// When it does not fit: what was asked, what there is, and what would
   /// fit, with the prefetch per consumer (slots_fit / consumers).
-  [[nodiscard]] std::string explain(std::string_view prefetch_name, std::string_view batch_name, unsigned consumers) const;
+  [[nodiscard]] std::string explain(std::string_view prefetch_name, std::string_view batch_name,
+                                    unsigned consumers) const;
 };
 PoolFit check_pool_fit(const MemorySnapshot& snapshot, std::uint64_t slots, std::uint64_t slot_bytes,
                        unsigned local_ranks);
 
 struct PoolPlanRequest {
-  unsigned gpus = 1;                    ///< consumers (GPUs, or CPU workers)
-  std::uint64_t batch_bytes = 0;        ///< one batch as it sits in host memory
-  unsigned prefetch = 2;                ///< batches in flight per GPU
-  unsigned local_ranks = 1;             ///< processes on this host sharing its memory
-  std::uint64_t gpu_memory_bytes = 0;   ///< memory per GPU for the 2x rule; 0: unknown
+  unsigned gpus = 1;                   ///< consumers (GPUs, or CPU workers)
+  std::uint64_t batch_bytes = 0;       ///< one batch as it sits in host memory
+  unsigned prefetch = 2;               ///< batches in flight per GPU
+  unsigned local_ranks = 1;            ///< processes on this host sharing its memory
+  std::uint64_t gpu_memory_bytes = 0;  ///< memory per GPU for the 2x rule; 0: unknown
   BudgetPolicy policy;
-  void validate() const;                ///< ConfigError naming the field
+  void validate() const;  ///< ConfigError naming the field
 };
 
 /// does_not_fit: the pool would not fit in memory at all, pinned or not.
@@ -66,13 +67,13 @@ inline constexpr std::array<EnumWord<Verdict>, 4> kVerdictWords{{{Verdict::pin, 
 std::string_view to_string(Verdict v) noexcept;
 
 struct PoolPlan {
-  std::uint64_t slot_bytes = 0;     ///< batch_bytes page-rounded
-  unsigned slots_needed = 0;        ///< gpus * prefetch
-  std::uint64_t need_bytes = 0;     ///< slot_bytes * slots_needed
+  std::uint64_t slot_bytes = 0;  ///< batch_bytes page-rounded
+  unsigned slots_needed = 0;     ///< gpus * prefetch
+  std::uint64_t need_bytes = 0;  ///< slot_bytes * slots_needed
   PinnedBudget budget;
-  unsigned slots_fit = 0;           ///< whole slots the budget holds (capped at slots_needed)
-  unsigned prefetch_fit = 0;        ///< slots_fit / gpus
-  PoolFit fit;                      ///< the pool against the really available memory
+  unsigned slots_fit = 0;     ///< whole slots the budget holds (capped at slots_needed)
+  unsigned prefetch_fit = 0;  ///< slots_fit / gpus
+  PoolFit fit;                ///< the pool against the really available memory
   Verdict verdict = Verdict::pageable;
   std::vector<std::string> reasons;  ///< plain-language explanation, most important first
   // Field rule of thumb: host RAM about twice the GPU memory in use.

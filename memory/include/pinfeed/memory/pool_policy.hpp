@@ -26,8 +26,8 @@
 #include <optional>
 #include <string_view>
 
-#include "pinfeed/enum_words.hpp"
 #include <string>
+#include "pinfeed/enum_words.hpp"
 
 #include "pinfeed/memory/pressure_level.hpp"
 
@@ -50,11 +50,11 @@ struct PolicySlab {
 
 struct PolicyInput {
   PressureLevel level = PressureLevel::normal;
-  bool pin = true;                      ///< pinning wanted at all (Config::pin)
-  std::size_t min_live_slots = 0;       ///< critical never releases below this
+  bool pin = true;                 ///< pinning wanted at all (Config::pin)
+  std::size_t min_live_slots = 0;  ///< critical never releases below this
   std::uint64_t pinned_budget_bytes = 0;
-  bool pin_backed_off = false;          ///< a refusal's back-off is running: start no pinning
-  bool grow_backed_off = false;         ///< mapping a released slab failed lately: wait before the next try
+  bool pin_backed_off = false;   ///< a refusal's back-off is running: start no pinning
+  bool grow_backed_off = false;  ///< mapping a released slab failed lately: wait before the next try
 };
 
 struct PoolMove {
@@ -65,7 +65,7 @@ struct PoolMove {
 };
 
 struct PolicyTotals {
-  std::size_t live_slots = 0;       ///< slots of slabs neither released nor draining
+  std::size_t live_slots = 0;  ///< slots of slabs neither released nor draining
   std::uint64_t pinned_bytes = 0;
 };
 
@@ -131,7 +131,8 @@ template <class Slabs, class IsIdle>
   if (!may_pin) return std::nullopt;
   for (std::size_t i = 0; i < slabs.size(); ++i) {  // then idle pageable ones are pinned, within the budget
     const PolicySlab& s = slabs[i];
-    if (s.memory == SlabMemory::pageable && fits(s) && idle(i)) return PoolMove{i, SlabMemory::pinned, "pressure normal", true};
+    if (s.memory == SlabMemory::pageable && fits(s) && idle(i))
+      return PoolMove{i, SlabMemory::pinned, "pressure normal", true};
   }
   return std::nullopt;
 }

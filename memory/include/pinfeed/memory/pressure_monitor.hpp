@@ -29,19 +29,19 @@
 #include <string>
 #include <thread>
 
-#include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/enum_words.hpp"
-#include "pinfeed/units.hpp"
+#include "pinfeed/memory/memory_snapshot.hpp"
 #include "pinfeed/memory/pressure_level.hpp"
+#include "pinfeed/units.hpp"
 
 namespace pinfeed::memory {
 
 /// A level is entered when ANY signal reaches its threshold.
 struct PressureThresholds {
-  double psi_some_avg10 = 0;       ///< percent of time some task stalled on memory
-  double psi_full_avg10 = 0;       ///< percent of time all tasks stalled on memory
-  double swap_out_pages_per_s = 0; ///< pswpout rate
-  double available_fraction = 0;   ///< entered when the available fraction is AT OR BELOW this
+  double psi_some_avg10 = 0;        ///< percent of time some task stalled on memory
+  double psi_full_avg10 = 0;        ///< percent of time all tasks stalled on memory
+  double swap_out_pages_per_s = 0;  ///< pswpout rate
+  double available_fraction = 0;    ///< entered when the available fraction is AT OR BELOW this
   bool operator==(const PressureThresholds&) const = default;
 };
 
@@ -54,14 +54,14 @@ struct PressureReading {
   std::uint64_t available_bytes = 0;
   std::uint64_t cgroup_limit_hits = 0;  ///< since the previous reading (failcnt, memory.events max + high)
   std::uint64_t cgroup_oom_kills = 0;   ///< since the previous reading
-  std::string reason;  ///< which signal decided, e.g. "swap-out 5120 pages/s >= 4096"
+  std::string reason;                   ///< which signal decided, e.g. "swap-out 5120 pages/s >= 4096"
   std::chrono::steady_clock::time_point at{};
 };
 
 class PressureMonitor {
  public:
   struct Config {
-    std::filesystem::path root = "/";           ///< procfs/sysfs root to read
+    std::filesystem::path root = "/";  ///< procfs/sysfs root to read
     /// 250 ms: fast enough to react inside a second to a swap storm (each
     /// reading is ~6 small procfs reads, tens of µs: ~0.01% of a core), slow
     /// enough that the pswpout delta over one period is not noise. PSI avg10
@@ -69,8 +69,8 @@ class PressureMonitor {
     std::chrono::milliseconds period{250};
     PressureThresholds elevated{10.0, 2.0, 256.0, 0.10};
     PressureThresholds critical{40.0, 10.0, 4096.0, 0.05};
-    double hysteresis = 0.8;                    ///< to step down, signals must be below threshold*h (available above threshold/h)
-    std::chrono::milliseconds hold{5000};       ///< how long signals must stay low before stepping down
+    double hysteresis = 0.8;  ///< to step down, signals must be below threshold*h (available above threshold/h)
+    std::chrono::milliseconds hold{5000};  ///< how long signals must stay low before stepping down
     /// Room (cgroup room, or MemAvailable) kept free: critical when less is
     /// available, elevated below twice it, whatever the fractions say. A
     /// neighbour allocating at memory speed (~0.3 GB/s of first touches here)
@@ -84,7 +84,7 @@ class PressureMonitor {
     /// or available within twice the elevated line): a missed or absent
     /// notification costs at most this (never more than period).
     std::chrono::milliseconds near_period{20};
-    void validate() const;                      ///< ConfigError naming the field
+    void validate() const;  ///< ConfigError naming the field
     bool operator==(const Config&) const = default;
   };
   using Subscriber = std::function<void(PressureLevel from, PressureLevel to, const PressureReading& reading)>;

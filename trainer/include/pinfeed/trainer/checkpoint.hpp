@@ -26,9 +26,9 @@
 namespace pinfeed::trainer {
 
 struct Checkpoint {
-  std::uint64_t step = 0;       ///< optimizer steps done
-  std::uint64_t epoch = 0;      ///< the epoch to continue
-  std::uint64_t position = 0;   ///< samples of that epoch each rank has consumed
+  std::uint64_t step = 0;      ///< optimizer steps done
+  std::uint64_t epoch = 0;     ///< the epoch to continue
+  std::uint64_t position = 0;  ///< samples of that epoch each rank has consumed
   std::uint64_t seed = 0;
   std::uint64_t world_size = 1;
   std::uint64_t global_batch = 0;

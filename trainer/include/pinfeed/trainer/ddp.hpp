@@ -30,7 +30,7 @@
 namespace pinfeed::trainer {
 
 struct DdpConfig {
-  std::size_t bucket_cap_bytes = std::size_t{25} << 20U;  ///< PyTorch's default, 25 MiB
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20U;   ///< PyTorch's default, 25 MiB
   std::size_t first_bucket_bytes = std::size_t{1} << 20U;  ///< PyTorch's first bucket, 1 MiB
   void validate() const;
 };
@@ -78,13 +78,13 @@ class DdpEngine {
   float* weights_;
   float* grads_;
   std::vector<Bucket> buckets_;
-  std::vector<std::size_t> bucket_of_;   // param -> bucket
-  std::vector<std::size_t> pending_;     // per bucket: gradients not yet ready in this backward
-  std::size_t next_launch_ = 0;          // buckets are launched strictly in order
+  std::vector<std::size_t> bucket_of_;  // param -> bucket
+  std::vector<std::size_t> pending_;    // per bucket: gradients not yet ready in this backward
+  std::size_t next_launch_ = 0;         // buckets are launched strictly in order
   bool sync_ = true;
   std::unique_ptr<Stream> comm_stream_;
   std::vector<std::shared_ptr<Event>> ready_events_;  // per bucket, recorded on compute
-  std::shared_ptr<Event> done_;                        // recorded on the comm stream after the last bucket
+  std::shared_ptr<Event> done_;                       // recorded on the comm stream after the last bucket
   std::function<void(Stream&)> first_hook_, last_hook_;
   std::shared_ptr<Event> collective_ready_, collective_done_;  // reused: a wait takes the latest recording
 };

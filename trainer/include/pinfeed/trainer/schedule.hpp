@@ -7,7 +7,7 @@
 namespace pinfeed::trainer {
 
 struct LrSchedule {
-  double base_lr = 0.1;            ///< per 256 samples
+  double base_lr = 0.1;  ///< per 256 samples
   std::uint64_t global_batch = 256;
   std::uint64_t warmup_steps = 0;
   std::uint64_t total_steps = 1;

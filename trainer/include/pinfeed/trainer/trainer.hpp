@@ -47,27 +47,28 @@ struct DeviceSpec {
 DeviceSpec parse_devices(std::string_view text);
 
 struct TrainConfig {
-  loader::LoaderConfig loader;      ///< training data; batch_size is set from global_batch; threads are shared by the workers
-  std::string val_dataset;          ///< optional validation data (center crop, no shuffle)
-  bool profile = false;             ///< break steps down into EpochSummary::profile
-  int val_resize = 0;               ///< validation's shorter side before the center crop; 0: size * 256 / 224
-  DeviceSpec devices;               ///< where the workers run
-  std::size_t global_batch = 256;   ///< samples per optimizer step over all workers
-  unsigned accumulation = 1;        ///< micro-batches per optimizer step (no_sync on all but the last)
+  loader::LoaderConfig
+      loader;               ///< training data; batch_size is set from global_batch; threads are shared by the workers
+  std::string val_dataset;  ///< optional validation data (center crop, no shuffle)
+  bool profile = false;     ///< break steps down into EpochSummary::profile
+  int val_resize = 0;       ///< validation's shorter side before the center crop; 0: size * 256 / 224
+  DeviceSpec devices;       ///< where the workers run
+  std::size_t global_batch = 256;  ///< samples per optimizer step over all workers
+  unsigned accumulation = 1;       ///< micro-batches per optimizer step (no_sync on all but the last)
   unsigned epochs = 3;
-  double lr = 0.1;                  ///< per 256 samples (linear scaling rule)
+  double lr = 0.1;  ///< per 256 samples (linear scaling rule)
   double momentum = 0.9;
   double weight_decay = 5e-4;
-  double warmup_epochs = 1.0;       ///< linear warm-up, then cosine decay
-  ModelConfig model;                ///< image_size and classes are taken from the loader and dataset
+  double warmup_epochs = 1.0;  ///< linear warm-up, then cosine decay
+  ModelConfig model;           ///< image_size and classes are taken from the loader and dataset
   DdpConfig ddp;
   CommConfig comm;
-  bool device_normalize = true;     ///< loader hands over uint8 NHWC, the device normalizes (4x fewer H2D bytes)
-  std::filesystem::path checkpoint; ///< written at the end of every epoch (and every checkpoint_every steps)
-  std::size_t checkpoint_every = 0; ///< optimizer steps between mid-epoch checkpoints; 0: epoch ends only
-  bool resume = false;              ///< continue from `checkpoint`
-  bool allow_dataset_change = false; ///< resume even if the training set is not the checkpoint's (refused otherwise)
-  std::uint64_t max_steps = 0;      ///< stop after this many optimizer steps in all (0: every epoch)
+  bool device_normalize = true;       ///< loader hands over uint8 NHWC, the device normalizes (4x fewer H2D bytes)
+  std::filesystem::path checkpoint;   ///< written at the end of every epoch (and every checkpoint_every steps)
+  std::size_t checkpoint_every = 0;   ///< optimizer steps between mid-epoch checkpoints; 0: epoch ends only
+  bool resume = false;                ///< continue from `checkpoint`
+  bool allow_dataset_change = false;  ///< resume even if the training set is not the checkpoint's (refused otherwise)
+  std::uint64_t max_steps = 0;        ///< stop after this many optimizer steps in all (0: every epoch)
   std::chrono::microseconds copy_delay{0};  ///< CPU backend: added to each copy (tests of slot lifetime)
   std::optional<LaunchEnv> launch;  ///< where this process sits; unset: read_launch_env() (mpirun / torchrun variables)
   void validate() const;            ///< ConfigError naming the field
@@ -90,17 +91,18 @@ struct StepProfile {
 
 struct EpochSummary {
   std::uint64_t epoch = 0;
-  std::uint64_t steps = 0;              ///< optimizer steps run in this epoch (this run)
-  std::uint64_t samples = 0;            ///< over all workers
-  double loss = 0, accuracy = 0;        ///< training, mean over the epoch's samples
+  std::uint64_t steps = 0;        ///< optimizer steps run in this epoch (this run)
+  std::uint64_t samples = 0;      ///< over all workers
+  double loss = 0, accuracy = 0;  ///< training, mean over the epoch's samples
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   double val_accuracy = std::numeric_limits<double>::quiet_NaN();
   double seconds = 0;
-  double images_per_second = 0;         ///< over all workers
-  double data_wait_fraction = 0;        ///< mean over workers: share of the epoch a worker waited for its next batch
-  double lr = 0;                        ///< at the epoch's last step
+  double images_per_second = 0;   ///< over all workers
+  double data_wait_fraction = 0;  ///< mean over workers: share of the epoch a worker waited for its next batch
+  double lr = 0;                  ///< at the epoch's last step
   std::uint64_t pinned_batches = 0, pageable_batches = 0, replaced = 0;
-  std::size_t pool_pinned_bytes = 0, pool_pageable_bytes = 0;  ///< every pool of the process at the epoch's end (memory::process_pool_stats)
+  std::size_t pool_pinned_bytes = 0,
+              pool_pageable_bytes = 0;  ///< every pool of the process at the epoch's end (memory::process_pool_stats)
   std::uint64_t pool_transitions = 0;   ///< worker 0's pool: slab moves (pinned, pageable, released) so far
   /// Every pool of the process: slots, slots whose memory is given back to
   /// the kernel now (critical pressure), bytes given back so far; worker 0's
@@ -108,24 +110,24 @@ struct EpochSummary {
   std::size_t pool_slots = 0, pool_released_slots = 0;
   std::uint64_t pool_given_back_bytes = 0;
   double pool_release_seconds = -1;
-  std::string pressure = "normal";      ///< worker 0's pool's pressure level at the epoch's end
-  std::vector<float> step_loss;         ///< mean training loss of each step, over all workers
-  StepProfile profile;                  ///< with TrainConfig::profile
+  std::string pressure = "normal";  ///< worker 0's pool's pressure level at the epoch's end
+  std::vector<float> step_loss;     ///< mean training loss of each step, over all workers
+  StepProfile profile;              ///< with TrainConfig::profile
 };
 
 struct TrainResult {
   std::vector<EpochSummary> epochs;
-  std::vector<float> weights;           ///< the final parameters (identical on every rank)
+  std::vector<float> weights;  ///< the final parameters (identical on every rank)
   int world_size = 1;
-  int rank = 0;                         ///< this process's rank (multi-process launches)
-  std::string devices;                  ///< "cpu:0, cpu:1", "cuda:0 (NVIDIA H200)"
-  std::string communicator;             ///< Communicator::name(): "solo", "threads", "mpi", "gloo", "nccl"
-  std::uint64_t steps = 0;              ///< optimizer steps done in all (including before a resume)
-  std::size_t global_batch = 0;         ///< TrainConfig::global_batch
+  int rank = 0;                  ///< this process's rank (multi-process launches)
+  std::string devices;           ///< "cpu:0, cpu:1", "cuda:0 (NVIDIA H200)"
+  std::string communicator;      ///< Communicator::name(): "solo", "threads", "mpi", "gloo", "nccl"
+  std::uint64_t steps = 0;       ///< optimizer steps done in all (including before a resume)
+  std::size_t global_batch = 0;  ///< TrainConfig::global_batch
   std::uint64_t steps_per_epoch = 0;
   double seconds = 0;
-  unsigned loader_threads = 0;          ///< decode threads of every loader of this process (each worker has its own)
-  int local_workers = 1;                ///< workers in this process
+  unsigned loader_threads = 0;  ///< decode threads of every loader of this process (each worker has its own)
+  int local_workers = 1;        ///< workers in this process
 };
 
 /// The one JSON form of each result (nlohmann's to_json, as PoolStats has:
@@ -133,8 +135,8 @@ struct TrainResult {
 /// set) is written as null. Templates, so this header needs no JSON library.
 template <class Json>
 void to_json(Json& j, const StepProfile& p) {
-  j = Json{{"wait", p.wait},         {"copy", p.copy},           {"forward", p.forward},
-           {"backward", p.backward}, {"allreduce", p.allreduce}, {"allreduce_exposed", p.allreduce_exposed},
+  j = Json{{"wait", p.wait},          {"copy", p.copy},           {"forward", p.forward},
+           {"backward", p.backward},  {"allreduce", p.allreduce}, {"allreduce_exposed", p.allreduce_exposed},
            {"optimizer", p.optimizer}};
 }
 
@@ -184,7 +186,7 @@ void to_json(Json& j, const TrainResult& r) {
 
 struct StepProgress {
   std::uint64_t epoch = 0, step = 0, steps = 0;  ///< step within the epoch, of steps
-  double images_per_second = 0;                   ///< this epoch so far, over all workers
+  double images_per_second = 0;                  ///< this epoch so far, over all workers
 };
 
 struct TrainCallbacks {

@@ -17,10 +17,10 @@ inline constexpr std::uint64_t kDefaultMaxPixels = 178'956'970;
 
 struct ImageHeader {
   int width = 0, height = 0;
-  int components = 0;        ///< 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
+  int components = 0;  ///< 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
   bool progressive = false;
-  std::string color_space;   ///< "gray", "ycbcr", "rgb", "cmyk", "ycck"
-  bool scalable = true;      ///< decodes at 1/2, 1/4, 1/8 size (JPEG; PNG and WebP do not)
+  std::string color_space;  ///< "gray", "ycbcr", "rgb", "cmyk", "ycck"
+  bool scalable = true;     ///< decodes at 1/2, 1/4, 1/8 size (JPEG; PNG and WebP do not)
 };
 
 /// A rectangle in full-resolution pixel coordinates.

@@ -47,7 +47,8 @@ class JpegDecoder {
   /// Reads the header once, asks `plan(header)` what to decode, decodes it.
   /// The header is parsed a single time.
   template <typename PlanFn>
-  ImageHeader decode_planned(std::span<const std::byte> data, PlanFn&& plan, DecodedImage& out, const std::string& name) {
+  ImageHeader decode_planned(std::span<const std::byte> data, PlanFn&& plan, DecodedImage& out,
+                             const std::string& name) {
     return planned(data, std::forward<PlanFn>(plan), &out, nullptr, name);
   }
 
@@ -64,8 +65,8 @@ class JpegDecoder {
  private:
   ImageHeader read_header(std::span<const std::byte> data, const std::string& name, bool keep);
   /// Into `image`, or row by row into `sink` (exactly one of them).
-  void decode_kept(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image,
-                   RowSink* sink, const std::string& name);
+  void decode_kept(std::span<const std::byte> data, const Region& region, int scale, DecodedImage* image, RowSink* sink,
+                   const std::string& name);
   void abandon() noexcept;
   template <typename PlanFn>
   ImageHeader planned(std::span<const std::byte> data, PlanFn&& plan, DecodedImage* image, RowSink* sink,

@@ -40,17 +40,17 @@ namespace pinfeed::loader {
 
 /// What the streaming reader did (Loader stats' "remote").
 struct StreamStats {
-  std::uint64_t requests = 0;        ///< Range requests answered
-  std::uint64_t bytes = 0;           ///< body bytes they brought
-  std::uint64_t retries = 0;         ///< requests made again (a reset, a 5xx, a stall, a dead server)
-  std::uint64_t waits = 0;           ///< reads that found their sample not fetched yet
-  double wait_seconds = 0;           ///< time those reads waited, summed
-  std::uint64_t readahead_bytes = 0; ///< fetched (or in flight) ahead of the loader now
-  std::uint64_t readahead_peak = 0;  ///< the most it has been
-  std::uint64_t readahead_limit = 0; ///< the bound now (lowered under pressure)
-  std::uint64_t dropped = 0;         ///< fetched samples given back when pressure lowered the bound
-  std::size_t shards = 0;            ///< remote shards
-  std::size_t shards_local = 0;      ///< of them read from a local copy now (cache_dir)
+  std::uint64_t requests = 0;         ///< Range requests answered
+  std::uint64_t bytes = 0;            ///< body bytes they brought
+  std::uint64_t retries = 0;          ///< requests made again (a reset, a 5xx, a stall, a dead server)
+  std::uint64_t waits = 0;            ///< reads that found their sample not fetched yet
+  double wait_seconds = 0;            ///< time those reads waited, summed
+  std::uint64_t readahead_bytes = 0;  ///< fetched (or in flight) ahead of the loader now
+  std::uint64_t readahead_peak = 0;   ///< the most it has been
+  std::uint64_t readahead_limit = 0;  ///< the bound now (lowered under pressure)
+  std::uint64_t dropped = 0;          ///< fetched samples given back when pressure lowered the bound
+  std::size_t shards = 0;             ///< remote shards
+  std::size_t shards_local = 0;       ///< of them read from a local copy now (cache_dir)
 };
 
 class Dataset {
@@ -200,8 +200,8 @@ class TarShards final : public Dataset {
   explicit TarShards(std::vector<std::filesystem::path> shards, std::size_t max_classes = kDefaultMaxClasses);
   /// Remote shards staged into local files (remote.hpp): messages name
   /// sources[i] instead of shards[i]; `keep` lives as long as the dataset.
-  TarShards(std::vector<std::filesystem::path> shards, std::vector<std::string> sources, std::shared_ptr<const void> keep,
-            std::size_t max_classes = kDefaultMaxClasses);
+  TarShards(std::vector<std::filesystem::path> shards, std::vector<std::string> sources,
+            std::shared_ptr<const void> keep, std::size_t max_classes = kDefaultMaxClasses);
   ~TarShards() override;
   [[nodiscard]] std::size_t size() const noexcept override { return samples_.size(); }
   [[nodiscard]] std::int64_t label(std::size_t i) const override { return samples_.at(i).label; }
@@ -232,7 +232,8 @@ class TarShards final : public Dataset {
   /// A shard's samples in the order the dataset numbers them, with every
   /// check the constructor makes (labels under max_classes, keys, links).
   /// Throws DataError naming the shard.
-  static std::vector<IndexedSample> index(const std::filesystem::path& tar, std::size_t max_classes = kDefaultMaxClasses);
+  static std::vector<IndexedSample> index(const std::filesystem::path& tar,
+                                          std::size_t max_classes = kDefaultMaxClasses);
   /// Whether the 512-byte tar header `h` still describes a member of `size`
   /// bytes whose checksum field is `header_sum` (a reader's check that the
   /// bytes it read are the indexed member's).
@@ -241,7 +242,8 @@ class TarShards final : public Dataset {
   /// fields, kept in a GNU or pax record before it, must start with what
   /// the header holds): an index entry pointing at another member's header
   /// is not taken for its own.
-  static bool header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum, std::string_view name) noexcept;
+  static bool header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum,
+                             std::string_view name) noexcept;
 
  private:
   struct Sample : IndexedSample {

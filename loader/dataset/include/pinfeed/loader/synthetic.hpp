@@ -52,7 +52,7 @@ std::vector<std::byte> make_synthetic_image(std::uint64_t seed, int klass, std::
                                             const SyntheticImageSpec& spec, const std::string& format);
 
 /// The RGB pixels make_synthetic_jpeg encodes (width * height * 3).
-std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width, int height,
-                                               ImageStyle style = ImageStyle::photo);
+std::vector<std::uint8_t> render_synthetic_rgb(std::uint64_t seed, int klass, std::uint64_t index, int width,
+                                               int height, ImageStyle style = ImageStyle::photo);
 
 }  // namespace pinfeed::loader

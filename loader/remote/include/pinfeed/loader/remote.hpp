@@ -48,15 +48,15 @@ struct RemoteConfig {
   /// over any read_timeout seconds, headers included; slower is a stall,
   /// retried (Note [Bounded waits], remote.cpp).
   double min_rate = 4096;
-  unsigned retries = 5;             ///< tries after the first, with exponential backoff and jitter
-  double backoff = 0.5;             ///< seconds before the first retry (doubling, at most 8 s)
-  unsigned parallel = 8;            ///< shards fetched at once
+  unsigned retries = 5;   ///< tries after the first, with exponential backoff and jitter
+  double backoff = 0.5;   ///< seconds before the first retry (doubling, at most 8 s)
+  unsigned parallel = 8;  ///< shards fetched at once
   /// Streaming (Note [Streamed shards], streamed.cpp): bytes of samples
   /// fetched ahead of the loader, counted against the host's memory (0:
   /// auto, the least of 256 MiB and 1/16 of the memory really available).
   /// Shrinks under memory pressure.
   std::uint64_t readahead = 0;
-  unsigned streams = 32;            ///< Range requests in flight at once while streaming
+  unsigned streams = 32;  ///< Range requests in flight at once while streaming
   /// Set: transfers (at their next progress call, about once a second),
   /// retries' backoff, lock waits and pipe: commands stop and throw Cancelled (a dataset closing while its shards
   /// are cached, a program interrupted while the dataset opens).
@@ -97,11 +97,11 @@ std::vector<std::string> split_shard_spec(const std::string& spec);
 [[nodiscard]] std::string remote_shard_name(const std::string& url);
 
 struct FetchResult {
-  std::uint64_t bytes = 0;   ///< the file's size
-  std::string etag;          ///< the server's, when it gave one
-  std::string last_modified; ///< the server's Last-Modified, when it gave one
-  unsigned attempts = 0;     ///< transfers made (1: no retry)
-  std::uint64_t resumed = 0; ///< bytes not fetched again thanks to Range requests
+  std::uint64_t bytes = 0;    ///< the file's size
+  std::string etag;           ///< the server's, when it gave one
+  std::string last_modified;  ///< the server's Last-Modified, when it gave one
+  unsigned attempts = 0;      ///< transfers made (1: no retry)
+  std::uint64_t resumed = 0;  ///< bytes not fetched again thanks to Range requests
 };
 
 /// Fetches `url` into `dest` (written as dest + ".part", renamed when

@@ -32,7 +32,8 @@ namespace pinfeed::loader {
 
 /// The index sidecar of a local shard, as JSON text (TarShards::index with
 /// every check; DataError naming the shard).
-[[nodiscard]] std::string shard_index_json(const std::filesystem::path& tar, std::size_t max_classes = kDefaultMaxClasses);
+[[nodiscard]] std::string shard_index_json(const std::filesystem::path& tar,
+                                           std::size_t max_classes = kDefaultMaxClasses);
 
 /// Writes `tar`'s sidecar next to it (atomically); returns its path.
 std::filesystem::path write_shard_index(const std::filesystem::path& tar, std::size_t max_classes = kDefaultMaxClasses);

@@ -27,9 +27,9 @@
 #include <string_view>
 #include <vector>
 
+#include "pinfeed/enum_words.hpp"
 #include "pinfeed/loader/image.hpp"
 #include "pinfeed/loader/sample_rng.hpp"
-#include "pinfeed/enum_words.hpp"
 
 namespace pinfeed::loader {
 
@@ -48,7 +48,8 @@ enum class CropMode { random_resized, center, full };
 enum class Layout { nhwc_u8, nchw_f32 };
 inline constexpr std::array<EnumWord<CropMode>, 3> kCropModeWords{
     {{CropMode::random_resized, "random"}, {CropMode::center, "center"}, {CropMode::full, "full"}}};
-inline constexpr std::array<EnumWord<Layout>, 2> kLayoutWords{{{Layout::nchw_f32, "nchw-f32"}, {Layout::nhwc_u8, "nhwc-u8"}}};
+inline constexpr std::array<EnumWord<Layout>, 2> kLayoutWords{
+    {{Layout::nchw_f32, "nchw-f32"}, {Layout::nhwc_u8, "nhwc-u8"}}};
 /// How regions are resized to the output: bilinear, antialiased (exact 2:1
 /// box averages while the shrink exceeds 2x, as PIL's and torchvision's
 /// antialiased BILINEAR), or nearest (each output pixel takes the source
@@ -67,20 +68,20 @@ std::string_view to_string(CropMode m) noexcept;
 std::string_view to_string(Layout l) noexcept;
 
 struct TransformConfig {
-  CropMode crop = CropMode::random_resized;  ///< how the sample region is chosen
-  int size = 224;                            ///< output width, pixels (and height unless `height` is set)
-  int height = 0;                            ///< output height, pixels; 0: size (square)
-  int resize = 256;                          ///< shorter side before CenterCrop (center mode)
-  double scale_min = 0.08, scale_max = 1.0;  ///< RandomResizedCrop area range
-  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  ///< RandomResizedCrop aspect range
-  bool flip = true;                          ///< random horizontal flip (not in center/full mode)
-  double flip_p = 0.5;                       ///< its probability
+  CropMode crop = CropMode::random_resized;               ///< how the sample region is chosen
+  int size = 224;                                         ///< output width, pixels (and height unless `height` is set)
+  int height = 0;                                         ///< output height, pixels; 0: size (square)
+  int resize = 256;                                       ///< shorter side before CenterCrop (center mode)
+  double scale_min = 0.08, scale_max = 1.0;               ///< RandomResizedCrop area range
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;    ///< RandomResizedCrop aspect range
+  bool flip = true;                                       ///< random horizontal flip (not in center/full mode)
+  double flip_p = 0.5;                                    ///< its probability
   Interpolation interpolation = Interpolation::bilinear;  ///< how regions are resized
-  Layout layout = Layout::nchw_f32;          ///< output layout and type
-  std::array<float, 3> mean{0.485F, 0.456F, 0.406F};  ///< RGB, in [0, 1] units
-  std::array<float, 3> std{0.229F, 0.224F, 0.225F};   ///< RGB, in [0, 1] units
-  bool dct_scaling = false;                  ///< allow 1/2, 1/4, 1/8 decode: faster on large images, pixels no longer PIL's (opt-in)
-  bool roi_decode = true;                    ///< decode only the region (measurable trick)
+  Layout layout = Layout::nchw_f32;                       ///< output layout and type
+  std::array<float, 3> mean{0.485F, 0.456F, 0.406F};      ///< RGB, in [0, 1] units
+  std::array<float, 3> std{0.229F, 0.224F, 0.225F};       ///< RGB, in [0, 1] units
+  bool dct_scaling = false;  ///< allow 1/2, 1/4, 1/8 decode: faster on large images, pixels no longer PIL's (opt-in)
+  bool roi_decode = true;    ///< decode only the region (measurable trick)
   /// ConfigError naming the field: every range of transform_ranges(), then
   /// validate_relations().
   void validate() const;
@@ -114,10 +115,9 @@ const TransformRange& transform_range(std::string_view name);
 /// One axis of a resize, as PIL's resample sees it: output pixel k has its
 /// centre at origin + (offset + k + 0.5) * scale in source pixels, and reads
 /// the source pixels under the filter stretched to max(scale, 1) there
-/// (half-width 1 x that for bilinear, 2 x bicubic, one pixel for nearest), clamped to [lo, hi). RandomResizedCrop crops, then
-/// resizes: its taps stop at the crop. Resize + CenterCrop resizes the whole
-/// image: taps reach past the crop window into the rest of the image, and
-/// `offset` is the window's first column (row) in the resized image.
+/// (half-width 1 x that for bilinear, 2 x bicubic, one pixel for nearest), clamped to [lo, hi). RandomResizedCrop
+/// crops, then resizes: its taps stop at the crop. Resize + CenterCrop resizes the whole image: taps reach past the
+/// crop window into the rest of the image, and `offset` is the window's first column (row) in the resized image.
 struct ResampleAxis {
   double scale = 1;
   int offset = 0;
@@ -132,8 +132,8 @@ struct Taps {
 Taps axis_taps(const ResampleAxis& axis, int k, Interpolation filter) noexcept;
 
 struct CropPlan {
-  Region region;   ///< what to decode, in full-resolution pixels: every source pixel the resize reads
-  int scale = 1;   ///< DCT scale denominator: 1, 2, 4 or 8
+  Region region;  ///< what to decode, in full-resolution pixels: every source pixel the resize reads
+  int scale = 1;  ///< DCT scale denominator: 1, 2, 4 or 8
   bool flip = false;
   ResampleAxis x, y;  ///< the resize, in full-resolution source coordinates
 };
@@ -183,7 +183,9 @@ class SampleWriter : private RowSink {
   void prepare(bool flip, std::span<std::byte> out);
   [[nodiscard]] RowSink& sink() noexcept { return *this; }
   /// Whether the prepared sample has received all its rows and is written.
-  [[nodiscard]] bool complete() const noexcept { return started_ && next_out_ == config_.out_height() && band_rows_ == 0; }
+  [[nodiscard]] bool complete() const noexcept {
+    return started_ && next_out_ == config_.out_height() && band_rows_ == 0;
+  }
   /// Nanoseconds spent in the vertical resample and the output writes
   /// since the last call: the rest of the sample's time (the horizontal
   /// pass runs between decoded rows) is counted as the decoder's.
@@ -192,11 +194,11 @@ class SampleWriter : private RowSink {
   /// One axis's taps in the decoded rows' coordinates, weights in 14-bit
   /// fixed point summing to 1 << 14 (for tests and the benchmarks).
   struct Kernel {
-    std::vector<int> first;              ///< per output pixel: its first source pixel
-    std::vector<int> count;              ///< and how many (nearest: 1)
-    std::vector<std::int16_t> weights;   ///< per output pixel, `stride` of them (zero past count)
+    std::vector<int> first;             ///< per output pixel: its first source pixel
+    std::vector<int> count;             ///< and how many (nearest: 1)
+    std::vector<std::int16_t> weights;  ///< per output pixel, `stride` of them (zero past count)
     int stride = 0;
-    bool even = false;                   ///< every count is even (the SIMD path)
+    bool even = false;  ///< every count is even (the SIMD path)
     /// The AVX2 and AVX-512 layout of `weights` (horizontal kernels): per
     /// `lanes` output pixels (2 or 4), `quad_stride` int16s; per 4 taps
     /// (w0, w1) four times for each pixel, then (w2, w3) the same: two madd
@@ -220,17 +222,17 @@ class SampleWriter : private RowSink {
   CropPlan plan_;
   std::span<std::byte> out_;
   int src_w_ = 0, src_h_ = 0;
-  int rows_in_ = 0;                        // decoded rows received
+  int rows_in_ = 0;  // decoded rows received
   int next_out_ = 0, band_rows_ = 0;
   std::uint64_t output_ns_ = 0;
-  std::uint32_t emits_ = 0;                // emit_rows calls: one in kTimedEvery is timed
-  SimdLevel simd_ = SimdLevel::scalar;     // the sample's instruction set (simd_level() at begin)
+  std::uint32_t emits_ = 0;             // emit_rows calls: one in kTimedEvery is timed
+  SimdLevel simd_ = SimdLevel::scalar;  // the sample's instruction set (simd_level() at begin)
   Kernel kx_, ky_;
-  int ring_rows_ = 0;                      // capacity of the ring (the largest vertical tap count)
+  int ring_rows_ = 0;  // capacity of the ring (the largest vertical tap count)
   // Scratch, reused: a few rows each.
-  ScratchBytes ring_;                      // horizontally resampled rows (output width), by source row % ring_rows_
-  ScratchBytes band_;                      // finished output rows, kBand of them
-  ScratchBytes mirrored_;                  // one flipped output row (uint8 output)
+  ScratchBytes ring_;      // horizontally resampled rows (output width), by source row % ring_rows_
+  ScratchBytes band_;      // finished output rows, kBand of them
+  ScratchBytes mirrored_;  // one flipped output row (uint8 output)
 };
 
 }  // namespace pinfeed::loader

@@ -46,7 +46,6 @@ class CpuBackend;
 
 enum class ReduceOp { sum, average };
 
-
 struct CommConfig {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< a collective not done by then is an error
 };
@@ -94,7 +93,8 @@ bool gloo_compiled() noexcept;
 /// (MASTER_ADDR:MASTER_PORT). abort() ends the process, so that the other
 /// ranks' collectives fail at once. Throws ConfigError when built without
 /// Gloo or when the store's variables are missing.
-std::unique_ptr<Communicator> make_gloo_communicator(DeviceBackend& backend, const LaunchEnv& env, CommConfig config = {});
+std::unique_ptr<Communicator> make_gloo_communicator(DeviceBackend& backend, const LaunchEnv& env,
+                                                     CommConfig config = {});
 
 /// True when pinfeed was built with MPI.
 bool mpi_compiled() noexcept;

@@ -16,9 +16,9 @@ namespace pinfeed::trainer {
 struct StreamSet;
 
 struct CpuBackendConfig {
-  int index = 0;                              ///< shown as "cpu:<index>"
-  std::chrono::microseconds copy_delay{0};    ///< added to every copy: simulates a slow link (tests, demos)
-  std::size_t max_queued = 4096;              ///< tasks a stream holds before enqueueing blocks
+  int index = 0;                            ///< shown as "cpu:<index>"
+  std::chrono::microseconds copy_delay{0};  ///< added to every copy: simulates a slow link (tests, demos)
+  std::size_t max_queued = 4096;            ///< tasks a stream holds before enqueueing blocks
 };
 
 class CpuBackend final : public DeviceBackend {

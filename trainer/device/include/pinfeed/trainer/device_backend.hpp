@@ -45,7 +45,8 @@ class DeviceBackend;
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(DeviceBackend* backend, void* ptr, std::size_t bytes) noexcept : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+  DeviceBuffer(DeviceBackend* backend, void* ptr, std::size_t bytes) noexcept
+      : backend_(backend), ptr_(ptr), bytes_(bytes) {}
   DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     DeviceBuffer tmp(std::move(other));
@@ -155,8 +156,8 @@ struct BatchNormArgs {
   bool relu = true;              ///< y = max(0, ...)
   const float* gamma = nullptr;  ///< c
   const float* beta = nullptr;   ///< c
-  float* running_mean = nullptr, * running_var = nullptr;  ///< c each
-  float* invstd = nullptr;       ///< c: written by forward (1 / sqrt(var + eps)), read by backward
+  float *running_mean = nullptr, *running_var = nullptr;  ///< c each
+  float* invstd = nullptr;  ///< c: written by forward (1 / sqrt(var + eps)), read by backward
 };
 
 class DeviceBackend {
@@ -273,8 +274,8 @@ class DeviceBackend {
                                   float* red, float* dgamma, float* dbeta) = 0;
   /// dx = gamma * invstd * (dy - red[r] / count - xhat * red[c + r] / count),
   /// `red` summed over every worker with SyncBN.
-  virtual void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red, const BatchNormArgs& a,
-                                 float* dx) = 0;
+  virtual void bn_backward_input(Stream& s, const float* dy, const float* xhat, const float* red,
+                                 const BatchNormArgs& a, float* dx) = 0;
   /// Global average pooling: x (c x n x hw, CNHW) -> out (n x c).
   virtual void channel_mean(Stream& s, const float* x, int c, int n, std::size_t hw, float* out) = 0;
   /// Its adjoint: dx (c x n x hw) = dout (n x c) / hw, broadcast.

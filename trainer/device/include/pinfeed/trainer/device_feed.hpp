@@ -61,8 +61,8 @@ struct DeviceFeedOptions {
 /// What a feed has done so far.
 struct DeviceFeedStats {
   std::uint64_t batches = 0;
-  std::uint64_t bytes = 0;               ///< host bytes copied (samples and labels)
-  std::uint64_t device_buffers = 0;      ///< sets of device buffers made (the ring's size)
+  std::uint64_t bytes = 0;           ///< host bytes copied (samples and labels)
+  std::uint64_t device_buffers = 0;  ///< sets of device buffers made (the ring's size)
   /// The copy stream's time in the copies themselves (from the stream
   /// reaching a batch's copy to its end), summed: bytes / copy_seconds is
   /// the copies' bandwidth.
@@ -70,7 +70,7 @@ struct DeviceFeedStats {
   /// The copy stream's time waiting for consumers to be done with the
   /// buffers it is about to reuse.
   double wait_consumer_seconds = 0;
-  double wait_copy_seconds = 0;          ///< host time blocked on a copy (a host consumer only)
+  double wait_copy_seconds = 0;  ///< host time blocked on a copy (a host consumer only)
 };
 
 class DeviceBatch;

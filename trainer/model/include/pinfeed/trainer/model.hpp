@@ -25,13 +25,13 @@ enum class ModelKind { mlp, cnn };
 
 struct ModelConfig {
   ModelKind kind = ModelKind::mlp;
-  int image_size = 224;          ///< the loader's output side (square)
-  int pool = 8;                  ///< mlp: average pooling factor before the MLP (image_size % pool == 0)
-  std::vector<int> hidden{256};  ///< mlp: hidden layer widths
+  int image_size = 224;                    ///< the loader's output side (square)
+  int pool = 8;                            ///< mlp: average pooling factor before the MLP (image_size % pool == 0)
+  std::vector<int> hidden{256};            ///< mlp: hidden layer widths
   std::vector<int> channels{32, 64, 128};  ///< cnn: output channels of each block
-  int classes = 10;              ///< output classes
-  bool sync_bn = false;          ///< cnn: BatchNorm statistics over every worker (not part of the shape)
-  void validate() const;         ///< ConfigError naming the field
+  int classes = 10;                        ///< output classes
+  bool sync_bn = false;                    ///< cnn: BatchNorm statistics over every worker (not part of the shape)
+  void validate() const;                   ///< ConfigError naming the field
   [[nodiscard]] int input_features() const noexcept { return 3 * (image_size / pool) * (image_size / pool); }
   /// "mlp:256,128" or "cnn:32,64,128": what --model takes.
   [[nodiscard]] std::string spec() const;
@@ -49,7 +49,7 @@ class Model;
 /// checkpoint's shape) asks the row, so a new model is one row and its class.
 struct ModelType {
   ModelKind kind = ModelKind::mlp;
-  std::string_view word;  ///< "mlp": --model's prefix, spec()'s
+  std::string_view word;         ///< "mlp": --model's prefix, spec()'s
   std::string_view widths_help;  ///< "W,W...": what the widths after the colon are
   /// The widths "word:W,W" sets (ModelConfig::hidden, ::channels).
   std::vector<int> ModelConfig::*widths = nullptr;
@@ -74,8 +74,8 @@ const ModelType& mlp_model_type();
 const ModelType& cnn_model_type();
 
 struct ParamInfo {
-  std::string name;         ///< "fc1.weight", "bn2.bias", ...
-  std::size_t offset = 0;   ///< in floats, into the flat buffers
+  std::string name;        ///< "fc1.weight", "bn2.bias", ...
+  std::size_t offset = 0;  ///< in floats, into the flat buffers
   std::size_t count = 0;
 };
 
@@ -170,7 +170,7 @@ class Mlp final : public Model {
  private:
   void forward(Stream& s, const float* images, int n);
 
-  std::vector<int> dims_;  // input features, hidden..., classes
+  std::vector<int> dims_;            // input features, hidden..., classes
   std::vector<DeviceBuffer> z_, a_;  // per layer: pre-activation and activation (a_[0] = pooled input)
   DeviceBuffer dz_, da_;             // backward scratch, widest layer
 };
@@ -197,7 +197,7 @@ class Cnn final : public Model {
     ConvShape shape;  // for max_batch (n is set per call)
     int out = 0;
     std::size_t conv = 0, gamma = 0, beta = 0;  // parameter indices
-    std::size_t running = 0;  // offset of its running_mean (then running_var) in buffers()
+    std::size_t running = 0;                    // offset of its running_mean (then running_var) in buffers()
     DeviceBuffer col, z, xhat, y, invstd, sums, red;
   };
   void forward(Stream& s, const float* images, int n, bool training);
