@@ -81,6 +81,11 @@ bool final_status(long code);
 /// `t.curl_error` (libcurl's own message) tells a response header over its
 /// limit, which libcurl 8 reports as a receive error, from a reset.
 std::string permanent_error(CURLcode rc, const Transfer& t);
+/// Why a failed try failed, for the retry's log and the last error: the
+/// stall watch_progress saw (t.stalled); a libcurl timeout (no connection
+/// in time, or its own low-speed backstop) with the options that bound it;
+/// else libcurl's word for `rc`.
+std::string retry_reason(CURLcode rc, const Transfer& t);
 /// "HTTP status 404 NoSuchKey: The specified key does not exist."
 std::string status_text(long code, const std::string& body);
 /// Seconds before retry `attempt` (0-based): backoff doubling to 8 s, 0.5-1.5x jitter.

@@ -340,9 +340,11 @@ Easy make_handle(const std::string& url, const RemoteConfig& config, HeaderList&
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
                    std::max(1L, static_cast<long>(std::min(config.connect_timeout, config.read_timeout) * 1000)));
   // A stall is watch_progress's to see (a minimum rate, headers included);
-  // libcurl's own low-speed check (1 byte/s, body only) stays as a backstop.
+  // libcurl's own low-speed check (1 byte/s) stays as a backstop, at twice
+  // the window and a second more, so that it never fires first (on a loaded
+  // host it once did, at the same second, and the error named no option).
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-  curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(std::ceil(config.read_timeout))));
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, static_cast<long>(std::ceil(2 * config.read_timeout)) + 1);
   // A redirect target's scheme is checked by libcurl (REDIR_PROTOCOLS); a
   // response header over its limit is refused by libcurl at once.
   if (url.starts_with("s3://")) {
@@ -435,6 +437,18 @@ std::string permanent_error(CURLcode rc, const Transfer& t) {
   }
 }
 
+std::string retry_reason(CURLcode rc, const Transfer& t) {
+  if (!t.stalled.empty()) return t.stalled;
+  if (rc == CURLE_OPERATION_TIMEDOUT) {  // CI once saw libcurl's backstop fire before the window closed
+    const std::string_view message(t.curl_error.data());
+    return fmt::format(
+        "{}: no connection, or under remote_min_rate {} bytes/s, within remote_timeout {:.1f} s: a stalled or "
+        "unreachable server",
+        message.empty() ? std::string_view(curl_easy_strerror(rc)) : message, t.min_rate, t.window);
+  }
+  return curl_easy_strerror(rc);
+}
+
 std::string status_text(long code, const std::string& body) {
   std::string reason = fmt::format("HTTP status {}", code);
   // S3's XML error: <Code>NoSuchKey</Code><Message>...</Message>.
@@ -496,9 +510,8 @@ void request(const std::string& url, const RemoteConfig& config, const std::stri
     if (!t.write_error.empty()) throw RemoteError(url, code, t.write_error);  // a bound: no retry changes it
     if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
     if (const std::string why = permanent_error(rc, t); !why.empty()) throw RemoteError(url, 0, why);
-    const std::string last = !t.stalled.empty() ? t.stalled
-                             : rc != CURLE_OK   ? curl_easy_strerror(rc)
-                                                : status_text(code, t.error_body);
+    const std::string last =
+        !t.stalled.empty() || rc != CURLE_OK ? retry_reason(rc, t) : status_text(code, t.error_body);
     if (attempt >= config.retries) {
       throw RemoteError(url, rc == CURLE_OK ? code : 0, fmt::format("{} (gave up after {} tries)", last, attempt + 1));
     }

@@ -272,7 +272,7 @@ Attempt http_attempt(const std::string& url, int fd, const fs::path& part, const
   if (rc == CURLE_OK && final_status(code)) throw RemoteError(url, code, status_text(code, t.error_body));
   if (const std::string why = permanent_error(rc, t); !why.empty()) throw RemoteError(url, 0, why);
   return {!t.stalled.empty() ? t.stalled
-          : rc != CURLE_OK   ? fmt::format("{} after {} bytes", curl_easy_strerror(rc), have + t.written)
+          : rc != CURLE_OK   ? fmt::format("{} after {} bytes", retry_reason(rc, t), have + t.written)
                              : status_text(code, t.error_body),
           code};
 }

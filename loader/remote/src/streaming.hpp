@@ -345,9 +345,8 @@ struct StreamedShards::Impl {
     } else if (const std::string why = detail::permanent_error(rc, a.t); !why.empty()) {
       fatal = std::make_exception_ptr(RemoteError(sh.url, 0, why));
     } else {
-      retry_why = !a.t.stalled.empty() ? a.t.stalled
-                  : rc != CURLE_OK     ? curl_easy_strerror(rc)
-                                       : detail::status_text(code, a.t.error_body);
+      retry_why = !a.t.stalled.empty() || rc != CURLE_OK ? detail::retry_reason(rc, a.t)
+                                                         : detail::status_text(code, a.t.error_body);
     }
     const std::scoped_lock lock(mutex);
     if (!fatal && a.job.attempt < config.retries) {
