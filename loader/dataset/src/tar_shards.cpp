@@ -255,11 +255,7 @@ bool TarShards::header_matches(const char* h, std::uint64_t size, std::uint64_t 
   bool ok = true;
   const std::uint64_t declared = tar_number(&block[124], 12, &ok);
   const std::uint64_t stored = tar_number(&block[148], 8, &ok);
-  std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < kBlock; ++i) {
-    sum += (i >= 148 && i < 156) ? std::uint64_t{' '} : std::uint64_t{static_cast<unsigned char>(block[i])};
-  }
-  return ok && sum == stored && declared == size && stored == header_sum;
+  return ok && ustar_checksum(block) == stored && declared == size && stored == header_sum;
 }
 
 bool TarShards::header_matches(const char* h, std::uint64_t size, std::uint64_t header_sum,

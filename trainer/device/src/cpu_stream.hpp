@@ -4,7 +4,9 @@
 // Private to trainer/device.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "pinfeed/error.hpp"
 #include "pinfeed/trainer/device_backend.hpp"
 
 namespace pinfeed::trainer {
